@@ -1,0 +1,260 @@
+//! Who am I: rank, world size and the rendezvous address, read from the launcher's environment.
+//!
+//! Recognised, in this order: torchrun-style variables (`RANK`, `WORLD_SIZE`, also set by
+//! `symheap launch`), Open MPI (`OMPI_COMM_WORLD_*`), MPICH/Hydra (`PMI_RANK`, `PMI_SIZE`) and
+//! Slurm job steps (`SLURM_PROCID` under `srun`). None of them set means a single PE.
+
+use crate::config::Config;
+use crate::error::{invalid, Result};
+
+/// Which launcher started this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Launcher {
+    /// No launcher variables: a single PE.
+    None,
+    /// `symheap launch` (torchrun-style variables plus `SYMHEAP_LAUNCHER`).
+    Symheap,
+    /// torchrun / torch.distributed.elastic.
+    Torchrun,
+    /// RANK/WORLD_SIZE set by something else.
+    TorchStyle,
+    /// Open MPI's mpirun.
+    OpenMpi,
+    /// MPICH / Hydra.
+    Pmi,
+    /// Slurm's srun.
+    Slurm,
+}
+
+impl Launcher {
+    /// Display name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Launcher::None => "none (single PE)",
+            Launcher::Symheap => "symheap launch",
+            Launcher::Torchrun => "torchrun",
+            Launcher::TorchStyle => "RANK/WORLD_SIZE environment",
+            Launcher::OpenMpi => "Open MPI",
+            Launcher::Pmi => "MPICH/PMI",
+            Launcher::Slurm => "Slurm srun",
+        }
+    }
+}
+
+/// The launch environment of this PE.
+#[derive(Debug, Clone)]
+pub struct LaunchEnv {
+    /// Launcher that set the variables.
+    pub launcher: Launcher,
+    /// This PE's rank.
+    pub rank: usize,
+    /// Number of PEs.
+    pub world: usize,
+    /// Rank within the node as the launcher sees it (used to pick a GPU), if it says.
+    pub local_rank: Option<usize>,
+    /// Host to rendezvous at (rank 0 listens there).
+    pub addr: String,
+    /// TCP port of the rendezvous.
+    pub port: u16,
+    /// Job secret every connection must present.
+    pub token: Vec<u8>,
+    /// False when the token was derived from public job identifiers, not a secret.
+    pub token_is_secret: bool,
+}
+
+fn var(c: &mut Config, name: &str) -> Option<String> {
+    c.read(name).filter(|v| !v.trim().is_empty())
+}
+
+fn num(c: &mut Config, name: &str) -> Result<Option<usize>> {
+    match var(c, name) {
+        None => Ok(None),
+        Some(v) => v
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| invalid("init", format!("{name}={v:?} is not a number"))),
+    }
+}
+
+impl LaunchEnv {
+    /// Reads the environment. Records every variable it used in `cfg.env_read`.
+    pub fn detect(cfg: &mut Config) -> Result<LaunchEnv> {
+        let (launcher, rank, world, local_rank) = if let (Some(r), Some(w)) =
+            (num(cfg, "RANK")?, num(cfg, "WORLD_SIZE")?)
+        {
+            let l = if var(cfg, "SYMHEAP_LAUNCHER").is_some() {
+                Launcher::Symheap
+            } else if var(cfg, "TORCHELASTIC_RUN_ID").is_some() {
+                Launcher::Torchrun
+            } else {
+                Launcher::TorchStyle
+            };
+            (l, r, w, num(cfg, "LOCAL_RANK")?)
+        } else if let (Some(r), Some(w)) = (
+            num(cfg, "OMPI_COMM_WORLD_RANK")?,
+            num(cfg, "OMPI_COMM_WORLD_SIZE")?,
+        ) {
+            (
+                Launcher::OpenMpi,
+                r,
+                w,
+                num(cfg, "OMPI_COMM_WORLD_LOCAL_RANK")?,
+            )
+        } else if let (Some(r), Some(w)) = (num(cfg, "PMI_RANK")?, num(cfg, "PMI_SIZE")?) {
+            (Launcher::Pmi, r, w, num(cfg, "MPI_LOCALRANKID")?)
+        } else if var(cfg, "SLURM_STEP_ID").is_some() && var(cfg, "SLURM_PROCID").is_some() {
+            // Only inside an srun step: a batch script also has SLURM_PROCID=0 and SLURM_NTASKS,
+            // and treating a plain `python x.py` there as rank 0 of N would wait for PEs that
+            // never start.
+            let r = num(cfg, "SLURM_PROCID")?.unwrap_or(0);
+            let w = match num(cfg, "SLURM_STEP_NUM_TASKS")? {
+                Some(w) => w,
+                None => num(cfg, "SLURM_NTASKS")?.unwrap_or(1),
+            };
+            (Launcher::Slurm, r, w, num(cfg, "SLURM_LOCALID")?)
+        } else {
+            (Launcher::None, 0, 1, Some(0))
+        };
+        if world == 0 || rank >= world {
+            return Err(invalid(
+                "init",
+                format!(
+                    "{} says rank {rank} of world size {world}",
+                    launcher.name()
+                ),
+            ));
+        }
+        if world > u32::MAX as usize / 2 {
+            return Err(invalid("init", format!("world size {world} is too large")));
+        }
+
+        let job_id = match launcher {
+            Launcher::Torchrun => var(cfg, "TORCHELASTIC_RUN_ID"),
+            Launcher::OpenMpi => {
+                var(cfg, "OMPI_MCA_ess_base_jobid").or_else(|| var(cfg, "PMIX_NAMESPACE"))
+            }
+            Launcher::Pmi => var(cfg, "PMI_KVSNAME").or_else(|| var(cfg, "PMI_ID")),
+            Launcher::Slurm => {
+                let job = var(cfg, "SLURM_JOB_ID").unwrap_or_default();
+                let step = var(cfg, "SLURM_STEP_ID").unwrap_or_default();
+                Some(format!("{job}.{step}"))
+            }
+            _ => None,
+        };
+
+        let addr = match var(cfg, "MASTER_ADDR") {
+            Some(a) => a,
+            None => match launcher {
+                Launcher::Slurm => var(cfg, "SLURM_STEP_NODELIST")
+                    .or_else(|| var(cfg, "SLURM_JOB_NODELIST"))
+                    .and_then(|l| first_host(&l))
+                    .unwrap_or_else(|| "127.0.0.1".into()),
+                _ => "127.0.0.1".into(),
+            },
+        };
+
+        let port = match num(cfg, "SYMHEAP_BOOTSTRAP_PORT")? {
+            Some(p) => p,
+            None => match (num(cfg, "MASTER_PORT")?, launcher) {
+                // torchrun's own store already listens on MASTER_PORT.
+                (Some(p), Launcher::Torchrun) => p + 1,
+                (Some(p), _) => p,
+                (None, _) if world == 1 => 0,
+                (None, Launcher::OpenMpi | Launcher::Pmi | Launcher::Slurm) => {
+                    // Every PE derives the same port from the job identity.
+                    let id = job_id.clone().unwrap_or_default();
+                    20000 + (fnv1a(id.as_bytes()) % 30000) as usize
+                }
+                (None, _) => {
+                    return Err(invalid(
+                        "init",
+                        format!(
+                            "{} started {world} PEs but MASTER_PORT is not set",
+                            launcher.name()
+                        ),
+                    ))
+                }
+            },
+        };
+        let port = u16::try_from(port)
+            .map_err(|_| invalid("init", format!("rendezvous port {port} is out of range")))?;
+
+        let (token, token_is_secret) = match var(cfg, "SYMHEAP_TOKEN") {
+            Some(t) => (t.into_bytes(), true),
+            None => (
+                format!(
+                    "symheap-job:{}:{}:{addr}:{port}:{world}",
+                    launcher.name(),
+                    job_id.unwrap_or_default()
+                )
+                .into_bytes(),
+                false,
+            ),
+        };
+
+        Ok(LaunchEnv {
+            launcher,
+            rank,
+            world,
+            local_rank,
+            addr,
+            port,
+            token,
+            token_is_secret,
+        })
+    }
+}
+
+/// First host name of a Slurm host list such as `gpu[003-007,9],login1`.
+pub fn first_host(list: &str) -> Option<String> {
+    let list = list.trim();
+    let end = list
+        .char_indices()
+        .scan(0i32, |depth, (i, c)| {
+            match c {
+                '[' => *depth += 1,
+                ']' => *depth -= 1,
+                _ => {}
+            }
+            Some((i, c, *depth))
+        })
+        .find(|&(_, c, d)| c == ',' && d == 0)
+        .map(|(i, _, _)| i)
+        .unwrap_or(list.len());
+    let first = &list[..end];
+    match first.find('[') {
+        None => (!first.is_empty()).then(|| first.to_string()),
+        Some(open) => {
+            let prefix = &first[..open];
+            let inner = first[open + 1..].trim_end_matches(']');
+            let range = inner.split(',').next()?;
+            let lo = range.split('-').next()?;
+            Some(format!("{prefix}{lo}"))
+        }
+    }
+}
+
+/// FNV-1a, 64 bit: a stable hash that every PE and every symheap build computes alike.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slurm_host_lists() {
+        assert_eq!(first_host("gpu[003-007,9],login1").unwrap(), "gpu003");
+        assert_eq!(first_host("nodeA,nodeB").unwrap(), "nodeA");
+        assert_eq!(first_host("single").unwrap(), "single");
+        assert_eq!(first_host("n[7]").unwrap(), "n7");
+        assert!(first_host("").is_none());
+    }
+}

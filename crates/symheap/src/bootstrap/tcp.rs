@@ -1,0 +1,844 @@
+//! The built-in rendezvous: a TCP star around PE 0.
+//!
+//! PE 0 listens at the rendezvous address; every other PE connects, presents the job token and
+//! keeps the connection for the life of the job. On PE 0 a hub thread owns all connections: it
+//! gathers contributions, answers them, starts the clock on every collective when its first
+//! contribution arrives (so a timeout can name who did not come, even when PE 0's own thread is
+//! the one stuck), and turns a closed connection into "PE r exited" on every PE. A reader thread
+//! on every other PE does the same for PE 0's connection.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufReader, BufWriter, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::wire::{AbortClass, Msg};
+use super::{Bootstrap, Health, LaunchEnv};
+use crate::error::{bootstrap, Error, ErrorKind, Result};
+
+/// How long after the root's timeout a non-root PE gives up waiting for the root's verdict.
+const LEAF_GRACE: Duration = Duration::from_secs(5);
+/// How long a new connection may take to say who it is.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// State shared between the API thread and the rendezvous threads.
+struct Shared {
+    rank: usize,
+    health: Health,
+    results: Mutex<HashMap<u64, Vec<Vec<u8>>>>,
+    cv: Condvar,
+    finalizing: AtomicBool,
+}
+
+impl Shared {
+    fn fail(&self, kind: ErrorKind) {
+        self.health.fail(kind);
+        // Take the lock so a waiter between its check and its wait cannot miss the wake-up.
+        let _g = self.results.lock().unwrap_or_else(|p| p.into_inner());
+        self.cv.notify_all();
+    }
+
+    fn deliver(&self, seq: u64, parts: Vec<Vec<u8>>) {
+        let mut r = self.results.lock().unwrap_or_else(|p| p.into_inner());
+        r.insert(seq, parts);
+        self.cv.notify_all();
+    }
+
+    /// Waits for the result of collective `seq` until `deadline`.
+    fn wait(&self, seq: u64, what: &str, deadline: Instant, call: &'static str) -> Result<Vec<Vec<u8>>> {
+        let started = Instant::now();
+        let mut r = self.results.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(parts) = r.remove(&seq) {
+                return Ok(parts);
+            }
+            if let Some(kind) = self.health.failure() {
+                return Err(Error::new(Some(self.rank), call, kind));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let kind = ErrorKind::Timeout {
+                    what: format!("{what} (no answer from PE 0, which coordinates the rendezvous)"),
+                    waited: now - started,
+                    missing: vec![0],
+                };
+                self.health.fail(kind.clone());
+                return Err(Error::new(Some(self.rank), call, kind));
+            }
+            r = self
+                .cv
+                .wait_timeout(r, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+fn abort_kind(origin: u32, class: AbortClass, reason: String, missing: Vec<u32>, waited_ms: u64) -> ErrorKind {
+    match class {
+        AbortClass::Exited => ErrorKind::PeerExited {
+            peer: origin as usize,
+            how: reason,
+        },
+        AbortClass::Error => ErrorKind::Aborted {
+            origin: origin as usize,
+            reason,
+        },
+        AbortClass::Timeout => ErrorKind::Timeout {
+            what: reason,
+            waited: Duration::from_millis(waited_ms),
+            missing: missing.into_iter().map(|m| m as usize).collect(),
+        },
+    }
+}
+
+fn kind_to_abort(origin: usize, kind: &ErrorKind) -> Msg {
+    let (origin, class, reason, missing, waited_ms) = match kind {
+        ErrorKind::PeerExited { peer, how } => (*peer, AbortClass::Exited, how.clone(), vec![], 0),
+        ErrorKind::Aborted { origin, reason } => (*origin, AbortClass::Error, reason.clone(), vec![], 0),
+        ErrorKind::Timeout {
+            what,
+            waited,
+            missing,
+        } => (
+            origin,
+            AbortClass::Timeout,
+            what.clone(),
+            missing.iter().map(|&m| m as u32).collect(),
+            waited.as_millis() as u64,
+        ),
+        other => (origin, AbortClass::Error, other.to_string(), vec![], 0),
+    };
+    Msg::Abort {
+        origin: origin as u32,
+        class,
+        reason,
+        missing,
+        waited_ms,
+    }
+}
+
+enum Event {
+    Local { seq: u64, what: String, data: Vec<u8> },
+    Remote { from: usize, msg: Msg },
+    Closed { from: usize, why: String },
+    Abort(Msg),
+    Finalize(Sender<Result<(), String>>),
+}
+
+enum Role {
+    Root {
+        hub_tx: Mutex<Sender<Event>>,
+        hub: Mutex<Option<JoinHandle<()>>>,
+    },
+    Leaf {
+        writer: Mutex<BufWriter<TcpStream>>,
+        stream: TcpStream,
+        reader: Mutex<Option<JoinHandle<()>>>,
+    },
+}
+
+/// The built-in TCP rendezvous (see the module documentation).
+pub struct TcpBootstrap {
+    rank: usize,
+    world: usize,
+    timeout: Duration,
+    seq: AtomicU64,
+    shared: Arc<Shared>,
+    role: Role,
+}
+
+fn io_err(call: &'static str, what: impl std::fmt::Display) -> Error {
+    bootstrap(call, what.to_string())
+}
+
+fn resolve(addr: &str, port: u16) -> Result<SocketAddr> {
+    (addr, port)
+        .to_socket_addrs()
+        .map_err(|e| io_err("init", format!("cannot resolve rendezvous address {addr}:{port}: {e}")))?
+        .next()
+        .ok_or_else(|| io_err("init", format!("rendezvous address {addr}:{port} resolves to nothing")))
+}
+
+/// Compares secrets without an early exit, so response time does not leak a prefix.
+fn same_token(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() ^ b.len()) as u8 | u8::from(a.len() != b.len());
+    for (x, y) in a.iter().zip(b.iter()) {
+        diff |= x ^ y;
+    }
+    diff == 0
+}
+
+impl TcpBootstrap {
+    /// Joins (or, on rank 0, hosts) the rendezvous described by `env`, waiting at most
+    /// `timeout` for every PE to connect.
+    pub fn connect(env: &LaunchEnv, timeout: Duration) -> Result<TcpBootstrap> {
+        let shared = Arc::new(Shared {
+            rank: env.rank,
+            health: Health::new(),
+            results: Mutex::new(HashMap::new()),
+            cv: Condvar::new(),
+            finalizing: AtomicBool::new(false),
+        });
+        let role = if env.rank == 0 {
+            Self::host(env, timeout, &shared)?
+        } else {
+            Self::join(env, timeout, &shared)?
+        };
+        Ok(TcpBootstrap {
+            rank: env.rank,
+            world: env.world,
+            timeout,
+            seq: AtomicU64::new(0),
+            shared,
+            role,
+        })
+    }
+
+    fn host(env: &LaunchEnv, timeout: Duration, shared: &Arc<Shared>) -> Result<Role> {
+        let want = resolve(&env.addr, env.port)?;
+        // Listen on every interface unless the address is loopback: MASTER_ADDR is often a
+        // name that resolves to an interface other than the one peers route to.
+        let bind: SocketAddr = if want.ip().is_loopback() {
+            want
+        } else {
+            SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), env.port)
+        };
+        let listener = TcpListener::bind(bind).map_err(|e| {
+            io_err(
+                "init",
+                format!("PE 0 cannot listen on {bind} for the rendezvous: {e} (another job on this port? set MASTER_PORT or SYMHEAP_BOOTSTRAP_PORT)"),
+            )
+        })?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| io_err("init", e))?;
+        let world = env.world;
+        let mut conns: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
+        let mut connected = 1usize;
+        let deadline = Instant::now() + timeout;
+        while connected < world {
+            match listener.accept() {
+                Ok((stream, peer)) => {
+                    if let Some(rank) = Self::admit(stream.try_clone().map_err(|e| io_err("init", e))?, env, &conns, peer) {
+                        conns[rank] = Some(stream);
+                        connected += 1;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if Instant::now() >= deadline {
+                        let missing: Vec<usize> = (1..world).filter(|&r| conns[r].is_none()).collect();
+                        return Err(Error::new(
+                            Some(0),
+                            "init",
+                            ErrorKind::Timeout {
+                                what: format!("{} PEs to connect to the rendezvous at {}:{}", world, env.addr, env.port),
+                                waited: timeout,
+                                missing,
+                            },
+                        ));
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(e) => return Err(io_err("init", format!("accept: {e}"))),
+            }
+        }
+        drop(listener);
+
+        let (tx, rx) = mpsc::channel();
+        let mut writers: Vec<Option<BufWriter<TcpStream>>> = (0..world).map(|_| None).collect();
+        for (rank, c) in conns.into_iter().enumerate() {
+            let Some(stream) = c else { continue };
+            stream.set_nonblocking(false).map_err(|e| io_err("init", e))?;
+            stream.set_read_timeout(None).map_err(|e| io_err("init", e))?;
+            let _ = stream.set_nodelay(true);
+            writers[rank] = Some(BufWriter::new(stream.try_clone().map_err(|e| io_err("init", e))?));
+            let tx = tx.clone();
+            std::thread::Builder::new()
+                .name(format!("symheap-rdv-{rank}"))
+                .spawn(move || {
+                    let mut r = BufReader::new(stream);
+                    loop {
+                        match Msg::read_from(&mut r) {
+                            Ok(msg) => {
+                                if tx.send(Event::Remote { from: rank, msg }).is_err() {
+                                    return;
+                                }
+                            }
+                            Err(e) => {
+                                let why = if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                                    "its connection closed".to_string()
+                                } else {
+                                    format!("its connection failed: {e}")
+                                };
+                                let _ = tx.send(Event::Closed { from: rank, why });
+                                return;
+                            }
+                        }
+                    }
+                })
+                .map_err(|e| io_err("init", e))?;
+        }
+        let hub_shared = shared.clone();
+        let hub = std::thread::Builder::new()
+            .name("symheap-hub".into())
+            .spawn(move || Hub::new(world, timeout, hub_shared, writers).run(rx))
+            .map_err(|e| io_err("init", e))?;
+        Ok(Role::Root {
+            hub_tx: Mutex::new(tx),
+            hub: Mutex::new(Some(hub)),
+        })
+    }
+
+    /// Checks a new connection's Hello; returns its rank if admitted.
+    fn admit(mut stream: TcpStream, env: &LaunchEnv, conns: &[Option<TcpStream>], peer: SocketAddr) -> Option<usize> {
+        let _ = stream.set_nonblocking(false);
+        let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
+        let reject = |mut s: &TcpStream, reason: String| {
+            tracing::warn!("rendezvous: refused a connection from {peer}: {reason}");
+            let _ = Msg::Reject { reason }.write_to(&mut s);
+            let _ = s.shutdown(Shutdown::Both);
+            None
+        };
+        let hello = match Msg::read_from(&mut stream) {
+            Ok(m) => m,
+            Err(e) => return reject(&stream, format!("no valid Hello: {e}")),
+        };
+        let Msg::Hello { token, rank, world } = hello else {
+            return reject(&stream, "first message was not a Hello".into());
+        };
+        if !same_token(&token, &env.token) {
+            return reject(&stream, "wrong job token: this rendezvous belongs to another job".into());
+        }
+        let rank = rank as usize;
+        if world as usize != env.world {
+            return reject(&stream, format!("world size {world} differs from PE 0's {}", env.world));
+        }
+        if rank == 0 || rank >= env.world {
+            return reject(&stream, format!("rank {rank} is not a valid non-root rank"));
+        }
+        if conns[rank].is_some() {
+            return reject(&stream, format!("rank {rank} connected twice"));
+        }
+        if Msg::Welcome.write_to(&mut stream).is_err() {
+            return None;
+        }
+        Some(rank)
+    }
+
+    fn join(env: &LaunchEnv, timeout: Duration, shared: &Arc<Shared>) -> Result<Role> {
+        let addr = resolve(&env.addr, env.port)?;
+        let deadline = Instant::now() + timeout;
+        let mut stream = loop {
+            match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+                Ok(s) => break s,
+                Err(e) => {
+                    if Instant::now() >= deadline {
+                        return Err(Error::new(
+                            Some(env.rank),
+                            "init",
+                            ErrorKind::Timeout {
+                                what: format!("PE 0's rendezvous at {addr} ({e})"),
+                                waited: timeout,
+                                missing: vec![0],
+                            },
+                        ));
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        stream
+            .set_read_timeout(Some(HELLO_TIMEOUT.max(timeout)))
+            .map_err(|e| io_err("init", e))?;
+        Msg::Hello {
+            token: env.token.clone(),
+            rank: env.rank as u32,
+            world: env.world as u32,
+        }
+        .write_to(&mut stream)
+        .map_err(|e| io_err("init", format!("sending Hello to {addr}: {e}")))?;
+        match Msg::read_from(&mut stream) {
+            Ok(Msg::Welcome) => {}
+            Ok(Msg::Reject { reason }) => {
+                return Err(io_err("init", format!("PE 0 at {addr} refused this PE: {reason}")))
+            }
+            Ok(other) => return Err(io_err("init", format!("unexpected reply {other:?} from {addr}"))),
+            Err(e) => return Err(io_err("init", format!("no reply from the rendezvous at {addr}: {e}"))),
+        }
+        stream.set_read_timeout(None).map_err(|e| io_err("init", e))?;
+        let read_half = stream.try_clone().map_err(|e| io_err("init", e))?;
+        let writer = BufWriter::new(stream.try_clone().map_err(|e| io_err("init", e))?);
+        let sh = shared.clone();
+        let reader = std::thread::Builder::new()
+            .name("symheap-rdv".into())
+            .spawn(move || {
+                let mut r = BufReader::new(read_half);
+                loop {
+                    match Msg::read_from(&mut r) {
+                        Ok(Msg::Gathered { seq, parts }) => sh.deliver(seq, parts),
+                        Ok(Msg::Abort {
+                            origin,
+                            class,
+                            reason,
+                            missing,
+                            waited_ms,
+                        }) => sh.fail(abort_kind(origin, class, reason, missing, waited_ms)),
+                        Ok(_) => {}
+                        Err(e) => {
+                            if !sh.finalizing.load(Ordering::Acquire) {
+                                let how = if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                                    "its connection to this PE closed".to_string()
+                                } else {
+                                    format!("its connection to this PE failed: {e}")
+                                };
+                                sh.fail(ErrorKind::PeerExited { peer: 0, how });
+                            }
+                            return;
+                        }
+                    }
+                }
+            })
+            .map_err(|e| io_err("init", e))?;
+        Ok(Role::Leaf {
+            writer: Mutex::new(writer),
+            stream,
+            reader: Mutex::new(Some(reader)),
+        })
+    }
+}
+
+impl Bootstrap for TcpBootstrap {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.world
+    }
+
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn all_gather(&self, what: &str, data: &[u8]) -> Result<Vec<Vec<u8>>> {
+        self.shared.health.check(self.rank, "all_gather")?;
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let deadline = match &self.role {
+            Role::Root { hub_tx, .. } => {
+                let ev = Event::Local {
+                    seq,
+                    what: what.to_string(),
+                    data: data.to_vec(),
+                };
+                hub_tx
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .send(ev)
+                    .map_err(|_| io_err("all_gather", "the rendezvous hub has stopped"))?;
+                // The hub enforces the timeout and names the missing PEs; this bound only
+                // guards against the hub itself being gone.
+                Instant::now() + self.timeout + LEAF_GRACE
+            }
+            Role::Leaf { writer, .. } => {
+                let msg = Msg::Contribute {
+                    seq,
+                    what: what.to_string(),
+                    data: data.to_vec(),
+                };
+                let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
+                if let Err(e) = msg.write_to(&mut *w) {
+                    drop(w);
+                    // The reader thread usually explains this better (PE 0 exited).
+                    std::thread::sleep(Duration::from_millis(50));
+                    self.shared.health.check(self.rank, "all_gather")?;
+                    return Err(io_err("all_gather", format!("sending to PE 0: {e}")).with_pe(self.rank));
+                }
+                Instant::now() + self.timeout + LEAF_GRACE
+            }
+        };
+        let parts = self.shared.wait(seq, what, deadline, "all_gather")?;
+        if parts.len() != self.world {
+            return Err(io_err(
+                "all_gather",
+                format!("collective #{seq} returned {} parts for {} PEs", parts.len(), self.world),
+            )
+            .with_pe(self.rank));
+        }
+        Ok(parts)
+    }
+
+    fn abort(&self, reason: &str) {
+        let kind = ErrorKind::Aborted {
+            origin: self.rank,
+            reason: reason.to_string(),
+        };
+        let first = self.shared.health.fail(kind.clone());
+        if !first {
+            return;
+        }
+        let msg = kind_to_abort(self.rank, &kind);
+        match &self.role {
+            Role::Root { hub_tx, .. } => {
+                let _ = hub_tx.lock().unwrap_or_else(|p| p.into_inner()).send(Event::Abort(msg));
+            }
+            Role::Leaf { writer, .. } => {
+                if let Ok(mut w) = writer.try_lock() {
+                    let _ = msg.write_to(&mut *w);
+                }
+            }
+        }
+        self.shared.fail(kind);
+    }
+
+    fn check(&self) -> Result<()> {
+        self.shared.health.check(self.rank, "check")
+    }
+
+    fn health(&self) -> &Health {
+        &self.shared.health
+    }
+
+    fn finalize(&self) -> Result<()> {
+        if self.shared.finalizing.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let result = match &self.role {
+            Role::Root { hub_tx, hub } => {
+                let (tx, rx) = mpsc::channel();
+                let sent = hub_tx
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .send(Event::Finalize(tx))
+                    .is_ok();
+                let r = if sent {
+                    rx.recv_timeout(self.timeout + LEAF_GRACE)
+                        .unwrap_or_else(|_| Err("the rendezvous hub did not finish".into()))
+                } else {
+                    Ok(())
+                };
+                if let Some(h) = hub.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                    let _ = h.join();
+                }
+                r.map_err(|e| io_err("finalize", e).with_pe(0))
+            }
+            Role::Leaf { writer, stream, reader } => {
+                {
+                    let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
+                    let _ = Msg::Bye.write_to(&mut *w);
+                }
+                let _ = stream.shutdown(Shutdown::Write);
+                // PE 0 closes once every PE said Bye; waiting for that keeps PE 0's listener
+                // from outliving us by surprise and makes a clean exit order.
+                if let Some(h) = reader.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                    let (done_tx, done_rx) = mpsc::channel::<()>();
+                    let waiter = std::thread::spawn(move || {
+                        let _ = h.join();
+                        let _ = done_tx.send(());
+                    });
+                    if done_rx.recv_timeout(self.timeout).is_err() {
+                        let _ = stream.shutdown(Shutdown::Both);
+                    }
+                    let _ = waiter.join();
+                }
+                Ok(())
+            }
+        };
+        self.shared.health.set_finalized();
+        result
+    }
+}
+
+impl Drop for TcpBootstrap {
+    fn drop(&mut self) {
+        match &self.role {
+            Role::Root { hub_tx, hub } => {
+                if !self.shared.finalizing.load(Ordering::Acquire) {
+                    // Dropped without finalize: tell the others why they are losing PE 0.
+                    let msg = Msg::Abort {
+                        origin: 0,
+                        class: AbortClass::Exited,
+                        reason: "it shut down its symheap context without finalize".into(),
+                        missing: vec![],
+                        waited_ms: 0,
+                    };
+                    let tx = hub_tx.lock().unwrap_or_else(|p| p.into_inner());
+                    let _ = tx.send(Event::Abort(msg));
+                    let (ftx, frx) = mpsc::channel();
+                    let _ = tx.send(Event::Finalize(ftx));
+                    drop(tx);
+                    let _ = frx.recv_timeout(Duration::from_millis(200));
+                }
+                if let Some(h) = hub.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                    if self.shared.finalizing.load(Ordering::Acquire) {
+                        let _ = h.join();
+                    }
+                }
+            }
+            Role::Leaf { stream, .. } => {
+                let _ = stream.shutdown(Shutdown::Both);
+            }
+        }
+    }
+}
+
+struct Pending {
+    what: String,
+    parts: Vec<Option<Vec<u8>>>,
+    since: Instant,
+}
+
+/// PE 0's coordinator thread.
+struct Hub {
+    world: usize,
+    timeout: Duration,
+    shared: Arc<Shared>,
+    writers: Vec<Option<BufWriter<TcpStream>>>,
+    bye: Vec<bool>,
+    closed: Vec<bool>,
+    pending: BTreeMap<u64, Pending>,
+    failed: bool,
+    finalize: Option<(Sender<Result<(), String>>, Instant)>,
+}
+
+impl Hub {
+    fn new(world: usize, timeout: Duration, shared: Arc<Shared>, writers: Vec<Option<BufWriter<TcpStream>>>) -> Hub {
+        Hub {
+            world,
+            timeout,
+            shared,
+            writers,
+            bye: vec![false; world],
+            closed: vec![false; world],
+            pending: BTreeMap::new(),
+            failed: false,
+            finalize: None,
+        }
+    }
+
+    fn send(&mut self, to: usize, msg: &Msg) {
+        if let Some(w) = self.writers[to].as_mut() {
+            let frame = msg.encode();
+            if w.write_all(&frame).and_then(|_| w.flush()).is_err() {
+                self.writers[to] = None;
+            }
+        }
+    }
+
+    fn broadcast(&mut self, msg: &Msg) {
+        for to in 1..self.world {
+            self.send(to, msg);
+        }
+    }
+
+    fn fail(&mut self, kind: ErrorKind, origin: usize) {
+        if self.failed {
+            return;
+        }
+        self.failed = true;
+        let msg = kind_to_abort(origin, &kind);
+        self.broadcast(&msg);
+        self.shared.fail(kind);
+    }
+
+    fn contribute(&mut self, from: usize, seq: u64, what: String, data: Vec<u8>) {
+        let world = self.world;
+        let p = self.pending.entry(seq).or_insert_with(|| Pending {
+            what,
+            parts: vec![None; world],
+            since: Instant::now(),
+        });
+        p.parts[from] = Some(data);
+        if p.parts.iter().all(Option::is_some) {
+            let p = self.pending.remove(&seq).expect("present");
+            let parts: Vec<Vec<u8>> = p.parts.into_iter().map(|x| x.unwrap_or_default()).collect();
+            let msg = Msg::Gathered { seq, parts };
+            self.broadcast(&msg);
+            if let Msg::Gathered { parts, .. } = msg {
+                self.shared.deliver(seq, parts);
+            }
+        }
+    }
+
+    fn all_left(&self) -> bool {
+        (1..self.world).all(|r| self.bye[r] || self.closed[r])
+    }
+
+    fn run(mut self, rx: Receiver<Event>) {
+        loop {
+            if let Some((_, until)) = &self.finalize {
+                if self.all_left() || Instant::now() >= *until {
+                    let (tx, _) = self.finalize.take().expect("present");
+                    let stragglers: Vec<usize> = (1..self.world).filter(|&r| !(self.bye[r] || self.closed[r])).collect();
+                    for w in self.writers.iter_mut().flatten() {
+                        let _ = w.flush();
+                        let _ = w.get_ref().shutdown(Shutdown::Both);
+                    }
+                    let _ = tx.send(if stragglers.is_empty() {
+                        Ok(())
+                    } else {
+                        Err(format!("PEs {stragglers:?} did not finalize"))
+                    });
+                    return;
+                }
+            }
+            let wait = self
+                .pending
+                .values()
+                .map(|p| (p.since + self.timeout).saturating_duration_since(Instant::now()))
+                .min()
+                .unwrap_or(Duration::from_millis(500))
+                .min(Duration::from_millis(500));
+            match rx.recv_timeout(wait) {
+                Ok(Event::Local { seq, what, data }) => self.contribute(0, seq, what, data),
+                Ok(Event::Remote { from, msg }) => match msg {
+                    Msg::Contribute { seq, what, data } => self.contribute(from, seq, what, data),
+                    Msg::Abort {
+                        origin,
+                        class,
+                        reason,
+                        missing,
+                        waited_ms,
+                    } => {
+                        let kind = abort_kind(origin, class, reason, missing, waited_ms);
+                        self.fail(kind, origin as usize);
+                    }
+                    Msg::Bye => self.bye[from] = true,
+                    _ => {}
+                },
+                Ok(Event::Closed { from, why }) => {
+                    self.closed[from] = true;
+                    self.writers[from] = None;
+                    if !self.bye[from] {
+                        self.fail(ErrorKind::PeerExited { peer: from, how: why }, from);
+                    }
+                }
+                Ok(Event::Abort(msg)) => {
+                    if let Msg::Abort {
+                        origin,
+                        class,
+                        reason,
+                        missing,
+                        waited_ms,
+                    } = msg
+                    {
+                        let kind = abort_kind(origin, class, reason, missing, waited_ms);
+                        self.fail(kind, origin as usize);
+                    }
+                }
+                Ok(Event::Finalize(tx)) => {
+                    self.finalize = Some((tx, Instant::now() + self.timeout));
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+            if !self.failed {
+                let now = Instant::now();
+                let late = self
+                    .pending
+                    .iter()
+                    .find(|(_, p)| now >= p.since + self.timeout)
+                    .map(|(&seq, p)| (seq, p.what.clone(), p.parts.iter().enumerate().filter(|(_, x)| x.is_none()).map(|(r, _)| r).collect::<Vec<_>>()));
+                if let Some((seq, what, missing)) = late {
+                    let kind = ErrorKind::Timeout {
+                        what: format!("{what} (collective #{seq})"),
+                        waited: self.timeout,
+                        missing,
+                    };
+                    self.fail(kind, 0);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bootstrap::Launcher;
+
+    fn env(rank: usize, world: usize, port: u16, token: &str) -> LaunchEnv {
+        LaunchEnv {
+            launcher: Launcher::TorchStyle,
+            rank,
+            world,
+            local_rank: Some(rank),
+            addr: "127.0.0.1".into(),
+            port,
+            token: token.as_bytes().to_vec(),
+            token_is_secret: true,
+        }
+    }
+
+    fn free_port() -> u16 {
+        TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    }
+
+    #[test]
+    fn threads_gather_and_finalize() {
+        let port = free_port();
+        let world = 4;
+        let handles: Vec<_> = (0..world)
+            .map(|r| {
+                std::thread::spawn(move || {
+                    let b = TcpBootstrap::connect(&env(r, world, port, "t"), Duration::from_secs(20)).unwrap();
+                    for round in 0..20u8 {
+                        let parts = b.all_gather("test", &[r as u8, round]).unwrap();
+                        for (p, part) in parts.iter().enumerate() {
+                            assert_eq!(part, &vec![p as u8, round]);
+                        }
+                    }
+                    let got = b.broadcast("bcast", 2, &[r as u8 * 10]).unwrap();
+                    assert_eq!(got, vec![20]);
+                    b.barrier("last").unwrap();
+                    b.finalize().unwrap();
+                    assert!(matches!(b.check().unwrap_err().kind(), ErrorKind::Finalized));
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn wrong_token_is_refused() {
+        let port = free_port();
+        let root = std::thread::spawn(move || TcpBootstrap::connect(&env(0, 2, port, "right"), Duration::from_secs(3)).err());
+        std::thread::sleep(Duration::from_millis(100));
+        let e = TcpBootstrap::connect(&env(1, 2, port, "wrong"), Duration::from_secs(3)).err().unwrap();
+        assert!(e.to_string().contains("wrong job token"), "{e}");
+        // The root never got its PE 1 and says so.
+        let e = root.join().unwrap().unwrap();
+        assert!(matches!(e.kind(), ErrorKind::Timeout { missing, .. } if missing == &vec![1]), "{e}");
+    }
+
+    #[test]
+    fn timeout_names_the_missing_pe() {
+        let port = free_port();
+        let t = Duration::from_millis(1500);
+        let a = std::thread::spawn(move || {
+            let b = TcpBootstrap::connect(&env(0, 3, port, "x"), t).unwrap();
+            b.barrier("barrier_all").unwrap_err()
+        });
+        let c = std::thread::spawn(move || {
+            let b = TcpBootstrap::connect(&env(1, 3, port, "x"), t).unwrap();
+            b.barrier("barrier_all").unwrap_err()
+        });
+        let b2 = TcpBootstrap::connect(&env(2, 3, port, "x"), t).unwrap();
+        let e0 = a.join().unwrap();
+        let e1 = c.join().unwrap();
+        for e in [e0, e1] {
+            match e.kind() {
+                ErrorKind::Timeout { missing, .. } => assert_eq!(missing, &vec![2]),
+                k => panic!("{k}"),
+            }
+        }
+        assert!(b2.check().is_err());
+    }
+}
