@@ -1,1 +1,161 @@
-fn main(){}
+//! The `symheap` command: launch PEs, show what symheap sees, self-test, benchmark.
+
+mod selftest;
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "symheap",
+    version,
+    about = "Symmetric memory across GPUs and CPU processes"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start N PEs of PROGRAM on this machine with a torchrun-style environment.
+    Launch {
+        /// Number of PEs.
+        #[arg(short = 'n', long = "nproc", default_value_t = 1)]
+        n: usize,
+        /// Seconds the other PEs get to exit on their own after one fails (then SIGTERM, then
+        /// SIGKILL).
+        #[arg(long, default_value_t = 3.0)]
+        grace: f64,
+        /// Do not prefix output lines with `[PE r]`.
+        #[arg(long)]
+        no_prefix: bool,
+        /// The program and its arguments.
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        program: Vec<OsString>,
+    },
+    /// Initialise symheap (one PE, or every PE under a launcher) and print what it sees.
+    Info {
+        /// Also list every environment variable symheap reads.
+        #[arg(long)]
+        vars: bool,
+    },
+    /// Run the multi-PE self-test scenarios at several PE counts.
+    Selftest {
+        /// PE counts to run at.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+        pes: Vec<usize>,
+        /// Only these scenarios (comma separated).
+        #[arg(long)]
+        only: Option<String>,
+        /// Random seed shared by all PEs (default: from the clock).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// List the scenarios and exit.
+        #[arg(long)]
+        list: bool,
+    },
+    /// One PE of a self-test scenario (started by `selftest`).
+    #[command(hide = true)]
+    SelftestPe {
+        scenario: String,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long, default_value_t = 0)]
+        victim: usize,
+    },
+}
+
+fn code(c: i32) -> ExitCode {
+    ExitCode::from(c.clamp(0, 255) as u8)
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SYMHEAP_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Launch {
+            n,
+            grace,
+            no_prefix,
+            mut program,
+        } => {
+            let prog = program.remove(0);
+            let mut opts = symheap::launch::LaunchOptions::new(n, prog);
+            opts.args = program;
+            opts.prefix_output = !no_prefix;
+            if !(grace.is_finite() && grace >= 0.0) {
+                eprintln!("symheap launch: --grace must be a non-negative number of seconds");
+                return code(2);
+            }
+            opts.grace = Duration::from_secs_f64(grace);
+            match symheap::launch::launch(&opts) {
+                Ok(outcome) => code(outcome.exit_code()),
+                Err(e) => {
+                    eprintln!("{e}");
+                    code(1)
+                }
+            }
+        }
+        Cmd::Info { vars } => info(vars),
+        Cmd::Selftest {
+            pes,
+            only,
+            seed,
+            list,
+        } => {
+            if list {
+                for s in selftest::SCENARIOS {
+                    println!("{:<10} {}", s.name, s.about);
+                }
+                return code(0);
+            }
+            let seed = seed.unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(1)
+            });
+            code(selftest::run_suite(&pes, only.as_deref(), seed))
+        }
+        Cmd::SelftestPe {
+            scenario,
+            seed,
+            victim,
+        } => code(selftest::run_pe(&scenario, seed, victim)),
+    }
+}
+
+fn info(vars: bool) -> ExitCode {
+    let ctx = match symheap::Context::init() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return code(1);
+        }
+    };
+    println!("{}", ctx.banner());
+    if vars && ctx.my_pe() == 0 {
+        println!("variables symheap reads:");
+        for (name, what) in symheap::config::SYMHEAP_VARIABLES {
+            println!("  {name:<24} {what}");
+        }
+        println!("  launcher variables: RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT (torchrun, symheap launch), OMPI_COMM_WORLD_* (Open MPI), PMI_RANK PMI_SIZE (MPICH), SLURM_PROCID SLURM_STEP_NUM_TASKS SLURM_LOCALID (srun)");
+    }
+    match ctx.finalize() {
+        Ok(()) => code(0),
+        Err(e) => {
+            eprintln!("{e}");
+            code(1)
+        }
+    }
+}

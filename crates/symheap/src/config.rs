@@ -82,9 +82,15 @@ pub const SYMHEAP_VARIABLES: &[(&str, &str)] = &[
         "seconds any wait may take before failing (default 120)",
     ),
     ("SYMHEAP_BACKEND", "host | cuda | auto (default auto)"),
-    ("SYMHEAP_DEVICE", "CUDA device ordinal (default LOCAL_RANK mod count)"),
+    (
+        "SYMHEAP_DEVICE",
+        "CUDA device ordinal (default LOCAL_RANK mod count)",
+    ),
     ("SYMHEAP_DEBUG", "info: print the banner at init"),
-    ("SYMHEAP_TOKEN", "job secret for the rendezvous (the launcher sets it)"),
+    (
+        "SYMHEAP_TOKEN",
+        "job secret for the rendezvous (the launcher sets it)",
+    ),
     (
         "SYMHEAP_BOOTSTRAP_PORT",
         "rendezvous port (default MASTER_PORT, or MASTER_PORT+1 under torchrun)",

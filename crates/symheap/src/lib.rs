@@ -1,6 +1,36 @@
 //! symheap: symmetric memory across GPUs and CPU processes.
+//!
+//! Every PE (one process per GPU, or per CPU slot on the host backend) allocates the same
+//! buffers in the same order; any PE can then read, write and atomically update any other PE's
+//! copy directly. The allocator-agnostic contract is a pointer plus a peer table:
+//! `peer_bases[r]` is PE r's copy in this process, `peer_bases[my_pe] == ptr`, and
+//! `remote = peer_bases[to] + (ptr - peer_bases[from])`.
+//!
+//! ```no_run
+//! let ctx = symheap::Context::init()?;
+//! let (buf, peer_bases) = ctx.allocate_symmetric::<u64>(1024)?;
+//! assert_eq!(peer_bases[ctx.my_pe()], buf.addr());
+//! ctx.barrier_all()?;
+//! let next = (ctx.my_pe() + 1) % ctx.n_pes();
+//! buf.peer_view(next)?.write(0, &[ctx.my_pe() as u64])?;
+//! ctx.barrier_all()?;
+//! # Ok::<(), symheap::Error>(())
+//! ```
+
+pub mod backend;
 pub mod bootstrap;
 pub mod config;
+mod context;
+pub mod element;
 pub mod error;
+pub mod heap;
+pub mod launch;
+pub mod ledger;
+pub mod table;
 
+pub use backend::BackendKind;
+pub use config::{BackendChoice, Config};
+pub use context::{Context, ContextBuilder, HeapUsage, PeerView, SymmetricBuffer};
+pub use element::{DType, Element};
 pub use error::{Error, ErrorKind, Result};
+pub use table::{translate, PeerMask, SymmetricAddressMap};

@@ -80,49 +80,45 @@ fn num(c: &mut Config, name: &str) -> Result<Option<usize>> {
 impl LaunchEnv {
     /// Reads the environment. Records every variable it used in `cfg.env_read`.
     pub fn detect(cfg: &mut Config) -> Result<LaunchEnv> {
-        let (launcher, rank, world, local_rank) = if let (Some(r), Some(w)) =
-            (num(cfg, "RANK")?, num(cfg, "WORLD_SIZE")?)
-        {
-            let l = if var(cfg, "SYMHEAP_LAUNCHER").is_some() {
-                Launcher::Symheap
-            } else if var(cfg, "TORCHELASTIC_RUN_ID").is_some() {
-                Launcher::Torchrun
+        let (launcher, rank, world, local_rank) =
+            if let (Some(r), Some(w)) = (num(cfg, "RANK")?, num(cfg, "WORLD_SIZE")?) {
+                let l = if var(cfg, "SYMHEAP_LAUNCHER").is_some() {
+                    Launcher::Symheap
+                } else if var(cfg, "TORCHELASTIC_RUN_ID").is_some() {
+                    Launcher::Torchrun
+                } else {
+                    Launcher::TorchStyle
+                };
+                (l, r, w, num(cfg, "LOCAL_RANK")?)
+            } else if let (Some(r), Some(w)) = (
+                num(cfg, "OMPI_COMM_WORLD_RANK")?,
+                num(cfg, "OMPI_COMM_WORLD_SIZE")?,
+            ) {
+                (
+                    Launcher::OpenMpi,
+                    r,
+                    w,
+                    num(cfg, "OMPI_COMM_WORLD_LOCAL_RANK")?,
+                )
+            } else if let (Some(r), Some(w)) = (num(cfg, "PMI_RANK")?, num(cfg, "PMI_SIZE")?) {
+                (Launcher::Pmi, r, w, num(cfg, "MPI_LOCALRANKID")?)
+            } else if var(cfg, "SLURM_STEP_ID").is_some() && var(cfg, "SLURM_PROCID").is_some() {
+                // Only inside an srun step: a batch script also has SLURM_PROCID=0 and SLURM_NTASKS,
+                // and treating a plain `python x.py` there as rank 0 of N would wait for PEs that
+                // never start.
+                let r = num(cfg, "SLURM_PROCID")?.unwrap_or(0);
+                let w = match num(cfg, "SLURM_STEP_NUM_TASKS")? {
+                    Some(w) => w,
+                    None => num(cfg, "SLURM_NTASKS")?.unwrap_or(1),
+                };
+                (Launcher::Slurm, r, w, num(cfg, "SLURM_LOCALID")?)
             } else {
-                Launcher::TorchStyle
+                (Launcher::None, 0, 1, Some(0))
             };
-            (l, r, w, num(cfg, "LOCAL_RANK")?)
-        } else if let (Some(r), Some(w)) = (
-            num(cfg, "OMPI_COMM_WORLD_RANK")?,
-            num(cfg, "OMPI_COMM_WORLD_SIZE")?,
-        ) {
-            (
-                Launcher::OpenMpi,
-                r,
-                w,
-                num(cfg, "OMPI_COMM_WORLD_LOCAL_RANK")?,
-            )
-        } else if let (Some(r), Some(w)) = (num(cfg, "PMI_RANK")?, num(cfg, "PMI_SIZE")?) {
-            (Launcher::Pmi, r, w, num(cfg, "MPI_LOCALRANKID")?)
-        } else if var(cfg, "SLURM_STEP_ID").is_some() && var(cfg, "SLURM_PROCID").is_some() {
-            // Only inside an srun step: a batch script also has SLURM_PROCID=0 and SLURM_NTASKS,
-            // and treating a plain `python x.py` there as rank 0 of N would wait for PEs that
-            // never start.
-            let r = num(cfg, "SLURM_PROCID")?.unwrap_or(0);
-            let w = match num(cfg, "SLURM_STEP_NUM_TASKS")? {
-                Some(w) => w,
-                None => num(cfg, "SLURM_NTASKS")?.unwrap_or(1),
-            };
-            (Launcher::Slurm, r, w, num(cfg, "SLURM_LOCALID")?)
-        } else {
-            (Launcher::None, 0, 1, Some(0))
-        };
         if world == 0 || rank >= world {
             return Err(invalid(
                 "init",
-                format!(
-                    "{} says rank {rank} of world size {world}",
-                    launcher.name()
-                ),
+                format!("{} says rank {rank} of world size {world}", launcher.name()),
             ));
         }
         if world > u32::MAX as usize / 2 {

@@ -15,7 +15,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use nix::sys::socket::{getsockopt, recvmsg, sendmsg, sockopt, ControlMessage, ControlMessageOwned, MsgFlags};
+use nix::sys::socket::{
+    getsockopt, recvmsg, sendmsg, sockopt, ControlMessage, ControlMessageOwned, MsgFlags,
+};
 
 use super::{fnv1a, Bootstrap};
 use crate::error::{bootstrap, Error, ErrorKind, Result};
@@ -68,7 +70,9 @@ impl NodeInfo {
             })
             .collect();
         let node_index = node_of[rank];
-        let local_peers: Vec<usize> = (0..ids.len()).filter(|&r| node_of[r] == node_index).collect();
+        let local_peers: Vec<usize> = (0..ids.len())
+            .filter(|&r| node_of[r] == node_index)
+            .collect();
         let local_rank = local_peers.iter().position(|&r| r == rank).unwrap_or(0);
         NodeInfo {
             node_id: ids[rank].clone(),
@@ -123,18 +127,29 @@ fn runtime_dir() -> Result<PathBuf> {
     } else {
         PathBuf::from(format!("/tmp/symheap-{}", nix::unistd::getuid()))
     };
-    match std::fs::DirBuilder::new().mode(0o700).recursive(true).create(&dir) {
+    match std::fs::DirBuilder::new()
+        .mode(0o700)
+        .recursive(true)
+        .create(&dir)
+    {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(nerr(format!("cannot create {}: {e}", dir.display()))),
     }
     let md = std::fs::metadata(&dir).map_err(|e| nerr(format!("{}: {e}", dir.display())))?;
     if md.uid() != nix::unistd::getuid().as_raw() {
-        return Err(nerr(format!("{} belongs to another user; set SYMHEAP_RUNTIME_DIR", dir.display())));
+        return Err(nerr(format!(
+            "{} belongs to another user; set SYMHEAP_RUNTIME_DIR",
+            dir.display()
+        )));
     }
     if md.permissions().mode() & 0o077 != 0 {
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| nerr(format!("{} is open to other users and cannot be closed: {e}", dir.display())))?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(|e| {
+            nerr(format!(
+                "{} is open to other users and cannot be closed: {e}",
+                dir.display()
+            ))
+        })?;
     }
     Ok(dir)
 }
@@ -149,16 +164,23 @@ impl NodeChannel {
         let mut path = PathBuf::new();
         if leader && node.local_size() > 1 {
             let dir = runtime_dir()?;
-            path = dir.join(format!("{:016x}-{}-{}.sock", fnv1a(token), rank, std::process::id()));
+            path = dir.join(format!(
+                "{:016x}-{}-{}.sock",
+                fnv1a(token),
+                rank,
+                std::process::id()
+            ));
             let _ = std::fs::remove_file(&path);
-            let l = UnixListener::bind(&path).map_err(|e| nerr(format!("bind {}: {e}", path.display())))?;
+            let l = UnixListener::bind(&path)
+                .map_err(|e| nerr(format!("bind {}: {e}", path.display())))?;
             l.set_nonblocking(true).map_err(nerr)?;
             listener = Some(l);
         }
         let paths = boot.all_gather("node channel", path.as_os_str().as_encoded_bytes())?;
         let leader_rank = node.local_peers[0];
         let leader_path = PathBuf::from(String::from_utf8_lossy(&paths[leader_rank]).into_owned());
-        let mut streams: Vec<Option<UnixStream>> = (0..node.local_size().max(1)).map(|_| None).collect();
+        let mut streams: Vec<Option<UnixStream>> =
+            (0..node.local_size().max(1)).map(|_| None).collect();
         let deadline = Instant::now() + timeout;
         if let Some(l) = listener {
             let result = Self::accept_all(&l, node, token, &mut streams, deadline, boot);
@@ -170,11 +192,15 @@ impl NodeChannel {
             hello.extend_from_slice(&(node.local_rank as u32).to_le_bytes());
             hello.extend_from_slice(&(token.len() as u32).to_le_bytes());
             hello.extend_from_slice(token);
-            (&s).write_all(&hello).map_err(|e| nerr(format!("hello to node leader: {e}")))?;
+            (&s).write_all(&hello)
+                .map_err(|e| nerr(format!("hello to node leader: {e}")))?;
             let mut ack = [0u8; 1];
             s.set_read_timeout(Some(timeout)).map_err(nerr)?;
-            (&s).read_exact(&mut ack)
-                .map_err(|e| nerr(format!("node leader (PE {leader_rank}) refused or did not answer: {e}")))?;
+            (&s).read_exact(&mut ack).map_err(|e| {
+                nerr(format!(
+                    "node leader (PE {leader_rank}) refused or did not answer: {e}"
+                ))
+            })?;
             streams[0] = Some(s);
         }
         // Everyone is connected before anyone uses the channel.
@@ -195,7 +221,10 @@ impl NodeChannel {
                 Err(e) => {
                     boot.check()?;
                     if Instant::now() >= deadline {
-                        return Err(nerr(format!("cannot reach node leader at {}: {e}", path.display())));
+                        return Err(nerr(format!(
+                            "cannot reach node leader at {}: {e}",
+                            path.display()
+                        )));
                     }
                     std::thread::sleep(Duration::from_millis(5));
                 }
@@ -217,8 +246,11 @@ impl NodeChannel {
             match l.accept() {
                 Ok((s, _)) => {
                     s.set_nonblocking(false).map_err(nerr)?;
-                    s.set_read_timeout(Some(Duration::from_secs(10))).map_err(nerr)?;
-                    let uid = getsockopt(&s, sockopt::PeerCredentials).map(|c| c.uid()).unwrap_or(u32::MAX);
+                    s.set_read_timeout(Some(Duration::from_secs(10)))
+                        .map_err(nerr)?;
+                    let uid = getsockopt(&s, sockopt::PeerCredentials)
+                        .map(|c| c.uid())
+                        .unwrap_or(u32::MAX);
                     if uid != me {
                         tracing::warn!("node channel: refused a connection from uid {uid}");
                         continue;
@@ -277,7 +309,11 @@ impl NodeChannel {
     /// Collective among the PEs of this node (all must pass the same number of descriptors).
     /// Returns, for every local PE in local-rank order, the descriptors it passed; this PE's
     /// own come back as duplicates.
-    pub fn exchange_fds(&self, mine: &[OwnedFd], health: &super::Health) -> Result<Vec<Vec<OwnedFd>>> {
+    pub fn exchange_fds(
+        &self,
+        mine: &[OwnedFd],
+        health: &super::Health,
+    ) -> Result<Vec<Vec<OwnedFd>>> {
         let k = mine.len();
         let dup = |fds: &[OwnedFd]| -> Result<Vec<OwnedFd>> {
             fds.iter()
@@ -292,19 +328,25 @@ impl NodeChannel {
             let mut all: Vec<Vec<OwnedFd>> = Vec::with_capacity(self.local_size);
             all.push(dup(mine)?);
             for lr in 1..self.local_size {
-                let s = self.streams[lr].as_ref().ok_or_else(|| nerr("missing stream"))?;
+                let s = self.streams[lr]
+                    .as_ref()
+                    .ok_or_else(|| nerr("missing stream"))?;
                 let got = recv_fds(s, k, deadline, health, self.rank)?;
                 all.push(got);
             }
             for lr in 1..self.local_size {
-                let s = self.streams[lr].as_ref().ok_or_else(|| nerr("missing stream"))?;
+                let s = self.streams[lr]
+                    .as_ref()
+                    .ok_or_else(|| nerr("missing stream"))?;
                 for fds in &all {
                     send_fds(s, fds)?;
                 }
             }
             Ok(all)
         } else {
-            let s = self.streams[0].as_ref().ok_or_else(|| nerr("missing stream"))?;
+            let s = self.streams[0]
+                .as_ref()
+                .ok_or_else(|| nerr("missing stream"))?;
             send_fds(s, mine)?;
             let mut all = Vec::with_capacity(self.local_size);
             for _ in 0..self.local_size {
@@ -318,7 +360,9 @@ impl NodeChannel {
 /// Sends `fds` as one or more messages: a 4-byte count, then the descriptors as SCM_RIGHTS.
 fn send_fds(s: &UnixStream, fds: &[OwnedFd]) -> Result<()> {
     let count = (fds.len() as u32).to_le_bytes();
-    (&*s).write_all(&count).map_err(|e| nerr(format!("send: {e}")))?;
+    (&*s)
+        .write_all(&count)
+        .map_err(|e| nerr(format!("send: {e}")))?;
     for batch in fds.chunks(FDS_PER_MESSAGE) {
         let raw: Vec<RawFd> = batch.iter().map(|f| f.as_raw_fd()).collect();
         let n = [batch.len() as u8];
@@ -330,12 +374,19 @@ fn send_fds(s: &UnixStream, fds: &[OwnedFd]) -> Result<()> {
     Ok(())
 }
 
-fn wait_readable(s: &UnixStream, deadline: Instant, health: &super::Health, rank: usize) -> Result<()> {
+fn wait_readable(
+    s: &UnixStream,
+    deadline: Instant,
+    health: &super::Health,
+    rank: usize,
+) -> Result<()> {
     loop {
         health.check(rank, "node channel")?;
         let now = Instant::now();
         if now >= deadline {
-            return Err(nerr("timed out waiting for a node-local PE to pass its memory handles"));
+            return Err(nerr(
+                "timed out waiting for a node-local PE to pass its memory handles",
+            ));
         }
         let ms = (deadline - now).min(Duration::from_millis(100)).as_millis() as u16;
         let mut fds = [PollFd::new(std::os::fd::AsFd::as_fd(s), PollFlags::POLLIN)];
@@ -348,13 +399,23 @@ fn wait_readable(s: &UnixStream, deadline: Instant, health: &super::Health, rank
     }
 }
 
-fn recv_fds(s: &UnixStream, expect: usize, deadline: Instant, health: &super::Health, rank: usize) -> Result<Vec<OwnedFd>> {
+fn recv_fds(
+    s: &UnixStream,
+    expect: usize,
+    deadline: Instant,
+    health: &super::Health,
+    rank: usize,
+) -> Result<Vec<OwnedFd>> {
     wait_readable(s, deadline, health, rank)?;
     let mut count = [0u8; 4];
-    (&*s).read_exact(&mut count).map_err(|e| nerr(format!("a node-local PE closed the channel: {e}")))?;
+    (&*s)
+        .read_exact(&mut count)
+        .map_err(|e| nerr(format!("a node-local PE closed the channel: {e}")))?;
     let count = u32::from_le_bytes(count) as usize;
     if count != expect {
-        return Err(nerr(format!("a node-local PE passed {count} handles, expected {expect}")));
+        return Err(nerr(format!(
+            "a node-local PE passed {count} handles, expected {expect}"
+        )));
     }
     let mut out = Vec::with_capacity(count);
     while out.len() < count {
@@ -362,8 +423,13 @@ fn recv_fds(s: &UnixStream, expect: usize, deadline: Instant, health: &super::He
         let mut n = [0u8; 1];
         let mut iov = [IoSliceMut::new(&mut n)];
         let mut space = nix::cmsg_space!([RawFd; FDS_PER_MESSAGE]);
-        let msg = recvmsg::<()>(s.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
-            .map_err(|e| nerr(format!("recvmsg: {e}")))?;
+        let msg = recvmsg::<()>(
+            s.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )
+        .map_err(|e| nerr(format!("recvmsg: {e}")))?;
         if msg.bytes == 0 {
             return Err(nerr("a node-local PE closed the channel"));
         }
@@ -379,7 +445,9 @@ fn recv_fds(s: &UnixStream, expect: usize, deadline: Instant, health: &super::He
             }
         }
         if msg.flags.contains(MsgFlags::MSG_CTRUNC) || got != n[0] as usize {
-            return Err(nerr("file descriptors were truncated in transit (descriptor limit reached?)"));
+            return Err(nerr(
+                "file descriptors were truncated in transit (descriptor limit reached?)",
+            ));
         }
     }
     Ok(out)
@@ -391,7 +459,10 @@ mod tests {
 
     #[test]
     fn grouping_by_identity() {
-        let ids: Vec<String> = ["a", "b", "a", "b", "c"].iter().map(|s| s.to_string()).collect();
+        let ids: Vec<String> = ["a", "b", "a", "b", "c"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
         let n = NodeInfo::from_ids(&ids, 3);
         assert_eq!(n.node_index, 1);
         assert_eq!(n.node_count, 3);

@@ -49,7 +49,13 @@ impl Shared {
     }
 
     /// Waits for the result of collective `seq` until `deadline`.
-    fn wait(&self, seq: u64, what: &str, deadline: Instant, call: &'static str) -> Result<Vec<Vec<u8>>> {
+    fn wait(
+        &self,
+        seq: u64,
+        what: &str,
+        deadline: Instant,
+        call: &'static str,
+    ) -> Result<Vec<Vec<u8>>> {
         let started = Instant::now();
         let mut r = self.results.lock().unwrap_or_else(|p| p.into_inner());
         loop {
@@ -78,7 +84,13 @@ impl Shared {
     }
 }
 
-fn abort_kind(origin: u32, class: AbortClass, reason: String, missing: Vec<u32>, waited_ms: u64) -> ErrorKind {
+fn abort_kind(
+    origin: u32,
+    class: AbortClass,
+    reason: String,
+    missing: Vec<u32>,
+    waited_ms: u64,
+) -> ErrorKind {
     match class {
         AbortClass::Exited => ErrorKind::PeerExited {
             peer: origin as usize,
@@ -99,7 +111,9 @@ fn abort_kind(origin: u32, class: AbortClass, reason: String, missing: Vec<u32>,
 fn kind_to_abort(origin: usize, kind: &ErrorKind) -> Msg {
     let (origin, class, reason, missing, waited_ms) = match kind {
         ErrorKind::PeerExited { peer, how } => (*peer, AbortClass::Exited, how.clone(), vec![], 0),
-        ErrorKind::Aborted { origin, reason } => (*origin, AbortClass::Error, reason.clone(), vec![], 0),
+        ErrorKind::Aborted { origin, reason } => {
+            (*origin, AbortClass::Error, reason.clone(), vec![], 0)
+        }
         ErrorKind::Timeout {
             what,
             waited,
@@ -123,9 +137,19 @@ fn kind_to_abort(origin: usize, kind: &ErrorKind) -> Msg {
 }
 
 enum Event {
-    Local { seq: u64, what: String, data: Vec<u8> },
-    Remote { from: usize, msg: Msg },
-    Closed { from: usize, why: String },
+    Local {
+        seq: u64,
+        what: String,
+        data: Vec<u8>,
+    },
+    Remote {
+        from: usize,
+        msg: Msg,
+    },
+    Closed {
+        from: usize,
+        why: String,
+    },
     Abort(Msg),
     Finalize(Sender<Result<(), String>>),
 }
@@ -159,9 +183,19 @@ fn io_err(call: &'static str, what: impl std::fmt::Display) -> Error {
 fn resolve(addr: &str, port: u16) -> Result<SocketAddr> {
     (addr, port)
         .to_socket_addrs()
-        .map_err(|e| io_err("init", format!("cannot resolve rendezvous address {addr}:{port}: {e}")))?
+        .map_err(|e| {
+            io_err(
+                "init",
+                format!("cannot resolve rendezvous address {addr}:{port}: {e}"),
+            )
+        })?
         .next()
-        .ok_or_else(|| io_err("init", format!("rendezvous address {addr}:{port} resolves to nothing")))
+        .ok_or_else(|| {
+            io_err(
+                "init",
+                format!("rendezvous address {addr}:{port} resolves to nothing"),
+            )
+        })
 }
 
 /// Compares secrets without an early exit, so response time does not leak a prefix.
@@ -224,19 +258,28 @@ impl TcpBootstrap {
         while connected < world {
             match listener.accept() {
                 Ok((stream, peer)) => {
-                    if let Some(rank) = Self::admit(stream.try_clone().map_err(|e| io_err("init", e))?, env, &conns, peer) {
+                    if let Some(rank) = Self::admit(
+                        stream.try_clone().map_err(|e| io_err("init", e))?,
+                        env,
+                        &conns,
+                        peer,
+                    ) {
                         conns[rank] = Some(stream);
                         connected += 1;
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     if Instant::now() >= deadline {
-                        let missing: Vec<usize> = (1..world).filter(|&r| conns[r].is_none()).collect();
+                        let missing: Vec<usize> =
+                            (1..world).filter(|&r| conns[r].is_none()).collect();
                         return Err(Error::new(
                             Some(0),
                             "init",
                             ErrorKind::Timeout {
-                                what: format!("{} PEs to connect to the rendezvous at {}:{}", world, env.addr, env.port),
+                                what: format!(
+                                    "{} PEs to connect to the rendezvous at {}:{}",
+                                    world, env.addr, env.port
+                                ),
                                 waited: timeout,
                                 missing,
                             },
@@ -253,10 +296,16 @@ impl TcpBootstrap {
         let mut writers: Vec<Option<BufWriter<TcpStream>>> = (0..world).map(|_| None).collect();
         for (rank, c) in conns.into_iter().enumerate() {
             let Some(stream) = c else { continue };
-            stream.set_nonblocking(false).map_err(|e| io_err("init", e))?;
-            stream.set_read_timeout(None).map_err(|e| io_err("init", e))?;
+            stream
+                .set_nonblocking(false)
+                .map_err(|e| io_err("init", e))?;
+            stream
+                .set_read_timeout(None)
+                .map_err(|e| io_err("init", e))?;
             let _ = stream.set_nodelay(true);
-            writers[rank] = Some(BufWriter::new(stream.try_clone().map_err(|e| io_err("init", e))?));
+            writers[rank] = Some(BufWriter::new(
+                stream.try_clone().map_err(|e| io_err("init", e))?,
+            ));
             let tx = tx.clone();
             std::thread::Builder::new()
                 .name(format!("symheap-rdv-{rank}"))
@@ -295,7 +344,12 @@ impl TcpBootstrap {
     }
 
     /// Checks a new connection's Hello; returns its rank if admitted.
-    fn admit(mut stream: TcpStream, env: &LaunchEnv, conns: &[Option<TcpStream>], peer: SocketAddr) -> Option<usize> {
+    fn admit(
+        mut stream: TcpStream,
+        env: &LaunchEnv,
+        conns: &[Option<TcpStream>],
+        peer: SocketAddr,
+    ) -> Option<usize> {
         let _ = stream.set_nonblocking(false);
         let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
         let reject = |mut s: &TcpStream, reason: String| {
@@ -312,11 +366,17 @@ impl TcpBootstrap {
             return reject(&stream, "first message was not a Hello".into());
         };
         if !same_token(&token, &env.token) {
-            return reject(&stream, "wrong job token: this rendezvous belongs to another job".into());
+            return reject(
+                &stream,
+                "wrong job token: this rendezvous belongs to another job".into(),
+            );
         }
         let rank = rank as usize;
         if world as usize != env.world {
-            return reject(&stream, format!("world size {world} differs from PE 0's {}", env.world));
+            return reject(
+                &stream,
+                format!("world size {world} differs from PE 0's {}", env.world),
+            );
         }
         if rank == 0 || rank >= env.world {
             return reject(&stream, format!("rank {rank} is not a valid non-root rank"));
@@ -366,12 +426,27 @@ impl TcpBootstrap {
         match Msg::read_from(&mut stream) {
             Ok(Msg::Welcome) => {}
             Ok(Msg::Reject { reason }) => {
-                return Err(io_err("init", format!("PE 0 at {addr} refused this PE: {reason}")))
+                return Err(io_err(
+                    "init",
+                    format!("PE 0 at {addr} refused this PE: {reason}"),
+                ))
             }
-            Ok(other) => return Err(io_err("init", format!("unexpected reply {other:?} from {addr}"))),
-            Err(e) => return Err(io_err("init", format!("no reply from the rendezvous at {addr}: {e}"))),
+            Ok(other) => {
+                return Err(io_err(
+                    "init",
+                    format!("unexpected reply {other:?} from {addr}"),
+                ))
+            }
+            Err(e) => {
+                return Err(io_err(
+                    "init",
+                    format!("no reply from the rendezvous at {addr}: {e}"),
+                ))
+            }
         }
-        stream.set_read_timeout(None).map_err(|e| io_err("init", e))?;
+        stream
+            .set_read_timeout(None)
+            .map_err(|e| io_err("init", e))?;
         let read_half = stream.try_clone().map_err(|e| io_err("init", e))?;
         let writer = BufWriter::new(stream.try_clone().map_err(|e| io_err("init", e))?);
         let sh = shared.clone();
@@ -457,7 +532,9 @@ impl Bootstrap for TcpBootstrap {
                     // The reader thread usually explains this better (PE 0 exited).
                     std::thread::sleep(Duration::from_millis(50));
                     self.shared.health.check(self.rank, "all_gather")?;
-                    return Err(io_err("all_gather", format!("sending to PE 0: {e}")).with_pe(self.rank));
+                    return Err(
+                        io_err("all_gather", format!("sending to PE 0: {e}")).with_pe(self.rank)
+                    );
                 }
                 Instant::now() + self.timeout + LEAF_GRACE
             }
@@ -466,7 +543,11 @@ impl Bootstrap for TcpBootstrap {
         if parts.len() != self.world {
             return Err(io_err(
                 "all_gather",
-                format!("collective #{seq} returned {} parts for {} PEs", parts.len(), self.world),
+                format!(
+                    "collective #{seq} returned {} parts for {} PEs",
+                    parts.len(),
+                    self.world
+                ),
             )
             .with_pe(self.rank));
         }
@@ -485,7 +566,10 @@ impl Bootstrap for TcpBootstrap {
         let msg = kind_to_abort(self.rank, &kind);
         match &self.role {
             Role::Root { hub_tx, .. } => {
-                let _ = hub_tx.lock().unwrap_or_else(|p| p.into_inner()).send(Event::Abort(msg));
+                let _ = hub_tx
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .send(Event::Abort(msg));
             }
             Role::Leaf { writer, .. } => {
                 if let Ok(mut w) = writer.try_lock() {
@@ -527,7 +611,11 @@ impl Bootstrap for TcpBootstrap {
                 }
                 r.map_err(|e| io_err("finalize", e).with_pe(0))
             }
-            Role::Leaf { writer, stream, reader } => {
+            Role::Leaf {
+                writer,
+                stream,
+                reader,
+            } => {
                 {
                     let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
                     let _ = Msg::Bye.write_to(&mut *w);
@@ -607,7 +695,12 @@ struct Hub {
 }
 
 impl Hub {
-    fn new(world: usize, timeout: Duration, shared: Arc<Shared>, writers: Vec<Option<BufWriter<TcpStream>>>) -> Hub {
+    fn new(
+        world: usize,
+        timeout: Duration,
+        shared: Arc<Shared>,
+        writers: Vec<Option<BufWriter<TcpStream>>>,
+    ) -> Hub {
         Hub {
             world,
             timeout,
@@ -674,7 +767,9 @@ impl Hub {
             if let Some((_, until)) = &self.finalize {
                 if self.all_left() || Instant::now() >= *until {
                     let (tx, _) = self.finalize.take().expect("present");
-                    let stragglers: Vec<usize> = (1..self.world).filter(|&r| !(self.bye[r] || self.closed[r])).collect();
+                    let stragglers: Vec<usize> = (1..self.world)
+                        .filter(|&r| !(self.bye[r] || self.closed[r]))
+                        .collect();
                     for w in self.writers.iter_mut().flatten() {
                         let _ = w.flush();
                         let _ = w.get_ref().shutdown(Shutdown::Both);
@@ -715,7 +810,13 @@ impl Hub {
                     self.closed[from] = true;
                     self.writers[from] = None;
                     if !self.bye[from] {
-                        self.fail(ErrorKind::PeerExited { peer: from, how: why }, from);
+                        self.fail(
+                            ErrorKind::PeerExited {
+                                peer: from,
+                                how: why,
+                            },
+                            from,
+                        );
                     }
                 }
                 Ok(Event::Abort(msg)) => {
@@ -743,7 +844,18 @@ impl Hub {
                     .pending
                     .iter()
                     .find(|(_, p)| now >= p.since + self.timeout)
-                    .map(|(&seq, p)| (seq, p.what.clone(), p.parts.iter().enumerate().filter(|(_, x)| x.is_none()).map(|(r, _)| r).collect::<Vec<_>>()));
+                    .map(|(&seq, p)| {
+                        (
+                            seq,
+                            p.what.clone(),
+                            p.parts
+                                .iter()
+                                .enumerate()
+                                .filter(|(_, x)| x.is_none())
+                                .map(|(r, _)| r)
+                                .collect::<Vec<_>>(),
+                        )
+                    });
                 if let Some((seq, what, missing)) = late {
                     let kind = ErrorKind::Timeout {
                         what: format!("{what} (collective #{seq})"),
@@ -776,7 +888,11 @@ mod tests {
     }
 
     fn free_port() -> u16 {
-        TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+        TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
     }
 
     #[test]
@@ -786,7 +902,9 @@ mod tests {
         let handles: Vec<_> = (0..world)
             .map(|r| {
                 std::thread::spawn(move || {
-                    let b = TcpBootstrap::connect(&env(r, world, port, "t"), Duration::from_secs(20)).unwrap();
+                    let b =
+                        TcpBootstrap::connect(&env(r, world, port, "t"), Duration::from_secs(20))
+                            .unwrap();
                     for round in 0..20u8 {
                         let parts = b.all_gather("test", &[r as u8, round]).unwrap();
                         for (p, part) in parts.iter().enumerate() {
@@ -797,7 +915,10 @@ mod tests {
                     assert_eq!(got, vec![20]);
                     b.barrier("last").unwrap();
                     b.finalize().unwrap();
-                    assert!(matches!(b.check().unwrap_err().kind(), ErrorKind::Finalized));
+                    assert!(matches!(
+                        b.check().unwrap_err().kind(),
+                        ErrorKind::Finalized
+                    ));
                 })
             })
             .collect();
@@ -809,13 +930,20 @@ mod tests {
     #[test]
     fn wrong_token_is_refused() {
         let port = free_port();
-        let root = std::thread::spawn(move || TcpBootstrap::connect(&env(0, 2, port, "right"), Duration::from_secs(3)).err());
+        let root = std::thread::spawn(move || {
+            TcpBootstrap::connect(&env(0, 2, port, "right"), Duration::from_secs(3)).err()
+        });
         std::thread::sleep(Duration::from_millis(100));
-        let e = TcpBootstrap::connect(&env(1, 2, port, "wrong"), Duration::from_secs(3)).err().unwrap();
+        let e = TcpBootstrap::connect(&env(1, 2, port, "wrong"), Duration::from_secs(3))
+            .err()
+            .unwrap();
         assert!(e.to_string().contains("wrong job token"), "{e}");
         // The root never got its PE 1 and says so.
         let e = root.join().unwrap().unwrap();
-        assert!(matches!(e.kind(), ErrorKind::Timeout { missing, .. } if missing == &vec![1]), "{e}");
+        assert!(
+            matches!(e.kind(), ErrorKind::Timeout { missing, .. } if missing == &vec![1]),
+            "{e}"
+        );
     }
 
     #[test]

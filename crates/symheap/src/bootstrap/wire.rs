@@ -344,9 +344,8 @@ mod tests {
     fn any_msg() -> impl Strategy<Value = Msg> {
         let bytes = proptest::collection::vec(any::<u8>(), 0..64);
         prop_oneof![
-            (bytes.clone(), any::<u32>(), any::<u32>()).prop_map(|(token, rank, world)| {
-                Msg::Hello { token, rank, world }
-            }),
+            (bytes.clone(), any::<u32>(), any::<u32>())
+                .prop_map(|(token, rank, world)| { Msg::Hello { token, rank, world } }),
             Just(Msg::Welcome),
             ".{0,40}".prop_map(|reason| Msg::Reject { reason }),
             (any::<u64>(), ".{0,20}", bytes.clone())
@@ -362,8 +361,7 @@ mod tests {
             )
                 .prop_map(|(origin, c, reason, missing, waited_ms)| Msg::Abort {
                     origin,
-                    class: [AbortClass::Error, AbortClass::Exited, AbortClass::Timeout]
-                        [c as usize],
+                    class: [AbortClass::Error, AbortClass::Exited, AbortClass::Timeout][c as usize],
                     reason,
                     missing,
                     waited_ms,
@@ -413,10 +411,7 @@ mod tests {
         f[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
         let mut h = [0u8; HEADER_LEN];
         h.copy_from_slice(&f[..HEADER_LEN]);
-        assert!(matches!(
-            Msg::decode_header(&h),
-            Err(WireError::TooLong(_))
-        ));
+        assert!(matches!(Msg::decode_header(&h), Err(WireError::TooLong(_))));
     }
 
     #[test]

@@ -1,0 +1,307 @@
+//! `symheap selftest`: runs the multi-PE scenarios under `symheap launch` at several PE counts
+//! and checks each outcome exactly. The same binary is the PE program (`selftest-pe`), so an
+//! installed `symheap` can check itself on a new machine.
+
+mod scenarios;
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use scenarios::{Outcome, PeArgs};
+use symheap::Context;
+
+/// How a scenario must end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    /// Every PE prints PASS; the launcher exits 0.
+    AllPass,
+    /// The victim dies by SIGKILL; every other PE prints PASS; the launcher names the victim.
+    VictimKilled,
+}
+
+/// One scenario.
+pub struct Scenario {
+    /// Name on the command line.
+    pub name: &'static str,
+    /// One line on what it checks.
+    pub about: &'static str,
+    min_pes: usize,
+    env: &'static [(&'static str, &'static str)],
+    expect: Expect,
+    /// Runs again with the victim at PE 0 (the rendezvous root) as well as the last PE.
+    victims: bool,
+    run: fn(&Context, PeArgs) -> Outcome,
+}
+
+/// Every scenario, in the order the suite runs them.
+pub const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "contract",
+        about: "peer tables, shared per-peer offsets, cross-allocation translation, growth",
+        min_pes: 1,
+        env: &[("SYMHEAP_CHUNK_SIZE", "1M")],
+        expect: Expect::AllPass,
+        victims: false,
+        run: scenarios::contract,
+    },
+    Scenario {
+        name: "release",
+        about: "release in different orders and threads, reuse, no leak, agreed reclaim",
+        min_pes: 1,
+        env: &[("SYMHEAP_CHUNK_SIZE", "4M")],
+        expect: Expect::AllPass,
+        victims: false,
+        run: scenarios::release,
+    },
+    Scenario {
+        name: "bad-input",
+        about: "invalid arguments and out-of-memory are errors on every PE; context stays usable",
+        min_pes: 1,
+        env: &[
+            ("SYMHEAP_HEAP_CAPACITY", "64M"),
+            ("SYMHEAP_CHUNK_SIZE", "4M"),
+        ],
+        expect: Expect::AllPass,
+        victims: false,
+        run: scenarios::bad_input,
+    },
+    Scenario {
+        name: "mismatch",
+        about: "diverging allocations fail every PE with the first differing call named",
+        min_pes: 2,
+        env: &[("SYMHEAP_TIMEOUT", "30")],
+        expect: Expect::AllPass,
+        victims: false,
+        run: scenarios::mismatch,
+    },
+    Scenario {
+        name: "kill",
+        about: "a PE killed with SIGKILL makes every other PE fail naming it",
+        min_pes: 2,
+        env: &[("SYMHEAP_TIMEOUT", "30")],
+        expect: Expect::VictimKilled,
+        victims: true,
+        run: scenarios::kill,
+    },
+    Scenario {
+        name: "timeout",
+        about: "a PE late past SYMHEAP_TIMEOUT is named by every PE's timeout error",
+        min_pes: 2,
+        env: &[("SYMHEAP_TIMEOUT", "2")],
+        expect: Expect::AllPass,
+        victims: true,
+        run: scenarios::timeout,
+    },
+];
+
+const PASS: &str = "SELFTEST-PASS";
+
+/// PE mode: initialise, run one scenario, report. Returns the process exit code.
+pub fn run_pe(name: &str, seed: u64, victim: usize) -> i32 {
+    let Some(s) = SCENARIOS.iter().find(|s| s.name == name) else {
+        eprintln!("unknown scenario {name:?}");
+        return 2;
+    };
+    let ctx = match Context::init() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("SELFTEST-FAIL {name}: init: {e}");
+            return 1;
+        }
+    };
+    let me = ctx.my_pe();
+    let victim = victim.min(ctx.n_pes() - 1);
+    match (s.run)(&ctx, PeArgs { seed, victim }) {
+        Ok(()) => {
+            println!("{PASS} {name} PE {me}");
+            0
+        }
+        Err(msg) => {
+            eprintln!("SELFTEST-FAIL {name} PE {me}: {msg}");
+            1
+        }
+    }
+}
+
+/// One run's verdict.
+struct Verdict {
+    label: String,
+    ok: bool,
+    secs: f64,
+    detail: String,
+}
+
+fn run_case(s: &Scenario, n: usize, victim: usize, seed: u64) -> Verdict {
+    let exe = std::env::current_exe().expect("own path");
+    let label = if s.victims || s.expect == Expect::VictimKilled {
+        format!("{} (victim PE {victim})", s.name)
+    } else {
+        s.name.to_string()
+    };
+    let t0 = Instant::now();
+    let mut cmd = Command::new(&exe);
+    cmd.arg("launch")
+        .arg("-n")
+        .arg(n.to_string())
+        .arg("--")
+        .arg(&exe)
+        .arg("selftest-pe")
+        .arg(s.name)
+        .arg("--seed")
+        .arg(seed.to_string())
+        .arg("--victim")
+        .arg(victim.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in s.env {
+        cmd.env(k, v);
+    }
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            return Verdict {
+                label,
+                ok: false,
+                secs: 0.0,
+                detail: format!("cannot start {}: {e}", exe.display()),
+            }
+        }
+    };
+    let mut out = child.stdout.take().expect("piped");
+    let mut err = child.stderr.take().expect("piped");
+    let to = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let te = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    // Nothing in the suite should take this long; a hang is a failure, not a stuck CI.
+    let limit = Duration::from_secs(180);
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break Some(st),
+            Ok(None) if t0.elapsed() > limit => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(_) => break None,
+        }
+    };
+    let stdout = to.join().unwrap_or_default();
+    let stderr = te.join().unwrap_or_default();
+    let secs = t0.elapsed().as_secs_f64();
+    let mut problems = Vec::new();
+    let passed: Vec<usize> = (0..n)
+        .filter(|r| {
+            stdout
+                .lines()
+                .filter(|l| {
+                    l.starts_with(&format!("[PE {r}] "))
+                        && l.contains(&format!("{PASS} {} PE {r}", s.name))
+                })
+                .count()
+                == 1
+        })
+        .collect();
+    match (s.expect, status.as_ref().and_then(|s| s.code())) {
+        (_, None) if status.is_none() => problems.push(format!("hung for over {limit:?}")),
+        (Expect::AllPass, Some(0)) => {}
+        (Expect::AllPass, code) => {
+            problems.push(format!("launcher exit code {code:?}, expected 0"))
+        }
+        (Expect::VictimKilled, Some(137)) => {
+            if !stderr.contains(&format!("PE {victim}")) || !stderr.contains("SIGKILL") {
+                problems.push("launcher summary does not name the killed PE and SIGKILL".into());
+            }
+        }
+        (Expect::VictimKilled, code) => {
+            problems.push(format!("launcher exit code {code:?}, expected 137"))
+        }
+    }
+    let want: Vec<usize> = match s.expect {
+        Expect::AllPass => (0..n).collect(),
+        Expect::VictimKilled => (0..n).filter(|&r| r != victim).collect(),
+    };
+    if passed != want {
+        problems.push(format!("PEs that passed: {passed:?}, expected {want:?}"));
+    }
+    Verdict {
+        label,
+        ok: problems.is_empty(),
+        secs,
+        detail: if problems.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "{}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}",
+                problems.join("; ")
+            )
+        },
+    }
+}
+
+/// Runner mode: every selected scenario at every PE count. Returns the process exit code.
+pub fn run_suite(pes: &[usize], only: Option<&str>, seed: u64) -> i32 {
+    let selected: Vec<&Scenario> = SCENARIOS
+        .iter()
+        .filter(|s| only.is_none_or(|o| o.split(',').any(|x| x == s.name)))
+        .collect();
+    if selected.is_empty() {
+        eprintln!(
+            "no scenario matches {only:?}; known: {}",
+            SCENARIOS
+                .iter()
+                .map(|s| s.name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        return 2;
+    }
+    println!("symheap selftest, seed {seed} (rerun with --seed {seed})");
+    let mut failures = 0;
+    let mut rows = Vec::new();
+    for s in selected {
+        for &n in pes {
+            if n < s.min_pes {
+                continue;
+            }
+            let victims: Vec<usize> = if s.victims && n > 1 {
+                vec![n - 1, 0]
+            } else {
+                vec![n - 1]
+            };
+            for v in victims {
+                let verdict = run_case(s, n, v, seed);
+                eprintln!(
+                    "  {:<28} {n} PEs  {:>6.2} s  {}",
+                    verdict.label,
+                    verdict.secs,
+                    if verdict.ok { "ok" } else { "FAILED" }
+                );
+                if !verdict.ok {
+                    failures += 1;
+                    eprintln!("{}", verdict.detail);
+                }
+                rows.push((verdict.label, n, verdict.ok, verdict.secs));
+            }
+        }
+    }
+    println!("| scenario | PEs | result | seconds |");
+    println!("|---|---|---|---|");
+    for (label, n, ok, secs) in &rows {
+        println!(
+            "| {label} | {n} | {} | {secs:.2} |",
+            if *ok { "pass" } else { "FAIL" }
+        );
+    }
+    println!("{} of {} runs passed", rows.len() - failures, rows.len());
+    i32::from(failures > 0)
+}

@@ -1,0 +1,161 @@
+//! Multi-process tests: every scenario of `symheap selftest` at 1, 2, 4 and 8 PEs, each run
+//! under `symheap launch`, plus the repository's example under the launcher.
+
+use std::process::Command;
+
+const SYMHEAP: &str = env!("CARGO_BIN_EXE_symheap");
+
+fn seed() -> u64 {
+    std::env::var("SYMHEAP_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        })
+}
+
+fn selftest(scenario: &str) {
+    let seed = seed();
+    let out = Command::new(SYMHEAP)
+        .args(["selftest", "--pes", "1,2,4,8", "--only", scenario, "--seed"])
+        .arg(seed.to_string())
+        .output()
+        .expect("run symheap selftest");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "selftest {scenario} failed (seed {seed}; rerun with SYMHEAP_TEST_SEED={seed})\n{stdout}\n{stderr}"
+    );
+    // The runner must have run something: a scenario that ran zero cases is not a pass.
+    assert!(stdout.contains("| pass |"), "no case ran:\n{stdout}");
+    assert!(!stdout.contains("FAIL"), "{stdout}");
+}
+
+#[test]
+fn contract_tables_offsets_translation_growth() {
+    selftest("contract");
+}
+
+#[test]
+fn release_reuse_no_leak() {
+    selftest("release");
+}
+
+#[test]
+fn bad_input_and_out_of_memory() {
+    selftest("bad-input");
+}
+
+#[test]
+fn ledger_mismatch_fails_every_pe() {
+    selftest("mismatch");
+}
+
+#[test]
+fn sigkill_is_noticed_by_every_pe() {
+    selftest("kill");
+}
+
+#[test]
+fn timeout_names_the_late_pe() {
+    selftest("timeout");
+}
+
+#[test]
+fn example_writes_into_every_peer_under_the_launcher() {
+    // The example is built by `cargo test` (examples are compiled with the tests) next to the
+    // symheap binary's directory.
+    let dir = std::path::Path::new(SYMHEAP).parent().unwrap();
+    let example = dir.join("examples").join("peer_write");
+    if !example.exists() {
+        let st = Command::new(env!("CARGO"))
+            .args(["build", "-p", "symheap", "--example", "peer_write"])
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+    let out = Command::new(SYMHEAP)
+        .args(["launch", "-n", "4", "--"])
+        .arg(&example)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for pe in 0..4 {
+        assert!(
+            stdout.contains(&format!("[PE {pe}] PE {pe} of 4: received")),
+            "{stdout}"
+        );
+    }
+}
+
+#[test]
+fn launch_reports_a_failing_program() {
+    let out = Command::new(SYMHEAP)
+        .args([
+            "launch",
+            "-n",
+            "2",
+            "--grace",
+            "0.2",
+            "--",
+            "/bin/sh",
+            "-c",
+            "exit $((RANK + 3))",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        matches!(out.status.code(), Some(3 | 4)),
+        "{:?} {stderr}",
+        out.status
+    );
+    assert!(stderr.contains("exited with status"), "{stderr}");
+}
+
+#[test]
+fn info_prints_the_banner() {
+    let out = Command::new(SYMHEAP)
+        .args(["info", "--vars"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    for needle in [
+        "symheap 0.",
+        "backend",
+        "heap",
+        "capacity",
+        "SYMHEAP_TIMEOUT",
+    ] {
+        assert!(stdout.contains(needle), "missing {needle}: {stdout}");
+    }
+    let out = Command::new(SYMHEAP)
+        .env("SYMHEAP_DEBUG", "info")
+        .args([
+            "launch",
+            "-n",
+            "2",
+            "--",
+            SYMHEAP,
+            "selftest-pe",
+            "contract",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success());
+    assert!(
+        stderr.contains("[PE 1] symheap 0."),
+        "banner at init: {stderr}"
+    );
+}

@@ -1,0 +1,243 @@
+//! The host backend: PE memory is memfd chunks shared between the processes of one node.
+//!
+//! Each process reserves one `PROT_NONE` range of `world × capacity` bytes and maps PE r's
+//! chunks at slot r. Growing creates this PE's next chunk, passes its descriptor to the other
+//! PEs of the node (SCM_RIGHTS over the node channel) and maps theirs. PEs on other nodes keep
+//! unmapped slots and are not direct.
+
+use std::ffi::CString;
+use std::num::NonZeroUsize;
+use std::os::fd::OwnedFd;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+
+use nix::sys::memfd::{memfd_create, MFdFlags};
+use nix::sys::mman::{mmap, mmap_anonymous, munmap, MapFlags, ProtFlags};
+
+use super::{Backend, BackendKind, ChunkInfo};
+use crate::bootstrap::{Bootstrap, NodeChannel, NodeInfo};
+use crate::error::{backend, Result};
+
+/// The reserved address range; unmapped as a whole when dropped.
+struct Reservation {
+    base: NonNull<std::ffi::c_void>,
+    len: usize,
+}
+
+// SAFETY: the reservation is a plain address range; the pointer is never dereferenced through
+// this struct, only used to compute addresses and to unmap once in Drop.
+unsafe impl Send for Reservation {}
+// SAFETY: as above; shared references only read `base` and `len`.
+unsafe impl Sync for Reservation {}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        // SAFETY: `base..base+len` was returned by mmap in `HostBackend::new` and is unmapped
+        // exactly once, here; every chunk mapping lies inside it and goes with it. Nothing can
+        // use the addresses afterwards because the backend (the only owner) is being dropped.
+        let _ = unsafe { munmap(self.base, self.len) };
+    }
+}
+
+/// Shared-memory backend for CPU processes.
+pub struct HostBackend {
+    rank: usize,
+    capacity: u64,
+    page: u64,
+    reservation: Reservation,
+    direct: Vec<bool>,
+    node: NodeInfo,
+    channel: NodeChannel,
+    boot: Arc<dyn Bootstrap>,
+    state: Mutex<Vec<ChunkInfo>>,
+}
+
+impl HostBackend {
+    /// Reserves the slots. `capacity` is rounded up to the page size.
+    pub fn new(
+        boot: Arc<dyn Bootstrap>,
+        node: NodeInfo,
+        channel: NodeChannel,
+        capacity: u64,
+    ) -> Result<HostBackend> {
+        let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+            .ok()
+            .flatten()
+            .unwrap_or(4096) as u64;
+        let capacity = capacity.div_ceil(page) * page;
+        let world = boot.size();
+        let total = capacity
+            .checked_mul(world as u64)
+            .and_then(|t| usize::try_from(t).ok())
+            .and_then(NonZeroUsize::new)
+            .ok_or_else(|| {
+                backend(
+                    "init",
+                    format!("{world} PEs x {capacity} bytes does not fit the address space"),
+                )
+            })?;
+        // SAFETY: an anonymous PROT_NONE reservation at an address the kernel picks touches no
+        // existing mapping; MAP_NORESERVE keeps it from counting against memory.
+        let base = unsafe {
+            mmap_anonymous(
+                None,
+                total,
+                ProtFlags::PROT_NONE,
+                MapFlags::MAP_PRIVATE | MapFlags::MAP_NORESERVE,
+            )
+        }
+        .map_err(|e| {
+            backend(
+                "init",
+                format!(
+                    "cannot reserve {} GiB of address space for {world} PEs x {} GiB: {e} (lower SYMHEAP_HEAP_CAPACITY)",
+                    total.get() >> 30,
+                    capacity >> 30
+                ),
+            )
+        })?;
+        let direct = (0..world)
+            .map(|r| node.node_of[r] == node.node_index)
+            .collect();
+        Ok(HostBackend {
+            rank: boot.rank(),
+            capacity,
+            page,
+            reservation: Reservation {
+                base,
+                len: total.get(),
+            },
+            direct,
+            node,
+            channel,
+            boot,
+            state: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn slot_addr(&self, pe: usize) -> u64 {
+        self.reservation.base.as_ptr() as u64 + pe as u64 * self.capacity
+    }
+
+    /// Maps `fd` (a chunk of `len` bytes) at `offset` of PE `pe`'s slot.
+    fn map_at(&self, pe: usize, offset: u64, len: u64, fd: &OwnedFd) -> Result<()> {
+        let addr = self.slot_addr(pe) + offset;
+        let nz = NonZeroUsize::new(len as usize).ok_or_else(|| backend("grow", "empty chunk"))?;
+        let at = NonZeroUsize::new(addr as usize).ok_or_else(|| backend("grow", "null slot"))?;
+        // SAFETY: `addr..addr+len` lies inside our own PROT_NONE reservation (offset + len <=
+        // capacity is checked by `grow`), and that part of it is not mapped yet (the heap only
+        // grows, each range once), so MAP_FIXED replaces only reserved, unused pages. The
+        // mapping stays until the reservation is unmapped in Drop.
+        unsafe {
+            mmap(
+                Some(at),
+                nz,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED | MapFlags::MAP_FIXED,
+                fd,
+                0,
+            )
+        }
+        .map_err(|e| backend("grow", format!("mapping PE {pe}'s chunk: {e}")))?;
+        Ok(())
+    }
+}
+
+impl Backend for HostBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Host
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "host shared memory (memfd + mmap), {} PEs on this node, page {} B",
+            self.node.local_size(),
+            self.page
+        )
+    }
+
+    fn granularity(&self) -> u64 {
+        self.page
+    }
+
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    fn mapped(&self) -> u64 {
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.last().map(|c| c.offset + c.bytes).unwrap_or(0)
+    }
+
+    fn chunks(&self) -> Vec<ChunkInfo> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn slot_base(&self, pe: usize) -> Option<u64> {
+        (pe < self.direct.len() && self.direct[pe]).then(|| self.slot_addr(pe))
+    }
+
+    fn grow(&self, new_mapped: u64) -> Result<()> {
+        let mut chunks = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let from = chunks.last().map(|c| c.offset + c.bytes).unwrap_or(0);
+        if new_mapped <= from || new_mapped > self.capacity || new_mapped % self.page != 0 {
+            return Err(backend(
+                "grow",
+                format!(
+                    "cannot grow from {from} to {new_mapped} bytes (capacity {})",
+                    self.capacity
+                ),
+            ));
+        }
+        let len = new_mapped - from;
+        let name = CString::new(format!("symheap-pe{}-at{:x}", self.rank, from))
+            .map_err(|e| backend("grow", e.to_string()))?;
+        let fd = memfd_create(name.as_c_str(), MFdFlags::MFD_CLOEXEC)
+            .map_err(|e| backend("grow", format!("memfd_create: {e}")))?;
+        nix::unistd::ftruncate(&fd, len as i64).map_err(|e| {
+            backend(
+                "grow",
+                format!("sizing a {len}-byte chunk: {e} (is /dev/shm or memory limited?)"),
+            )
+        })?;
+        self.map_at(self.rank, from, len, &fd)?;
+        let all = self
+            .channel
+            .exchange_fds(std::slice::from_ref(&fd), self.boot.health())
+            .map_err(|e| e.during("grow"))?;
+        for (lr, fds) in all.iter().enumerate() {
+            let pe = self.node.local_peers[lr];
+            if pe == self.rank {
+                continue;
+            }
+            let fd = fds
+                .first()
+                .ok_or_else(|| backend("grow", format!("PE {pe} passed no chunk")))?;
+            self.map_at(pe, from, len, fd)?;
+        }
+        chunks.push(ChunkInfo {
+            offset: from,
+            bytes: len,
+        });
+        Ok(())
+    }
+
+    fn write_bytes(&self, addr: u64, src: &[u8]) -> Result<()> {
+        // SAFETY: the caller checked that `addr..addr+src.len()` lies in a mapped, writable
+        // chunk of a direct PE's slot, which stays mapped while `self` lives. Other processes
+        // may access the same bytes; ordering against them is the SHMEM program's business
+        // (barriers, signals), exactly as for the device-side stores this mirrors.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, src.len());
+        }
+        Ok(())
+    }
+
+    fn read_bytes(&self, addr: u64, dst: &mut [u8]) -> Result<()> {
+        // SAFETY: as in `write_bytes`, for reading.
+        unsafe {
+            std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,663 @@
+//! The context: init and finalize, rank information, the heap, the ledger and host collective
+//! points. Everything a PE does goes through one [`Context`].
+
+mod banner;
+mod buffer;
+
+use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+pub use buffer::{PeerView, SymmetricBuffer};
+
+use crate::backend::host::HostBackend;
+use crate::backend::{Backend, BackendKind};
+use crate::bootstrap::{
+    Bootstrap, LaunchEnv, Launcher, NodeChannel, NodeInfo, SingleBootstrap, TcpBootstrap,
+};
+use crate::config::{BackendChoice, Config, DebugLevel, DEFAULT_ALIGNMENT};
+use crate::element::Element;
+use crate::error::{err, invalid, Error, ErrorKind, Result};
+use crate::heap::{align_up, Block, Heap, HeapState};
+use crate::ledger::{human_bytes, Ledger};
+use crate::table::{PeerMask, SymmetricAddressMap};
+
+/// How much of the heap is in use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeapUsage {
+    /// Bytes allocated and not yet reclaimed (block sizes rounded to the allocator's granule).
+    pub in_use: u64,
+    /// Bytes backed by memory.
+    pub mapped: u64,
+    /// Address space per PE (the most the heap can grow to).
+    pub capacity: u64,
+    /// Allocations not yet reclaimed.
+    pub live_blocks: usize,
+}
+
+pub(crate) struct Inner {
+    pub(crate) cfg: Config,
+    pub(crate) launcher: Launcher,
+    pub(crate) token_is_secret: bool,
+    pub(crate) rank: usize,
+    pub(crate) world: usize,
+    pub(crate) boot: Arc<dyn Bootstrap>,
+    pub(crate) node: NodeInfo,
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) heap: Heap,
+    ledger: Mutex<Ledger>,
+    finalized: AtomicBool,
+}
+
+/// Builds a [`Context`] with settings other than the environment's.
+#[derive(Clone)]
+pub struct ContextBuilder {
+    cfg: Config,
+    bootstrap: Option<Arc<dyn Bootstrap>>,
+}
+
+impl ContextBuilder {
+    /// Starts from the defaults overridden by the `SYMHEAP_*` environment.
+    pub fn from_env() -> Result<ContextBuilder> {
+        Ok(ContextBuilder {
+            cfg: Config::from_env()?,
+            bootstrap: None,
+        })
+    }
+
+    /// Address space per PE: the most the heap can grow to.
+    pub fn capacity(mut self, bytes: u64) -> Self {
+        self.cfg.capacity = bytes;
+        self
+    }
+
+    /// Physical growth step.
+    pub fn chunk_size(mut self, bytes: u64) -> Self {
+        self.cfg.chunk_size = bytes;
+        self
+    }
+
+    /// Limit on every wait.
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.cfg.timeout = t;
+        self
+    }
+
+    /// Backend selection.
+    pub fn backend(mut self, b: BackendChoice) -> Self {
+        self.cfg.backend = b;
+        self
+    }
+
+    /// Runs on a caller-provided rendezvous (for example one over torch.distributed's store)
+    /// instead of reading the launcher environment.
+    pub fn bootstrap(mut self, b: Arc<dyn Bootstrap>) -> Self {
+        self.bootstrap = Some(b);
+        self
+    }
+
+    /// Collective: every PE calls it once. Connects the PEs, maps the first heap chunk.
+    pub fn init(self) -> Result<Context> {
+        let mut cfg = self.cfg;
+        if cfg.capacity == 0 || cfg.chunk_size == 0 {
+            return Err(invalid("init", "capacity and chunk size must be positive"));
+        }
+        let (boot, launcher, token, token_is_secret): (Arc<dyn Bootstrap>, _, _, _) =
+            match self.bootstrap {
+                Some(b) => {
+                    let token = format!("custom-bootstrap:{}", b.size()).into_bytes();
+                    (b, Launcher::TorchStyle, token, false)
+                }
+                None => {
+                    let env = LaunchEnv::detect(&mut cfg)?;
+                    let b: Arc<dyn Bootstrap> = if env.world == 1 {
+                        Arc::new(SingleBootstrap::new(cfg.timeout))
+                    } else {
+                        Arc::new(TcpBootstrap::connect(&env, cfg.timeout)?)
+                    };
+                    (b, env.launcher, env.token.clone(), env.token_is_secret)
+                }
+            };
+        let rank = boot.rank();
+        let world = boot.size();
+        let with_pe = |e: Error| e.with_pe(rank);
+
+        let node = NodeInfo::discover(boot.as_ref()).map_err(with_pe)?;
+        agree_on_settings(boot.as_ref(), &cfg).map_err(with_pe)?;
+        let channel = NodeChannel::connect(boot.as_ref(), &node, &token).map_err(with_pe)?;
+
+        let backend: Arc<dyn Backend> = match cfg.backend {
+            BackendChoice::Host | BackendChoice::Auto => Arc::new(
+                HostBackend::new(boot.clone(), node.clone(), channel, cfg.capacity)
+                    .map_err(with_pe)?,
+            ),
+            BackendChoice::Cuda => {
+                return Err(Error::new(
+                    Some(rank),
+                    "init",
+                    ErrorKind::Unsupported(
+                        "SYMHEAP_BACKEND=cuda: this build has no CUDA backend yet".into(),
+                    ),
+                ))
+            }
+        };
+        let inner = Arc::new(Inner {
+            cfg,
+            launcher,
+            token_is_secret,
+            rank,
+            world,
+            boot,
+            node,
+            backend,
+            heap: Heap::new(world),
+            ledger: Mutex::new(Ledger::new()),
+            finalized: AtomicBool::new(false),
+        });
+        let ctx = Context { inner };
+        {
+            let mut st = ctx.inner.lock_heap();
+            let first = ctx.inner.grow_target(0, 1).ok_or_else(|| {
+                invalid("init", "heap capacity is smaller than one page").with_pe(rank)
+            })?;
+            ctx.inner.grow(&mut st, first)?;
+        }
+        if ctx.inner.cfg.debug >= DebugLevel::Info {
+            eprintln!("{}", ctx.banner());
+        }
+        tracing::debug!(rank, world, "symheap context ready");
+        Ok(ctx)
+    }
+}
+
+/// Every PE must run with the same heap geometry, or the heap is not symmetric.
+fn agree_on_settings(boot: &dyn Bootstrap, cfg: &Config) -> Result<()> {
+    let mine = format!(
+        "capacity {} | chunk size {} | backend {:?}",
+        human_bytes(cfg.capacity),
+        human_bytes(cfg.chunk_size),
+        cfg.backend
+    );
+    let all = boot.all_gather("init settings", mine.as_bytes())?;
+    if let Some((r, other)) = all
+        .iter()
+        .enumerate()
+        .find(|(_, s)| s.as_slice() != mine.as_bytes())
+    {
+        let msg = format!(
+            "PEs run with different heap settings (SYMHEAP_HEAP_CAPACITY, SYMHEAP_CHUNK_SIZE, SYMHEAP_BACKEND): PE 0 has {}, PE {r} has {}",
+            String::from_utf8_lossy(&all[0]),
+            String::from_utf8_lossy(other)
+        );
+        boot.health()
+            .fail(ErrorKind::CollectiveMismatch(msg.clone()));
+        return Err(err("init", ErrorKind::CollectiveMismatch(msg)));
+    }
+    Ok(())
+}
+
+impl Inner {
+    fn lock_heap(&self) -> MutexGuard<'_, HeapState> {
+        self.heap.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn check(&self, call: &'static str) -> Result<()> {
+        self.boot.health().check(self.rank, call)
+    }
+
+    fn record(&self, call: &str, args: String) {
+        self.ledger
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .record(call, args);
+    }
+
+    /// A host collective point: exchanges the ledger (failing every PE on divergence) and the
+    /// releases (reclaiming what every PE released), plus `payload`. Returns every PE's payload.
+    fn sync_point(
+        &self,
+        st: &mut HeapState,
+        call: &'static str,
+        payload: &[u8],
+    ) -> Result<Vec<Vec<u8>>> {
+        let ledger = self
+            .ledger
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .encode();
+        let releases = self.heap.take_releases();
+        let mut msg = Vec::with_capacity(ledger.len() + releases.len() + payload.len() + 8);
+        for part in [&ledger, &releases] {
+            msg.extend_from_slice(&(part.len() as u32).to_le_bytes());
+            msg.extend_from_slice(part);
+        }
+        msg.extend_from_slice(payload);
+        fence(Ordering::SeqCst);
+        let parts = self
+            .boot
+            .all_gather(call, &msg)
+            .map_err(|e| e.during(call).with_pe(self.rank))?;
+        fence(Ordering::SeqCst);
+        let mut ledgers = Vec::with_capacity(parts.len());
+        let mut rels = Vec::with_capacity(parts.len());
+        let mut payloads = Vec::with_capacity(parts.len());
+        for (r, p) in parts.iter().enumerate() {
+            let (l, rest) = split_part(p).ok_or_else(|| garbled(self.rank, call, r))?;
+            let (rl, rest) = split_part(rest).ok_or_else(|| garbled(self.rank, call, r))?;
+            ledgers.push(l);
+            rels.push(rl);
+            payloads.push(rest.to_vec());
+        }
+        let verdict = self
+            .ledger
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .compare(&ledgers);
+        if let Err(msg) = verdict {
+            let kind = ErrorKind::CollectiveMismatch(msg);
+            // Every PE computes the same verdict from the same bytes, so nobody needs telling;
+            // recording it poisons this context so no later call runs on a diverged heap.
+            self.boot.health().fail(kind.clone());
+            return Err(Error::new(Some(self.rank), call, kind));
+        }
+        self.heap.apply_releases(st, &rels);
+        Ok(payloads)
+    }
+
+    /// The heap size to grow to so that a block ending at `need_end` fits: whole chunks when
+    /// they fit under the capacity, the exact need otherwise. None when even that does not fit.
+    fn grow_target(&self, mapped: u64, need_end: u64) -> Option<u64> {
+        let g = self.backend.granularity();
+        let cap = self.backend.capacity();
+        let chunk = align_up(self.cfg.chunk_size, g)?;
+        let exact = align_up(need_end, g)?;
+        let whole = align_up(need_end.max(mapped.checked_add(chunk)?), g)?;
+        if whole <= cap {
+            Some(whole)
+        } else if exact <= cap {
+            Some(cap.min(whole).max(exact))
+        } else {
+            None
+        }
+    }
+
+    fn grow(&self, st: &mut HeapState, target: u64) -> Result<()> {
+        let from = self.backend.mapped();
+        self.record(
+            "grow",
+            format!("{} to {}", human_bytes(from), human_bytes(target)),
+        );
+        self.backend
+            .grow(target)
+            .map_err(|e| e.during("allocate (heap growth)").with_pe(self.rank))?;
+        st.extend(target);
+        tracing::debug!(rank = self.rank, from, to = target, "symmetric heap grew");
+        Ok(())
+    }
+
+    fn allocate(&self, bytes: u64, align: u64, call: &'static str) -> Result<Block> {
+        self.check(call)?;
+        if bytes == 0 {
+            return Err(invalid(call, "size must be at least 1 byte").with_pe(self.rank));
+        }
+        if !align.is_power_of_two() {
+            return Err(
+                invalid(call, format!("alignment {align} is not a power of two"))
+                    .with_pe(self.rank),
+            );
+        }
+        let cap = self.backend.capacity();
+        if align > cap {
+            return Err(invalid(
+                call,
+                format!(
+                    "alignment {align} exceeds the heap capacity {}",
+                    human_bytes(cap)
+                ),
+            )
+            .with_pe(self.rank));
+        }
+        let mut st = self.lock_heap();
+        self.record("allocate", format!("{}, align {align}", human_bytes(bytes)));
+        let oom = |st: &HeapState| {
+            Error::new(
+                Some(self.rank),
+                call,
+                ErrorKind::OutOfMemory {
+                    requested: bytes,
+                    in_use: st.in_use(),
+                    capacity: cap,
+                    hint: "raise SYMHEAP_HEAP_CAPACITY (or ContextBuilder::capacity) or free buffers on every PE".into(),
+                },
+            )
+        };
+        if bytes > cap {
+            return Err(oom(&st));
+        }
+        if let Some(b) = st.try_alloc(bytes, align) {
+            return Ok(b);
+        }
+        // Would grow or fail: first reclaim what every PE has released.
+        self.sync_point(&mut st, call, &[])?;
+        if let Some(b) = st.try_alloc(bytes, align) {
+            return Ok(b);
+        }
+        let need = st.end_needed_for(bytes, align).ok_or_else(|| oom(&st))?;
+        let mapped = self.backend.mapped();
+        let target = self.grow_target(mapped, need).ok_or_else(|| oom(&st))?;
+        self.grow(&mut st, target)?;
+        st.try_alloc(bytes, align).ok_or_else(|| oom(&st))
+    }
+
+    /// Checks `[addr, addr+len)` lies in the mapped heap of one direct PE; returns that PE.
+    fn locate(&self, addr: u64, len: u64, call: &'static str) -> Result<usize> {
+        let mapped = self.backend.mapped();
+        for pe in 0..self.world {
+            if let Some(base) = self.backend.slot_base(pe) {
+                if addr >= base && addr < base + mapped {
+                    let end = addr.saturating_add(len);
+                    if end > base + mapped {
+                        return Err(invalid(
+                            call,
+                            format!(
+                                "{len} bytes at {addr:#x} run past the end of PE {pe}'s mapped heap"
+                            ),
+                        )
+                        .with_pe(self.rank));
+                    }
+                    return Ok(pe);
+                }
+            }
+        }
+        Err(invalid(
+            call,
+            format!("address {addr:#x} is not in the symmetric heap of any directly reachable PE"),
+        )
+        .with_pe(self.rank))
+    }
+
+    fn pe_in_range(&self, pe: usize, call: &'static str) -> Result<()> {
+        if pe >= self.world {
+            return Err(invalid(
+                call,
+                format!("PE {pe} is out of range (n_pes = {})", self.world),
+            )
+            .with_pe(self.rank));
+        }
+        Ok(())
+    }
+
+    fn finalize(&self) -> Result<()> {
+        if self.finalized.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        self.check("finalize")?;
+        let mut st = self.lock_heap();
+        self.record("finalize", String::new());
+        self.sync_point(&mut st, "finalize", &[])?;
+        drop(st);
+        self.boot.finalize().map_err(|e| e.during("finalize"))
+    }
+}
+
+fn split_part(p: &[u8]) -> Option<(&[u8], &[u8])> {
+    let n = u32::from_le_bytes(p.get(..4)?.try_into().ok()?) as usize;
+    let rest = &p[4..];
+    (rest.len() >= n).then(|| rest.split_at(n))
+}
+
+fn garbled(rank: usize, call: &'static str, from: usize) -> Error {
+    Error::new(
+        Some(rank),
+        call,
+        ErrorKind::Bootstrap(format!("PE {from} sent a malformed collective message")),
+    )
+}
+
+/// A PE's handle on the job: rank information, the symmetric heap, and collective calls.
+///
+/// Collective-order rule: the calls documented as collective (init, allocation, barrier,
+/// finalize, and later the team and collective operations) must be made by every PE in the
+/// same order with the same arguments. symheap checks this at every host collective point and
+/// fails every PE with the first differing call named.
+///
+/// Dropping a context finalizes it (collectively); dropping it while panicking aborts the job
+/// instead, so the other PEs fail at once rather than wait.
+pub struct Context {
+    inner: Arc<Inner>,
+}
+
+impl Context {
+    /// Collective: joins the job described by the environment (torchrun, `symheap launch`,
+    /// Open MPI, Slurm, or nothing for a single PE). Same as `ContextBuilder::from_env()?.init()`.
+    pub fn init() -> Result<Context> {
+        ContextBuilder::from_env()?.init()
+    }
+
+    /// Settings other than the environment's.
+    pub fn builder() -> Result<ContextBuilder> {
+        ContextBuilder::from_env()
+    }
+
+    /// This PE's rank.
+    pub fn my_pe(&self) -> usize {
+        self.inner.rank
+    }
+
+    /// Number of PEs.
+    pub fn n_pes(&self) -> usize {
+        self.inner.world
+    }
+
+    /// This PE's index among the PEs of its node.
+    pub fn local_rank(&self) -> usize {
+        self.inner.node.local_rank
+    }
+
+    /// Number of PEs on this node.
+    pub fn local_size(&self) -> usize {
+        self.inner.node.local_size()
+    }
+
+    /// Node membership.
+    pub fn node(&self) -> &NodeInfo {
+        &self.inner.node
+    }
+
+    /// The backend this context runs on.
+    pub fn backend_kind(&self) -> BackendKind {
+        self.inner.backend.kind()
+    }
+
+    /// The settings in effect.
+    pub fn config(&self) -> &Config {
+        &self.inner.cfg
+    }
+
+    /// Collective: allocates `bytes` with the default 256-byte alignment.
+    /// Contents are unspecified; a peer may write only after a barrier.
+    pub fn malloc(&self, bytes: u64) -> Result<SymmetricBuffer> {
+        self.allocate_bytes(bytes, DEFAULT_ALIGNMENT)
+    }
+
+    /// Collective: allocates `count × size` bytes and zeroes this PE's copy. Peers must still
+    /// reach a barrier before writing into it.
+    pub fn calloc(&self, count: u64, size: u64) -> Result<SymmetricBuffer> {
+        let bytes = count
+            .checked_mul(size)
+            .ok_or_else(|| invalid("calloc", "count x size overflows").with_pe(self.my_pe()))?;
+        let b = self.allocate_bytes(bytes, DEFAULT_ALIGNMENT)?;
+        b.fill_zero()?;
+        Ok(b)
+    }
+
+    /// Collective: allocates `bytes` aligned to `alignment` (any power of two).
+    pub fn align(&self, alignment: u64, bytes: u64) -> Result<SymmetricBuffer> {
+        self.allocate_bytes(bytes, alignment)
+    }
+
+    /// Collective: allocates `bytes` aligned to `alignment`. Allocation needs no communication
+    /// unless the heap must grow or reclaim; it is not a synchronisation point.
+    pub fn allocate_bytes(&self, bytes: u64, alignment: u64) -> Result<SymmetricBuffer> {
+        let block = self.inner.allocate(bytes, alignment, "allocate")?;
+        Ok(SymmetricBuffer::new(self.inner.clone(), block))
+    }
+
+    /// Collective: the contract. Allocates `count` elements of `T` and returns the buffer and
+    /// its peer table (`peer_bases[my_pe()] == buffer.addr()`, 0 for PEs not directly
+    /// addressable).
+    pub fn allocate_symmetric<T: Element>(
+        &self,
+        count: usize,
+    ) -> Result<(SymmetricBuffer, Vec<u64>)> {
+        let bytes = (count as u64)
+            .checked_mul(std::mem::size_of::<T>() as u64)
+            .ok_or_else(|| invalid("allocate_symmetric", "size overflows").with_pe(self.my_pe()))?;
+        let block = self
+            .inner
+            .allocate(bytes, DEFAULT_ALIGNMENT, "allocate_symmetric")?;
+        let b = SymmetricBuffer::new(self.inner.clone(), block);
+        let t = b.peer_bases();
+        Ok((b, t))
+    }
+
+    /// Collective: like `allocate_symmetric`, returning the richer address map.
+    pub fn allocate_symmetric_map<T: Element>(
+        &self,
+        count: usize,
+    ) -> Result<(SymmetricBuffer, SymmetricAddressMap)> {
+        let (b, _) = self.allocate_symmetric::<T>(count)?;
+        let m = b.address_map();
+        Ok((b, m))
+    }
+
+    /// Start of every PE's heap in this process (0 where not directly addressable).
+    pub fn heap_bases(&self) -> Vec<u64> {
+        (0..self.inner.world)
+            .map(|pe| self.inner.backend.slot_base(pe).unwrap_or(0))
+            .collect()
+    }
+
+    /// PEs whose heaps this process can load from and store to directly.
+    pub fn direct_peers(&self) -> PeerMask {
+        let mut m = PeerMask::new(self.inner.world);
+        for pe in 0..self.inner.world {
+            if self.inner.backend.slot_base(pe).is_some() {
+                m.set(pe);
+            }
+        }
+        m
+    }
+
+    /// Whether `addr` lies in this PE's own mapped heap.
+    pub fn is_symmetric(&self, addr: u64) -> bool {
+        match self.inner.backend.slot_base(self.inner.rank) {
+            Some(base) => addr >= base && addr < base + self.inner.backend.mapped(),
+            None => false,
+        }
+    }
+
+    /// Translates `addr`, an address in PE `from`'s heap, to the same byte of PE `to`'s heap.
+    /// `Ok(None)` when PE `to` is not directly addressable from here.
+    pub fn translate(&self, addr: u64, from: usize, to: usize) -> Result<Option<u64>> {
+        const CALL: &str = "translate";
+        self.inner.pe_in_range(from, CALL)?;
+        self.inner.pe_in_range(to, CALL)?;
+        let Some(fb) = self.inner.backend.slot_base(from) else {
+            return Err(invalid(
+                CALL,
+                format!("PE {from}'s heap is not directly addressable from this PE"),
+            )
+            .with_pe(self.my_pe()));
+        };
+        let mapped = self.inner.backend.mapped();
+        if addr < fb || addr >= fb + mapped {
+            return Err(invalid(
+                CALL,
+                format!("address {addr:#x} is not in PE {from}'s symmetric heap"),
+            )
+            .with_pe(self.my_pe()));
+        }
+        Ok(self.inner.backend.slot_base(to).map(|tb| tb + (addr - fb)))
+    }
+
+    /// Stores `data` at heap address `addr` of any directly addressable PE (for example an
+    /// address from a peer table or `translate`). Not ordered with other PEs' accesses:
+    /// synchronise with a barrier or a signal.
+    pub fn write_at<T: Element>(&self, addr: u64, data: &[T]) -> Result<()> {
+        self.inner.check("write_at")?;
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        self.inner.locate(addr, bytes.len() as u64, "write_at")?;
+        self.inner.backend.write_bytes(addr, bytes)
+    }
+
+    /// Loads from heap address `addr` of any directly addressable PE into `out`.
+    pub fn read_at<T: Element>(&self, addr: u64, out: &mut [T]) -> Result<()> {
+        self.inner.check("read_at")?;
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
+        self.inner.locate(addr, bytes.len() as u64, "read_at")?;
+        self.inner.backend.read_bytes(addr, bytes)
+    }
+
+    /// Collective: returns once every PE has called it; all memory operations issued before it
+    /// on any PE are visible after it on every PE. Also a point where the ledger is checked and
+    /// released buffers are reclaimed.
+    pub fn barrier_all(&self) -> Result<()> {
+        const CALL: &str = "barrier_all";
+        self.inner.check(CALL)?;
+        let mut st = self.inner.lock_heap();
+        self.inner.record(CALL, String::new());
+        self.inner.sync_point(&mut st, CALL, &[]).map(|_| ())
+    }
+
+    /// Collective: every PE contributes `data`, every PE gets all contributions in rank order.
+    /// A host-side exchange for small control data (seeds, sizes), ledger-checked.
+    pub fn all_gather_bytes(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
+        const CALL: &str = "all_gather_bytes";
+        self.inner.check(CALL)?;
+        let mut st = self.inner.lock_heap();
+        self.inner.record(CALL, format!("{} bytes", data.len()));
+        self.inner.sync_point(&mut st, CALL, data)
+    }
+
+    /// Heap occupancy on this PE (the same on every PE at collective points).
+    pub fn heap_usage(&self) -> HeapUsage {
+        let st = self.inner.lock_heap();
+        HeapUsage {
+            in_use: st.in_use(),
+            mapped: self.inner.backend.mapped(),
+            capacity: self.inner.backend.capacity(),
+            live_blocks: st.live_blocks(),
+        }
+    }
+
+    /// Not collective: makes every PE fail with `reason` (they notice within milliseconds).
+    pub fn abort(&self, reason: &str) {
+        self.inner.boot.abort(reason);
+    }
+
+    /// The diagnostic banner: version, backend, PEs, node, heap layout, environment read.
+    pub fn banner(&self) -> String {
+        banner::render(&self.inner)
+    }
+
+    /// Collective: leaves the job. Buffers stay readable in this process until dropped, but
+    /// every later symheap call fails with `Finalized`.
+    pub fn finalize(&self) -> Result<()> {
+        self.inner.finalize()
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.inner
+                .boot
+                .abort(&format!("PE {} panicked", self.inner.rank));
+            return;
+        }
+        if let Err(e) = self.inner.finalize() {
+            tracing::debug!("finalize on drop: {e}");
+        }
+    }
+}

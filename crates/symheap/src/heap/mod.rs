@@ -1,0 +1,200 @@
+//! The symmetric heap: which offsets are in use, growth decisions, and the agreed free.
+//!
+//! Releasing a block is local and never blocks, so it is safe from a destructor, a finalizer
+//! or the garbage collector. A released block is only handed out again after every PE has
+//! released it: PEs exchange their releases at collective points (see
+//! [`Heap::take_releases`]/[`Heap::apply_releases`]), and because every PE applies the same
+//! exchanged lists in the same order, the allocators stay identical.
+
+pub mod allocator;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+pub use allocator::{align_up, Allocator, GRANULE};
+
+/// Identity of an allocation: its index in the job's sequence of allocations, the same on
+/// every PE.
+pub type BlockId = u64;
+
+/// A live block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Block {
+    /// Allocation sequence number.
+    pub id: BlockId,
+    /// Offset from the heap base (the same on every PE).
+    pub offset: u64,
+    /// Requested bytes.
+    pub bytes: u64,
+}
+
+/// Allocator state that only changes at points every PE reaches in the same order.
+#[derive(Debug, Default)]
+pub struct HeapState {
+    alloc: Allocator,
+    next_id: BlockId,
+    live: BTreeMap<BlockId, Block>,
+    /// For each block released somewhere but not yet reclaimed: how many PEs released it.
+    release_counts: HashMap<BlockId, usize>,
+}
+
+impl HeapState {
+    /// Tries to place a block without growing. Deterministic.
+    pub fn try_alloc(&mut self, bytes: u64, align: u64) -> Option<Block> {
+        let offset = self.alloc.alloc(bytes, align)?;
+        let id = self.next_id;
+        self.next_id += 1;
+        let b = Block { id, offset, bytes };
+        self.live.insert(id, b);
+        Some(b)
+    }
+
+    /// The heap size needed for `try_alloc(bytes, align)` to succeed.
+    pub fn end_needed_for(&self, bytes: u64, align: u64) -> Option<u64> {
+        self.alloc.end_needed_for(bytes, align)
+    }
+
+    /// Records that `[end, new_end)` is now backed by memory.
+    pub fn extend(&mut self, new_end: u64) {
+        self.alloc.extend(new_end);
+    }
+
+    /// Bytes in use (allocated and not reclaimed).
+    pub fn in_use(&self) -> u64 {
+        self.alloc.in_use()
+    }
+
+    /// Number of live (not reclaimed) blocks.
+    pub fn live_blocks(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Looks up the live block containing heap offset `off`.
+    pub fn block_at(&self, off: u64) -> Option<Block> {
+        self.live
+            .values()
+            .find(|b| off >= b.offset && off < b.offset + b.bytes.max(1))
+            .copied()
+    }
+}
+
+/// The heap of one PE.
+#[derive(Debug)]
+pub struct Heap {
+    world: usize,
+    /// Changed only at collective points.
+    pub state: Mutex<HeapState>,
+    /// Released here, not yet told to the other PEs. Its own lock, so releasing never waits
+    /// for a collective in progress.
+    released: Mutex<Vec<BlockId>>,
+}
+
+impl Heap {
+    /// An empty heap for `world` PEs.
+    pub fn new(world: usize) -> Heap {
+        Heap {
+            world,
+            state: Mutex::new(HeapState::default()),
+            released: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Local, non-blocking release. Safe from any thread and from destructors.
+    pub fn release(&self, id: BlockId) {
+        self.released
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(id);
+    }
+
+    /// Whether releases are waiting to be exchanged.
+    pub fn has_pending_releases(&self) -> bool {
+        !self
+            .released
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+    }
+
+    /// Takes this PE's pending releases, encoded for the exchange.
+    pub fn take_releases(&self) -> Vec<u8> {
+        let mut r = self.released.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::with_capacity(r.len() * 8);
+        r.sort_unstable();
+        for id in r.drain(..) {
+            out.extend_from_slice(&id.to_le_bytes());
+        }
+        out
+    }
+
+    /// Applies every PE's exchanged releases (in rank order, the same on every PE) and
+    /// reclaims blocks all PEs have released. Returns the reclaimed blocks.
+    pub fn apply_releases(&self, st: &mut HeapState, per_pe: &[&[u8]]) -> Vec<Block> {
+        let mut done = Vec::new();
+        for bytes in per_pe {
+            for c in bytes.chunks_exact(8) {
+                let id = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+                let n = st.release_counts.entry(id).or_insert(0);
+                *n += 1;
+                if *n == self.world {
+                    done.push(id);
+                }
+            }
+        }
+        done.sort_unstable();
+        let mut out = Vec::with_capacity(done.len());
+        for id in done {
+            st.release_counts.remove(&id);
+            if let Some(b) = st.live.remove(&id) {
+                st.alloc.free(b.offset, b.bytes);
+                out.push(b);
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reclaimed_only_when_every_pe_released() {
+        let heaps: Vec<Heap> = (0..3).map(|_| Heap::new(3)).collect();
+        for h in &heaps {
+            h.state.lock().unwrap().extend(1 << 20);
+        }
+        let blocks: Vec<Vec<Block>> = heaps
+            .iter()
+            .map(|h| {
+                let mut s = h.state.lock().unwrap();
+                (0..4)
+                    .map(|i| s.try_alloc(1000 * (i + 1), 256).unwrap())
+                    .collect()
+            })
+            .collect();
+        assert_eq!(blocks[0], blocks[2]);
+        // Different orders, different subsets.
+        heaps[0].release(3);
+        heaps[0].release(1);
+        heaps[1].release(1);
+        heaps[2].release(1);
+        heaps[2].release(3);
+        let exchange = |heaps: &[Heap]| {
+            let parts: Vec<Vec<u8>> = heaps.iter().map(|h| h.take_releases()).collect();
+            let refs: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
+            heaps
+                .iter()
+                .map(|h| h.apply_releases(&mut h.state.lock().unwrap(), &refs))
+                .collect::<Vec<_>>()
+        };
+        let r = exchange(&heaps);
+        assert!(r.iter().all(|x| x.len() == 1 && x[0].id == 1));
+        heaps[1].release(3);
+        let r = exchange(&heaps);
+        assert!(r.iter().all(|x| x.len() == 1 && x[0].id == 3));
+        for h in &heaps {
+            assert_eq!(h.state.lock().unwrap().live_blocks(), 2);
+        }
+    }
+}

@@ -1,0 +1,262 @@
+//! The collective ledger: every collective call is recorded, and PEs compare records at host
+//! collective points, so diverging call sequences fail on every PE with the first differing
+//! call named, instead of hanging or silently corrupting memory.
+
+use crate::bootstrap::fnv1a;
+
+/// At most this many calls since the last agreed point are kept verbatim for the message; the
+/// running hash still covers every call.
+const KEPT: usize = 1024;
+
+/// One recorded collective call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The call (`allocate`, `barrier_all`, `grow`...).
+    pub call: String,
+    /// Its arguments as text, already in the form a user reads.
+    pub args: String,
+}
+
+impl std::fmt::Display for Entry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}({})", self.call, self.args)
+    }
+}
+
+/// This PE's record.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    count: u64,
+    hash: u64,
+    agreed: u64,
+    since: Vec<Entry>,
+}
+
+impl Ledger {
+    /// An empty record.
+    pub fn new() -> Self {
+        Ledger {
+            hash: fnv1a(b"symheap-ledger"),
+            ..Default::default()
+        }
+    }
+
+    /// Number of calls recorded.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// Records a call.
+    pub fn record(&mut self, call: &str, args: String) {
+        let mut bytes = self.hash.to_le_bytes().to_vec();
+        bytes.extend_from_slice(call.as_bytes());
+        bytes.push(0);
+        bytes.extend_from_slice(args.as_bytes());
+        self.hash = fnv1a(&bytes);
+        self.count += 1;
+        if self.since.len() < KEPT {
+            self.since.push(Entry {
+                call: call.to_string(),
+                args,
+            });
+        }
+    }
+
+    /// What this PE contributes to a comparison.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(&self.count.to_le_bytes());
+        out.extend_from_slice(&self.hash.to_le_bytes());
+        out.extend_from_slice(&self.agreed.to_le_bytes());
+        out.extend_from_slice(&(self.since.len() as u32).to_le_bytes());
+        for e in &self.since {
+            for s in [&e.call, &e.args] {
+                out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+                out.extend_from_slice(s.as_bytes());
+            }
+        }
+        out
+    }
+
+    /// Compares every PE's record (`parts[r]` from `encode` on PE r). On agreement, marks the
+    /// calls as agreed. On divergence, returns the message every PE will report: the first
+    /// differing call and what each PE called there. Pure, so every PE computes the same text.
+    pub fn compare(&mut self, parts: &[&[u8]]) -> Result<(), String> {
+        let decoded: Vec<Decoded> = parts
+            .iter()
+            .enumerate()
+            .map(|(r, p)| {
+                Decoded::parse(p).ok_or_else(|| format!("PE {r} sent an unreadable ledger"))
+            })
+            .collect::<Result<_, _>>()?;
+        let first = &decoded[0];
+        if decoded
+            .iter()
+            .all(|d| d.count == first.count && d.hash == first.hash)
+        {
+            self.agreed = self.count;
+            self.since.clear();
+            return Ok(());
+        }
+        let base = decoded.iter().map(|d| d.agreed).min().unwrap_or(0);
+        let longest = decoded.iter().map(|d| d.entries.len()).max().unwrap_or(0);
+        for i in 0..longest {
+            let at: Vec<Option<&Entry>> = decoded.iter().map(|d| d.entries.get(i)).collect();
+            if at.iter().all(|e| *e == at[0]) {
+                continue;
+            }
+            return Err(format!(
+                "collective call #{} differs between PEs: {}",
+                base + i as u64 + 1,
+                group(&at, "nothing (no further collective call)")
+            ));
+        }
+        let counts: Vec<Option<&u64>> = decoded.iter().map(|d| Some(&d.count)).collect();
+        Err(format!(
+            "the PEs' collective calls differ after the first {KEPT} calls since their last agreement; calls made per PE: {}",
+            group(&counts, "")
+        ))
+    }
+}
+
+/// "PEs 0, 2: allocate(1 MiB); PE 1: allocate(2 MiB)".
+fn group<T: std::fmt::Display + PartialEq>(at: &[Option<&T>], none: &str) -> String {
+    let mut groups: Vec<(Option<&T>, Vec<usize>)> = Vec::new();
+    for (r, e) in at.iter().enumerate() {
+        match groups.iter_mut().find(|(g, _)| g == e) {
+            Some((_, pes)) => pes.push(r),
+            None => groups.push((*e, vec![r])),
+        }
+    }
+    groups
+        .iter()
+        .map(|(e, pes)| {
+            let who = if pes.len() == 1 {
+                format!("PE {}", pes[0])
+            } else {
+                let l: Vec<String> = pes.iter().map(|p| p.to_string()).collect();
+                format!("PEs {}", l.join(", "))
+            };
+            match e {
+                Some(e) => format!("{who} called {e}"),
+                None => format!("{who} called {none}"),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+struct Decoded {
+    count: u64,
+    hash: u64,
+    agreed: u64,
+    entries: Vec<Entry>,
+}
+
+impl Decoded {
+    fn parse(mut b: &[u8]) -> Option<Decoded> {
+        fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+            if b.len() < n {
+                return None;
+            }
+            let (x, y) = b.split_at(n);
+            *b = y;
+            Some(x)
+        }
+        let u64_ = |b: &mut &[u8]| Some(u64::from_le_bytes(take(b, 8)?.try_into().ok()?));
+        let u32_ = |b: &mut &[u8]| Some(u32::from_le_bytes(take(b, 4)?.try_into().ok()?));
+        let count = u64_(&mut b)?;
+        let hash = u64_(&mut b)?;
+        let agreed = u64_(&mut b)?;
+        let n = u32_(&mut b)? as usize;
+        if n > KEPT {
+            return None;
+        }
+        let mut entries = Vec::with_capacity(n);
+        for _ in 0..n {
+            let l = u32_(&mut b)? as usize;
+            let call = String::from_utf8(take(&mut b, l)?.to_vec()).ok()?;
+            let l = u32_(&mut b)? as usize;
+            let args = String::from_utf8(take(&mut b, l)?.to_vec()).ok()?;
+            entries.push(Entry { call, args });
+        }
+        b.is_empty().then_some(Decoded {
+            count,
+            hash,
+            agreed,
+            entries,
+        })
+    }
+}
+
+/// `1048576` → `1 MiB`, for messages.
+pub fn human_bytes(b: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < U.len() - 1 && (b >> (10 * (i + 1))) << (10 * (i + 1)) == b {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{} {}", v as u64, U[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agreement_and_first_divergence() {
+        let mut l: Vec<Ledger> = (0..3).map(|_| Ledger::new()).collect();
+        for x in l.iter_mut() {
+            x.record("allocate", "1 MiB".into());
+        }
+        let enc: Vec<Vec<u8>> = l.iter().map(|x| x.encode()).collect();
+        let refs: Vec<&[u8]> = enc.iter().map(|e| e.as_slice()).collect();
+        for x in l.iter_mut() {
+            x.compare(&refs).unwrap();
+        }
+        l[0].record("allocate", "1 MiB".into());
+        l[1].record("allocate", "2 MiB".into());
+        l[2].record("allocate", "1 MiB".into());
+        for x in l.iter_mut() {
+            x.record("barrier_all", String::new());
+        }
+        let enc: Vec<Vec<u8>> = l.iter().map(|x| x.encode()).collect();
+        let refs: Vec<&[u8]> = enc.iter().map(|e| e.as_slice()).collect();
+        let msgs: Vec<String> = l
+            .iter_mut()
+            .map(|x| x.compare(&refs).unwrap_err())
+            .collect();
+        assert_eq!(msgs[0], msgs[1]);
+        assert_eq!(
+            msgs[0],
+            "collective call #2 differs between PEs: PEs 0, 2 called allocate(1 MiB); PE 1 called allocate(2 MiB)"
+        );
+    }
+
+    #[test]
+    fn missing_call_is_named() {
+        let mut a = Ledger::new();
+        let mut b = Ledger::new();
+        a.record("barrier_all", String::new());
+        b.record("barrier_all", String::new());
+        b.record("barrier_all", String::new());
+        let (ea, eb) = (a.encode(), b.encode());
+        let msg = a.compare(&[&ea, &eb]).unwrap_err();
+        assert!(msg.contains("#2"), "{msg}");
+        assert!(msg.contains("PE 0 called nothing"), "{msg}");
+    }
+
+    #[test]
+    fn bytes_read_well() {
+        assert_eq!(human_bytes(1 << 20), "1 MiB");
+        assert_eq!(human_bytes(3 << 30), "3 GiB");
+        assert_eq!(human_bytes(1000), "1000 B");
+        assert_eq!(human_bytes(1536), "1536 B");
+    }
+}
