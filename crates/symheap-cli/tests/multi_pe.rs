@@ -159,3 +159,53 @@ fn info_prints_the_banner() {
         "banner at init: {stderr}"
     );
 }
+
+#[test]
+fn ring_put_and_get() {
+    selftest("ring");
+}
+
+#[test]
+fn alltoall_patterns() {
+    selftest("alltoall");
+}
+
+#[test]
+fn broadcast_from_every_root_and_all_gather() {
+    selftest("broadcast");
+}
+
+#[test]
+fn all_reduce_and_reduce_scatter_against_reference() {
+    selftest("all-reduce");
+}
+
+#[test]
+fn atomics_counter_and_matrix() {
+    selftest("atomics");
+}
+
+#[test]
+fn compare_swap_lock() {
+    selftest("lock");
+}
+
+#[test]
+fn put_signal_producer_consumer() {
+    selftest("signal");
+}
+
+#[test]
+fn teams_split_translate_collectives_destroy() {
+    selftest("teams");
+}
+
+#[test]
+fn collective_argument_errors_and_divergence() {
+    selftest("coll-errors");
+}
+
+#[test]
+fn sub_team_divergence_is_named() {
+    selftest("team-mismatch");
+}

@@ -62,14 +62,41 @@ impl Ledger {
         }
     }
 
+    /// (calls recorded, running hash): equal on every PE exactly when the call sequences are.
+    pub fn digest(&self) -> (u64, u64) {
+        (self.count, self.hash)
+    }
+
+    /// Marks everything recorded so far as agreed by every PE (after digests compared equal).
+    pub fn mark_agreed(&mut self) {
+        self.agreed = self.count;
+        self.since.clear();
+    }
+
+    /// `encode`, keeping only as many entries as fit in `max` bytes.
+    pub fn encode_limited(&self, max: usize) -> Vec<u8> {
+        let mut keep = self.since.len();
+        loop {
+            let e = self.encode_first(keep);
+            if e.len() <= max || keep == 0 {
+                return e;
+            }
+            keep /= 2;
+        }
+    }
+
     /// What this PE contributes to a comparison.
     pub fn encode(&self) -> Vec<u8> {
+        self.encode_first(self.since.len())
+    }
+
+    fn encode_first(&self, keep: usize) -> Vec<u8> {
         let mut out = Vec::new();
         out.extend_from_slice(&self.count.to_le_bytes());
         out.extend_from_slice(&self.hash.to_le_bytes());
         out.extend_from_slice(&self.agreed.to_le_bytes());
-        out.extend_from_slice(&(self.since.len() as u32).to_le_bytes());
-        for e in &self.since {
+        out.extend_from_slice(&(keep as u32).to_le_bytes());
+        for e in &self.since[..keep] {
             for s in [&e.call, &e.args] {
                 out.extend_from_slice(&(s.len() as u32).to_le_bytes());
                 out.extend_from_slice(s.as_bytes());
@@ -82,6 +109,12 @@ impl Ledger {
     /// calls as agreed. On divergence, returns the message every PE will report: the first
     /// differing call and what each PE called there. Pure, so every PE computes the same text.
     pub fn compare(&mut self, parts: &[&[u8]]) -> Result<(), String> {
+        let pes: Vec<usize> = (0..parts.len()).collect();
+        self.compare_named(parts, &pes)
+    }
+
+    /// `compare`, where `parts[i]` came from world PE `pes[i]` (for teams).
+    pub fn compare_named(&mut self, parts: &[&[u8]], pes: &[usize]) -> Result<(), String> {
         let decoded: Vec<Decoded> = parts
             .iter()
             .enumerate()
@@ -94,8 +127,7 @@ impl Ledger {
             .iter()
             .all(|d| d.count == first.count && d.hash == first.hash)
         {
-            self.agreed = self.count;
-            self.since.clear();
+            self.mark_agreed();
             return Ok(());
         }
         let base = decoded.iter().map(|d| d.agreed).min().unwrap_or(0);
@@ -108,21 +140,22 @@ impl Ledger {
             return Err(format!(
                 "collective call #{} differs between PEs: {}",
                 base + i as u64 + 1,
-                group(&at, "nothing (no further collective call)")
+                group(&at, pes, "nothing (no further collective call)")
             ));
         }
         let counts: Vec<Option<&u64>> = decoded.iter().map(|d| Some(&d.count)).collect();
         Err(format!(
             "the PEs' collective calls differ after the first {KEPT} calls since their last agreement; calls made per PE: {}",
-            group(&counts, "")
+            group(&counts, pes, "")
         ))
     }
 }
 
 /// "PEs 0, 2: allocate(1 MiB); PE 1: allocate(2 MiB)".
-fn group<T: std::fmt::Display + PartialEq>(at: &[Option<&T>], none: &str) -> String {
+fn group<T: std::fmt::Display + PartialEq>(at: &[Option<&T>], pes: &[usize], none: &str) -> String {
     let mut groups: Vec<(Option<&T>, Vec<usize>)> = Vec::new();
-    for (r, e) in at.iter().enumerate() {
+    for (i, e) in at.iter().enumerate() {
+        let r = pes[i];
         match groups.iter_mut().find(|(g, _)| g == e) {
             Some((_, pes)) => pes.push(r),
             None => groups.push((*e, vec![r])),

@@ -26,11 +26,13 @@ pub mod error;
 pub mod heap;
 pub mod launch;
 pub mod ledger;
+pub mod ops;
 pub mod table;
 
-pub use backend::BackendKind;
+pub use backend::{AtomicOp, BackendKind, ReduceOp};
 pub use config::{BackendChoice, Config};
 pub use context::{Context, ContextBuilder, HeapUsage, PeerView, SymmetricBuffer};
 pub use element::{DType, Element};
 pub use error::{Error, ErrorKind, Result};
+pub use ops::{AllReduceAlgo, AtomicBitwise, AtomicElement, AtomicInt, Cmp, SignalOp, Team};
 pub use table::{translate, PeerMask, SymmetricAddressMap};

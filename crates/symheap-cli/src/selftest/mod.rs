@@ -2,6 +2,7 @@
 //! and checks each outcome exactly. The same binary is the PE program (`selftest-pe`), so an
 //! installed `symheap` can check itself on a new machine.
 
+mod ops_scenarios;
 mod scenarios;
 
 use std::io::Read;
@@ -92,6 +93,96 @@ pub const SCENARIOS: &[Scenario] = &[
         expect: Expect::AllPass,
         victims: true,
         run: scenarios::timeout,
+    },
+    Scenario {
+        name: "ring",
+        about: "ring put and get, blocking and non-blocking, typed and byte forms",
+        min_pes: 1,
+        env: &[],
+        expect: Expect::AllPass,
+        victims: false,
+        run: ops_scenarios::ring,
+    },
+    Scenario {
+        name: "alltoall",
+        about: "alltoall: PE p receives peer*100+p, then random blocks",
+        min_pes: 1,
+        env: &[],
+        expect: Expect::AllPass,
+        victims: false,
+        run: ops_scenarios::alltoall,
+    },
+    Scenario {
+        name: "broadcast",
+        about: "broadcast from every root (in and out of place), all_gather",
+        min_pes: 1,
+        env: &[],
+        expect: Expect::AllPass,
+        victims: false,
+        run: ops_scenarios::broadcast,
+    },
+    Scenario {
+        name: "all-reduce",
+        about: "all_reduce and reduce_scatter against a sequential reference, every op and dtype",
+        min_pes: 1,
+        env: &[],
+        expect: Expect::AllPass,
+        victims: false,
+        run: ops_scenarios::all_reduce,
+    },
+    Scenario {
+        name: "atomics",
+        about: "contended fetch_add counter, the whole atomics matrix with exact values",
+        min_pes: 1,
+        env: &[],
+        expect: Expect::AllPass,
+        victims: false,
+        run: ops_scenarios::atomics,
+    },
+    Scenario {
+        name: "lock",
+        about: "compare_swap spin lock protecting a counter updated with get and put",
+        min_pes: 1,
+        env: &[],
+        expect: Expect::AllPass,
+        victims: false,
+        run: ops_scenarios::lock,
+    },
+    Scenario {
+        name: "signal",
+        about: "put_signal producer/consumer over many rounds; every wait comparison",
+        min_pes: 1,
+        env: &[],
+        expect: Expect::AllPass,
+        victims: false,
+        run: ops_scenarios::signal,
+    },
+    Scenario {
+        name: "teams",
+        about: "split, INVALID non-members, nesting, translate_pe, team collectives, destroy",
+        min_pes: 1,
+        env: &[],
+        expect: Expect::AllPass,
+        victims: false,
+        run: ops_scenarios::teams,
+    },
+    Scenario {
+        name: "coll-errors",
+        about: "collective argument errors; diverging collectives named on every PE",
+        min_pes: 2,
+        env: &[("SYMHEAP_TIMEOUT", "30")],
+        expect: Expect::AllPass,
+        victims: false,
+        run: ops_scenarios::coll_errors,
+    },
+    Scenario {
+        name: "team-mismatch",
+        about: "diverging calls inside a sub-team are named; the non-member is not held up",
+        min_pes: 3,
+        env: &[("SYMHEAP_TIMEOUT", "30")],
+        expect: Expect::AllPass,
+        victims: false,
+        run: ops_scenarios::team_mismatch,
     },
 ];
 

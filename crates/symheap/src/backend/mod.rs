@@ -6,8 +6,51 @@
 //! the per-peer delta of a peer table the same for every heap address.
 
 pub mod host;
+pub mod reduce;
 
+use std::time::Duration;
+
+pub use reduce::ReduceOp;
+
+use crate::element::DType;
 use crate::error::Result;
+
+/// An atomic read-modify-write on a 4- or 8-byte word. Every variant returns the old value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AtomicOp {
+    /// Read.
+    Load,
+    /// Write `operand`.
+    Store,
+    /// Write `operand`, return the old value.
+    Swap,
+    /// Write `operand` if the word equals `compare`.
+    CompareSwap,
+    /// Wrapping add.
+    Add,
+    /// Bitwise and.
+    And,
+    /// Bitwise or.
+    Or,
+    /// Bitwise xor.
+    Xor,
+}
+
+impl AtomicOp {
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            AtomicOp::Load => "fetch",
+            AtomicOp::Store => "set",
+            AtomicOp::Swap => "swap",
+            AtomicOp::CompareSwap => "compare_swap",
+            AtomicOp::Add => "add",
+            AtomicOp::And => "and",
+            AtomicOp::Or => "or",
+            AtomicOp::Xor => "xor",
+        }
+    }
+}
 
 /// Which backend a context runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,4 +107,34 @@ pub trait Backend: Send + Sync {
     fn write_bytes(&self, addr: u64, src: &[u8]) -> Result<()>;
     /// Copies from `addr` (checked like `write_bytes`) into host bytes.
     fn read_bytes(&self, addr: u64, dst: &mut [u8]) -> Result<()>;
+
+    // The data plane. Addresses are heap addresses of direct PEs, checked by the ops layer.
+
+    /// Copies `bytes` from `src` to `dst` (may be different PEs' heaps; must not overlap).
+    fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()>;
+    /// Atomic `op` on the `width`-byte (4 or 8) word at `addr`; returns the old bits.
+    fn atomic(
+        &self,
+        addr: u64,
+        width: usize,
+        op: AtomicOp,
+        operand: u64,
+        compare: u64,
+    ) -> Result<u64>;
+    /// `dst = srcs[0] op srcs[1] op ...` over `count` elements, inputs in the given order.
+    /// `dst` may equal one of the sources.
+    fn reduce(
+        &self,
+        dst: u64,
+        srcs: &[u64],
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()>;
+    /// Orders this PE's earlier stores to any PE before its later ones (release semantics).
+    fn fence(&self);
+    /// Wakes whoever sleeps on the 32-bit doorbell word at `addr` (see `sleep`).
+    fn wake(&self, addr: u64);
+    /// Sleeps while the doorbell word at `addr` still reads `seen`, at most `timeout`.
+    fn sleep(&self, addr: u64, seen: u32, timeout: Duration);
 }

@@ -56,6 +56,9 @@ pub trait Bootstrap: Send + Sync {
     /// Not collective. Makes every PE fail with `reason`, as soon as each next checks; never
     /// blocks.
     fn abort(&self, reason: &str);
+    /// Not collective. Records `kind` as the job's failure here and tells every other PE, so a
+    /// failure one PE notices locally (a data-plane timeout) fails the whole job alike.
+    fn fail_all(&self, kind: crate::error::ErrorKind);
     /// Cheap. `Err` once this PE knows the job failed (a PE exited, aborted or timed out).
     fn check(&self) -> Result<()>;
     /// The failure state that data-plane waits poll.

@@ -42,6 +42,9 @@ impl Bootstrap for SingleBootstrap {
             reason: reason.to_string(),
         });
     }
+    fn fail_all(&self, kind: ErrorKind) {
+        self.health.fail(kind);
+    }
     fn check(&self) -> Result<()> {
         self.health.check(0, "check")
     }

@@ -555,10 +555,13 @@ impl Bootstrap for TcpBootstrap {
     }
 
     fn abort(&self, reason: &str) {
-        let kind = ErrorKind::Aborted {
+        self.fail_all(ErrorKind::Aborted {
             origin: self.rank,
             reason: reason.to_string(),
-        };
+        });
+    }
+
+    fn fail_all(&self, kind: ErrorKind) {
         let first = self.shared.health.fail(kind.clone());
         if !first {
             return;

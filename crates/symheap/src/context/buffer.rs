@@ -46,6 +46,10 @@ impl SymmetricBuffer {
         }
     }
 
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.inner
+    }
+
     /// Address of this PE's copy (a host pointer on the host backend, a device pointer on
     /// CUDA).
     pub fn addr(&self) -> u64 {

@@ -5,7 +5,7 @@ mod banner;
 mod buffer;
 
 use std::sync::atomic::{fence, AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 pub use buffer::{PeerView, SymmetricBuffer};
@@ -19,7 +19,9 @@ use crate::config::{BackendChoice, Config, DebugLevel, DEFAULT_ALIGNMENT};
 use crate::element::Element;
 use crate::error::{err, invalid, Error, ErrorKind, Result};
 use crate::heap::{align_up, Block, Heap, HeapState};
-use crate::ledger::{human_bytes, Ledger};
+use crate::ledger::human_bytes;
+use crate::ops::area::SyncArea;
+use crate::ops::team::TeamInner;
 use crate::table::{PeerMask, SymmetricAddressMap};
 
 /// How much of the heap is in use.
@@ -45,7 +47,12 @@ pub(crate) struct Inner {
     pub(crate) node: NodeInfo,
     pub(crate) backend: Arc<dyn Backend>,
     pub(crate) heap: Heap,
-    ledger: Mutex<Ledger>,
+    /// The world team; its ledger records allocation, growth, reclaim, barriers and finalize.
+    pub(crate) world_team: Arc<TeamInner>,
+    /// Set once at init, right after the first heap chunk exists.
+    pub(crate) area: OnceLock<SyncArea>,
+    /// Team slots in use on this PE (bit 0: the world).
+    pub(crate) slots_used: Mutex<u64>,
     finalized: AtomicBool,
 }
 
@@ -151,7 +158,14 @@ impl ContextBuilder {
             node,
             backend,
             heap: Heap::new(world),
-            ledger: Mutex::new(Ledger::new()),
+            world_team: Arc::new(TeamInner::new(
+                0,
+                (0..world).collect(),
+                rank,
+                "the world team".into(),
+            )),
+            area: OnceLock::new(),
+            slots_used: Mutex::new(1),
             finalized: AtomicBool::new(false),
         });
         let ctx = Context { inner };
@@ -162,6 +176,20 @@ impl ContextBuilder {
             })?;
             ctx.inner.grow(&mut st, first)?;
         }
+        // The sync area is every context's first allocation, so it sits at the same offset on
+        // every PE; it is never released.
+        let area = ctx.inner.allocate(SyncArea::bytes(world), 4096, "init")?;
+        let bases = ctx
+            .heap_bases()
+            .iter()
+            .map(|&b| if b == 0 { 0 } else { b + area.offset })
+            .collect();
+        let zeros = vec![0u8; SyncArea::bytes(world) as usize];
+        ctx.inner
+            .backend
+            .write_bytes(ctx.heap_bases()[rank] + area.offset, &zeros)?;
+        let _ = ctx.inner.area.set(SyncArea::new(bases));
+        ctx.barrier_all()?;
         if ctx.inner.cfg.debug >= DebugLevel::Info {
             eprintln!("{}", ctx.banner());
         }
@@ -206,10 +234,7 @@ impl Inner {
     }
 
     fn record(&self, call: &str, args: String) {
-        self.ledger
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .record(call, args);
+        self.world_team.ledger().record(call, args);
     }
 
     /// A host collective point: exchanges the ledger (failing every PE on divergence) and the
@@ -220,11 +245,10 @@ impl Inner {
         call: &'static str,
         payload: &[u8],
     ) -> Result<Vec<Vec<u8>>> {
-        let ledger = self
-            .ledger
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .encode();
+        if payload.is_empty() && self.world_fast_sync(call)? {
+            return Ok(Vec::new());
+        }
+        let ledger = self.world_team.ledger().encode();
         let releases = self.heap.take_releases();
         let mut msg = Vec::with_capacity(ledger.len() + releases.len() + payload.len() + 8);
         for part in [&ledger, &releases] {
@@ -248,11 +272,7 @@ impl Inner {
             rels.push(rl);
             payloads.push(rest.to_vec());
         }
-        let verdict = self
-            .ledger
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .compare(&ledgers);
+        let verdict = self.world_team.ledger().compare(&ledgers);
         if let Err(msg) = verdict {
             let kind = ErrorKind::CollectiveMismatch(msg);
             // Every PE computes the same verdict from the same bytes, so nobody needs telling;
@@ -376,7 +396,69 @@ impl Inner {
         .with_pe(self.rank))
     }
 
-    fn pe_in_range(&self, pe: usize, call: &'static str) -> Result<()> {
+    /// Checks `[addr, addr+bytes)` lies inside one live allocation of this PE's heap and returns
+    /// its heap offset.
+    pub(crate) fn own_offset(&self, addr: u64, bytes: u64, call: &'static str) -> Result<u64> {
+        let base = self
+            .backend
+            .slot_base(self.rank)
+            .expect("own heap is always mapped");
+        let mapped = self.backend.mapped();
+        if addr < base || addr >= base + mapped {
+            return Err(invalid(
+                call,
+                format!(
+                    "address {addr:#x} is not in this PE's symmetric heap ({base:#x}..{:#x})",
+                    base + mapped
+                ),
+            )
+            .with_pe(self.rank));
+        }
+        let off = addr - base;
+        let block = self.lock_heap().block_at(off);
+        match block {
+            Some(b) if off.saturating_add(bytes) <= b.offset + b.bytes => Ok(off),
+            Some(b) => Err(invalid(
+                call,
+                format!(
+                    "{bytes} bytes at {addr:#x} run past the end of their {}-byte allocation (which starts at {:#x})",
+                    b.bytes,
+                    base + b.offset
+                ),
+            )
+            .with_pe(self.rank)),
+            None => Err(invalid(
+                call,
+                format!("address {addr:#x} is in the heap but not in a live allocation"),
+            )
+            .with_pe(self.rank)),
+        }
+    }
+
+    /// PE `pe`'s copy of the symmetric range `[addr, addr+bytes)` of this PE's heap.
+    pub(crate) fn remote(
+        &self,
+        addr: u64,
+        bytes: u64,
+        pe: usize,
+        call: &'static str,
+    ) -> Result<u64> {
+        self.pe_in_range(pe, call)?;
+        let off = self.own_offset(addr, bytes, call)?;
+        match self.backend.slot_base(pe) {
+            Some(b) => Ok(b + off),
+            None => Err(Error::new(
+                Some(self.rank),
+                call,
+                ErrorKind::Unsupported(format!(
+                    "PE {pe} is on another node; the {} backend reaches only PEs of this node",
+                    self.backend.kind().name()
+                )),
+            )),
+        }
+    }
+
+    pub(crate) fn pe_in_range(&self, pe: usize, call: &'static str) -> Result<()> {
         if pe >= self.world {
             return Err(invalid(
                 call,
@@ -424,7 +506,7 @@ fn garbled(rank: usize, call: &'static str, from: usize) -> Error {
 /// Dropping a context finalizes it (collectively); dropping it while panicking aborts the job
 /// instead, so the other PEs fail at once rather than wait.
 pub struct Context {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl Context {

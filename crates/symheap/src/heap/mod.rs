@@ -34,6 +34,8 @@ pub struct HeapState {
     alloc: Allocator,
     next_id: BlockId,
     live: BTreeMap<BlockId, Block>,
+    /// Live blocks by offset, for address lookups.
+    by_offset: BTreeMap<u64, BlockId>,
     /// For each block released somewhere but not yet reclaimed: how many PEs released it.
     release_counts: HashMap<BlockId, usize>,
 }
@@ -46,6 +48,7 @@ impl HeapState {
         self.next_id += 1;
         let b = Block { id, offset, bytes };
         self.live.insert(id, b);
+        self.by_offset.insert(offset, id);
         Some(b)
     }
 
@@ -69,12 +72,11 @@ impl HeapState {
         self.live.len()
     }
 
-    /// Looks up the live block containing heap offset `off`.
+    /// The live block containing heap offset `off`.
     pub fn block_at(&self, off: u64) -> Option<Block> {
-        self.live
-            .values()
-            .find(|b| off >= b.offset && off < b.offset + b.bytes.max(1))
-            .copied()
+        let (_, id) = self.by_offset.range(..=off).next_back()?;
+        let b = self.live.get(id)?;
+        (off < b.offset + b.bytes).then_some(*b)
     }
 }
 
@@ -146,6 +148,7 @@ impl Heap {
         for id in done {
             st.release_counts.remove(&id);
             if let Some(b) = st.live.remove(&id) {
+                st.by_offset.remove(&b.offset);
                 st.alloc.free(b.offset, b.bytes);
                 out.push(b);
             }

@@ -5,18 +5,24 @@
 //! PEs of the node (SCM_RIGHTS over the node channel) and maps theirs. PEs on other nodes keep
 //! unmapped slots and are not direct.
 
+mod futex;
+
 use std::ffi::CString;
 use std::num::NonZeroUsize;
 use std::os::fd::OwnedFd;
 use std::ptr::NonNull;
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use nix::sys::memfd::{memfd_create, MFdFlags};
 use nix::sys::mman::{mmap, mmap_anonymous, munmap, MapFlags, ProtFlags};
 
-use super::{Backend, BackendKind, ChunkInfo};
+use super::reduce::reduce_bytes;
+use super::{AtomicOp, Backend, BackendKind, ChunkInfo, ReduceOp};
 use crate::bootstrap::{Bootstrap, NodeChannel, NodeInfo};
-use crate::error::{backend, Result};
+use crate::element::DType;
+use crate::error::{backend, invalid, Result};
 
 /// The reserved address range; unmapped as a whole when dropped.
 struct Reservation {
@@ -239,5 +245,101 @@ impl Backend for HostBackend {
             std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len());
         }
         Ok(())
+    }
+
+    fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        // SAFETY: the ops layer checked both ranges lie in mapped heap chunks of direct PEs, which
+        // stay mapped while `self` lives; distinct ranges of one allocation or different PEs'
+        // copies do not overlap (checked by the caller). Concurrent access by other PEs is
+        // ordered by the program's synchronisation, as for the stores this mirrors.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, bytes);
+        }
+        Ok(())
+    }
+
+    fn atomic(
+        &self,
+        addr: u64,
+        width: usize,
+        op: AtomicOp,
+        operand: u64,
+        compare: u64,
+    ) -> Result<u64> {
+        macro_rules! run {
+            ($a:expr, $t:ty) => {{
+                let a = $a;
+                let v = operand as $t;
+                let c = compare as $t;
+                const O: Ordering = Ordering::SeqCst;
+                let old = match op {
+                    AtomicOp::Load => a.load(O),
+                    AtomicOp::Store => a.swap(v, O),
+                    AtomicOp::Swap => a.swap(v, O),
+                    AtomicOp::CompareSwap => match a.compare_exchange(c, v, O, O) {
+                        Ok(x) | Err(x) => x,
+                    },
+                    AtomicOp::Add => a.fetch_add(v, O),
+                    AtomicOp::And => a.fetch_and(v, O),
+                    AtomicOp::Or => a.fetch_or(v, O),
+                    AtomicOp::Xor => a.fetch_xor(v, O),
+                };
+                old as u64
+            }};
+        }
+        match width {
+            4 if addr % 4 == 0 => {
+                // SAFETY: `addr` is 4-byte aligned (checked above) and lies in a mapped, shared heap
+                // chunk (checked by the ops layer) that outlives this call. Every access symheap
+                // makes to the word for atomics goes through atomic instructions, which are
+                // coherent across processes mapping the same memory.
+                let a = unsafe { AtomicU32::from_ptr(addr as *mut u32) };
+                Ok(run!(a, u32))
+            }
+            8 if addr % 8 == 0 => {
+                // SAFETY: as above, with 8-byte alignment.
+                let a = unsafe { AtomicU64::from_ptr(addr as *mut u64) };
+                Ok(run!(a, u64))
+            }
+            4 | 8 => Err(invalid(
+                "atomic",
+                format!("address {addr:#x} is not aligned to {width} bytes"),
+            )),
+            _ => Err(invalid("atomic", format!("unsupported width {width}"))),
+        }
+    }
+
+    fn reduce(
+        &self,
+        dst: u64,
+        srcs: &[u64],
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let bytes = count * dtype.size();
+        let inputs: Vec<&[u8]> = srcs
+            .iter()
+            // SAFETY: each source range was checked by the ops layer to lie in a mapped heap chunk
+            // that outlives this call; the slices are only read and are dropped before `dst` is
+            // written, so no reference aliases the destination while it is modified.
+            .map(|&s| unsafe { std::slice::from_raw_parts(s as *const u8, bytes) })
+            .collect();
+        let mut out = vec![0u8; bytes];
+        reduce_bytes(&mut out, &inputs, dtype, op);
+        drop(inputs);
+        self.write_bytes(dst, &out)
+    }
+
+    fn fence(&self) {
+        fence(Ordering::SeqCst);
+    }
+
+    fn wake(&self, addr: u64) {
+        futex::wake_all(addr);
+    }
+
+    fn sleep(&self, addr: u64, seen: u32, timeout: Duration) {
+        futex::wait(addr, seen, timeout);
     }
 }

@@ -1,0 +1,132 @@
+//! The sync area: a symmetric block every context allocates at init for its own
+//! synchronisation. Its layout, per PE:
+//!
+//! ```text
+//! 0      doorbell: u32    bumped by every PE that stores into this PE; waiters sleep on it
+//! 4      sleepers: u32    how many threads of this PE sleep on the doorbell (writers skip the
+//!                         wake-up syscall when zero)
+//! 64     mailbox_len: u32, then MAILBOX bytes: a ledger copy for mismatch diagnostics
+//! ...    per team slot: board[2] of {count, hash, flags, aux} (32 B each, double-buffered by
+//!        barrier parity), then arrivals[world]: u64 epoch written by each member
+//! ```
+
+/// Team slots (WORLD is slot 0). Like NVSHMEM's team limit, a fixed pool keeps the heap
+/// symmetric no matter which PEs create which teams.
+pub const MAX_TEAMS: usize = 32;
+/// Bytes for a ledger copy in the mailbox.
+pub const MAILBOX: u64 = 16 << 10;
+
+const HEADER: u64 = 64;
+const MAILBOX_AT: u64 = HEADER;
+const SLOTS_AT: u64 = MAILBOX_AT + 64 + MAILBOX;
+const BOARD: u64 = 32;
+
+/// Addresses inside every PE's sync area, given the heap bases.
+#[derive(Debug, Clone)]
+pub struct SyncArea {
+    /// Start of the area on every PE (0 where not direct).
+    bases: Vec<u64>,
+    world: usize,
+    slot_stride: u64,
+}
+
+impl SyncArea {
+    /// Bytes the area needs for `world` PEs.
+    pub fn bytes(world: usize) -> u64 {
+        SLOTS_AT + MAX_TEAMS as u64 * Self::stride(world)
+    }
+
+    fn stride(world: usize) -> u64 {
+        (2 * BOARD + 8 * world as u64).div_ceil(64) * 64
+    }
+
+    /// The area placed at `bases[pe]` on every PE.
+    pub fn new(bases: Vec<u64>) -> SyncArea {
+        let world = bases.len();
+        SyncArea {
+            bases,
+            world,
+            slot_stride: Self::stride(world),
+        }
+    }
+
+    /// Whether every PE's area is directly addressable.
+    pub fn all_direct(&self) -> bool {
+        self.bases.iter().all(|&b| b != 0)
+    }
+
+    /// Whether PE `pe`'s area is directly addressable.
+    pub fn is_direct(&self, pe: usize) -> bool {
+        self.bases.get(pe).is_some_and(|&b| b != 0)
+    }
+
+    /// PE `pe`'s doorbell word.
+    pub fn doorbell(&self, pe: usize) -> u64 {
+        self.bases[pe]
+    }
+
+    /// PE `pe`'s sleeper count.
+    pub fn sleepers(&self, pe: usize) -> u64 {
+        self.bases[pe] + 4
+    }
+
+    /// PE `pe`'s mailbox length word; the bytes follow 64 bytes later.
+    pub fn mailbox_len(&self, pe: usize) -> u64 {
+        self.bases[pe] + MAILBOX_AT
+    }
+
+    /// PE `pe`'s mailbox bytes.
+    pub fn mailbox(&self, pe: usize) -> u64 {
+        self.bases[pe] + MAILBOX_AT + 64
+    }
+
+    fn slot(&self, pe: usize, slot: usize) -> u64 {
+        debug_assert!(slot < MAX_TEAMS);
+        self.bases[pe] + SLOTS_AT + slot as u64 * self.slot_stride
+    }
+
+    /// Word `word` (0 count, 1 hash, 2 flags, 3 aux) of PE `pe`'s board for `slot`, `parity`.
+    pub fn board(&self, pe: usize, slot: usize, parity: u64, word: u64) -> u64 {
+        self.slot(pe, slot) + (parity & 1) * BOARD + 8 * word
+    }
+
+    /// Where member `src` records its arrival epoch for `slot` in PE `pe`'s area.
+    pub fn arrival(&self, pe: usize, slot: usize, src: usize) -> u64 {
+        debug_assert!(src < self.world);
+        self.slot(pe, slot) + 2 * BOARD + 8 * src as u64
+    }
+
+    /// This slot's whole range on PE `pe` (for clearing on team destroy).
+    pub fn slot_range(&self, pe: usize, slot: usize) -> (u64, u64) {
+        (self.slot(pe, slot), self.slot_stride)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_is_disjoint_and_in_bounds() {
+        let world = 5;
+        let a = SyncArea::new(vec![1 << 20; world]);
+        let end = (1 << 20) + SyncArea::bytes(world);
+        let mut words = vec![a.doorbell(0), a.sleepers(0), a.mailbox_len(0)];
+        for slot in 0..MAX_TEAMS {
+            for p in 0..2 {
+                for w in 0..4 {
+                    words.push(a.board(0, slot, p, w));
+                }
+            }
+            for s in 0..world {
+                words.push(a.arrival(0, slot, s));
+            }
+        }
+        let mut sorted = words.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted.len(), words.len(), "no two words share an address");
+        assert!(words.iter().all(|&w| w + 8 <= end));
+        assert!(a.mailbox(0) + MAILBOX <= a.board(0, 0, 0, 0));
+    }
+}

@@ -1,0 +1,422 @@
+//! Collectives on a team: broadcast, all_gather, reduce_scatter, all_reduce, alltoall.
+//!
+//! Each is a sequence of backend steps between team barriers: an entry barrier (every member's
+//! source is ready and its destination free; also where the ledger catches diverging calls),
+//! member-to-member copies or reductions read straight from peers' copies, and an exit barrier
+//! (every destination is complete and every source may be reused). all_reduce is one-shot
+//! (every member reduces the whole vector from every peer) for small messages and two-shot
+//! (reduce-scatter, then all-gather of the reduced chunks) for large ones, the same structure
+//! the GPU kernels use.
+//!
+//! Collective-order rule: every member of the team calls each collective in the same order with
+//! the same arguments (root, count, dtype, op); symheap checks it at the entry barrier.
+
+use std::sync::Arc;
+
+use crate::backend::ReduceOp;
+use crate::context::{Context, Inner};
+use crate::element::{DType, Element};
+use crate::error::{invalid, Error, Result};
+use crate::ops::team::{Team, TeamInner, TeamState};
+use crate::SymmetricBuffer;
+
+/// all_reduce algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum AllReduceAlgo {
+    /// One-shot up to `ONE_SHOT_MAX_BYTES` out of place, two-shot otherwise.
+    #[default]
+    Auto,
+    /// Every member reads every peer's whole vector.
+    OneShot,
+    /// Reduce-scatter then all-gather.
+    TwoShot,
+}
+
+impl AllReduceAlgo {
+    /// Name in ledger records and benchmarks.
+    pub fn name(self) -> &'static str {
+        match self {
+            AllReduceAlgo::Auto => "auto",
+            AllReduceAlgo::OneShot => "one-shot",
+            AllReduceAlgo::TwoShot => "two-shot",
+        }
+    }
+}
+
+/// Largest message `Auto` sends one-shot on the host backend.
+pub const ONE_SHOT_MAX_BYTES: usize = 64 << 10;
+
+/// A collective in flight: the team, its lock, and the member addresses of symmetric ranges.
+struct Coll<'a> {
+    inner: &'a Inner,
+    team: &'a TeamInner,
+    st: std::sync::MutexGuard<'a, TeamState>,
+    call: &'static str,
+}
+
+impl<'a> Coll<'a> {
+    /// Validates, records in the team's ledger and runs the entry barrier. None on INVALID.
+    fn begin(
+        inner: &'a Inner,
+        team: &'a Team,
+        call: &'static str,
+        args: String,
+    ) -> Result<Option<Coll<'a>>> {
+        let Some(t) = inner.team_inner(team, call)? else {
+            return Ok(None);
+        };
+        if let Some(&m) = t
+            .members
+            .iter()
+            .find(|&&m| inner.backend.slot_base(m).is_none())
+        {
+            return Err(Error::new(
+                Some(inner.rank),
+                call,
+                crate::ErrorKind::Unsupported(format!(
+                    "PE {m} is on another node; the {} backend's collectives reach only PEs of this node",
+                    inner.backend.kind().name()
+                )),
+            ));
+        }
+        let t: &'a Arc<TeamInner> = t;
+        let mut st = t.lock();
+        t.ledger().record(call, args);
+        inner.team_sync_point(t, &mut st, call, 0)?;
+        Ok(Some(Coll {
+            inner,
+            team: t,
+            st,
+            call,
+        }))
+    }
+
+    fn n(&self) -> usize {
+        self.team.members.len()
+    }
+
+    fn me(&self) -> usize {
+        self.team.me
+    }
+
+    /// Member `j`'s copy of the byte at own-heap address `addr`.
+    fn at(&self, j: usize, addr: u64) -> u64 {
+        let own = self
+            .inner
+            .backend
+            .slot_base(self.inner.rank)
+            .expect("own heap");
+        let theirs = self
+            .inner
+            .backend
+            .slot_base(self.team.members[j])
+            .expect("checked direct");
+        theirs + (addr - own)
+    }
+
+    fn barrier(&mut self) -> Result<()> {
+        self.inner
+            .barrier_core(self.team, &mut self.st, self.call, 0, 0)
+            .map(drop)
+    }
+
+    fn end(mut self) -> Result<()> {
+        self.barrier()
+    }
+
+    fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        if dst == src || bytes == 0 {
+            return Ok(());
+        }
+        self.inner.backend.copy(dst, src, bytes)
+    }
+
+    fn reduce_from_all(
+        &self,
+        dst: u64,
+        src: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        let srcs: Vec<u64> = (0..self.n()).map(|j| self.at(j, src)).collect();
+        self.inner.backend.reduce(dst, &srcs, count, dtype, op)
+    }
+}
+
+fn check_len(inner: &Inner, call: &'static str, what: &str, addr: u64, bytes: usize) -> Result<()> {
+    inner.own_offset(addr, bytes as u64, call).map(drop).map_err(|_| {
+        invalid(
+            call,
+            format!("the {what} ({bytes} bytes needed at {addr:#x}) is not a symmetric range of that size"),
+        )
+        .with_pe(inner.rank)
+    })
+}
+
+impl Context {
+    /// Collective over `team`: every member's `dest` gets `count` elements of `dtype` from
+    /// team member `root`'s `src`. Addresses are in this PE's heap; `dest == src` is allowed.
+    pub fn broadcast_raw(
+        &self,
+        team: &Team,
+        dest: u64,
+        src: u64,
+        count: usize,
+        dtype: DType,
+        root: usize,
+    ) -> Result<()> {
+        const CALL: &str = "broadcast";
+        let bytes = count * dtype.size();
+        let n = team.n_pes();
+        if team.is_valid() && root >= n {
+            return Err(invalid(
+                CALL,
+                format!("root {root} is not a member of a team of {n}"),
+            )
+            .with_pe(self.my_pe()));
+        }
+        if team.is_valid() {
+            check_len(&self.inner, CALL, "destination", dest, bytes)?;
+            check_len(&self.inner, CALL, "source", src, bytes)?;
+        }
+        let Some(c) = Coll::begin(
+            &self.inner,
+            team,
+            CALL,
+            format!("root {root}, {count} x {dtype}"),
+        )?
+        else {
+            return Ok(());
+        };
+        c.copy(dest, c.at(root, src), bytes)?;
+        c.end()
+    }
+
+    /// Collective over `team`: member j's `count` elements at `src` land at
+    /// `dest + j × count` on every member. `dest == src` means in place: each member's
+    /// contribution already sits at its own position in `dest`.
+    pub fn all_gather_raw(
+        &self,
+        team: &Team,
+        dest: u64,
+        src: u64,
+        count: usize,
+        dtype: DType,
+    ) -> Result<()> {
+        const CALL: &str = "all_gather";
+        let bytes = count * dtype.size();
+        if team.is_valid() {
+            check_len(&self.inner, CALL, "destination", dest, bytes * team.n_pes())?;
+            check_len(&self.inner, CALL, "source", src, bytes)?;
+        }
+        let Some(c) = Coll::begin(&self.inner, team, CALL, format!("{count} x {dtype}"))? else {
+            return Ok(());
+        };
+        let in_place = dest == src;
+        for j in 0..c.n() {
+            let from = if in_place {
+                c.at(j, dest + (j * bytes) as u64)
+            } else {
+                c.at(j, src)
+            };
+            c.copy(dest + (j * bytes) as u64, from, bytes)?;
+        }
+        c.end()
+    }
+
+    /// Collective over `team`: `src` holds `n × count` elements on every member; member j's
+    /// `dest` gets the reduction of every member's block j. `dest == src` means in place: the
+    /// result goes to `dest + me × count`.
+    pub fn reduce_scatter_raw(
+        &self,
+        team: &Team,
+        dest: u64,
+        src: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        const CALL: &str = "reduce_scatter";
+        let bytes = count * dtype.size();
+        if team.is_valid() {
+            check_len(&self.inner, CALL, "source", src, bytes * team.n_pes())?;
+            check_len(&self.inner, CALL, "destination", dest, bytes)?;
+        }
+        let Some(c) = Coll::begin(
+            &self.inner,
+            team,
+            CALL,
+            format!("{} {count} x {dtype}", op.name()),
+        )?
+        else {
+            return Ok(());
+        };
+        let block = src + (c.me() * bytes) as u64;
+        let out = if dest == src { block } else { dest };
+        c.reduce_from_all(out, block, count, dtype, op)?;
+        c.end()
+    }
+
+    /// Collective over `team`: every member's `dest` gets the element-wise reduction of all
+    /// members' `src` (`count` elements). `dest == src` is allowed.
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_reduce_raw(
+        &self,
+        team: &Team,
+        dest: u64,
+        src: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        algo: AllReduceAlgo,
+    ) -> Result<()> {
+        const CALL: &str = "all_reduce";
+        let bytes = count * dtype.size();
+        if team.is_valid() {
+            check_len(&self.inner, CALL, "destination", dest, bytes)?;
+            check_len(&self.inner, CALL, "source", src, bytes)?;
+        }
+        // One-shot reads peers' sources while they write their destinations, so in place it
+        // would read half-reduced data; two-shot only ever writes chunks no one else reads.
+        let algo = match algo {
+            AllReduceAlgo::Auto if dest != src && bytes <= ONE_SHOT_MAX_BYTES => {
+                AllReduceAlgo::OneShot
+            }
+            AllReduceAlgo::Auto | AllReduceAlgo::TwoShot => AllReduceAlgo::TwoShot,
+            AllReduceAlgo::OneShot if dest == src => AllReduceAlgo::TwoShot,
+            AllReduceAlgo::OneShot => AllReduceAlgo::OneShot,
+        };
+        let args = format!("{} {count} x {dtype}, {}", op.name(), algo.name());
+        let Some(mut c) = Coll::begin(&self.inner, team, CALL, args)? else {
+            return Ok(());
+        };
+        if algo == AllReduceAlgo::OneShot {
+            c.reduce_from_all(dest, src, count, dtype, op)?;
+            return c.end();
+        }
+        let n = c.n();
+        let per = count.div_ceil(n);
+        let chunk = |j: usize| {
+            let lo = (j * per).min(count);
+            let hi = ((j + 1) * per).min(count);
+            ((lo * dtype.size()) as u64, hi - lo)
+        };
+        let (off, len) = chunk(c.me());
+        c.reduce_from_all(dest + off, src + off, len, dtype, op)?;
+        c.barrier()?;
+        for j in 0..n {
+            if j != c.me() {
+                let (off, len) = chunk(j);
+                c.copy(dest + off, c.at(j, dest + off), len * dtype.size())?;
+            }
+        }
+        c.end()
+    }
+
+    /// Collective over `team`: member i's block j (`count` elements at `src + j × count`)
+    /// lands at member j's `dest + i × count`. Not in place.
+    pub fn alltoall_raw(
+        &self,
+        team: &Team,
+        dest: u64,
+        src: u64,
+        count: usize,
+        dtype: DType,
+    ) -> Result<()> {
+        const CALL: &str = "alltoall";
+        let bytes = count * dtype.size();
+        if team.is_valid() {
+            if dest == src && bytes > 0 {
+                return Err(invalid(
+                    CALL,
+                    "alltoall cannot run in place; use separate source and destination buffers",
+                )
+                .with_pe(self.my_pe()));
+            }
+            check_len(&self.inner, CALL, "destination", dest, bytes * team.n_pes())?;
+            check_len(&self.inner, CALL, "source", src, bytes * team.n_pes())?;
+        }
+        let Some(c) = Coll::begin(&self.inner, team, CALL, format!("{count} x {dtype}"))? else {
+            return Ok(());
+        };
+        let me = c.me();
+        for j in 0..c.n() {
+            c.copy(
+                dest + (j * bytes) as u64,
+                c.at(j, src + (me * bytes) as u64),
+                bytes,
+            )?;
+        }
+        c.end()
+    }
+
+    /// Typed `broadcast_raw` on buffers.
+    pub fn broadcast<T: Element>(
+        &self,
+        team: &Team,
+        dest: &SymmetricBuffer,
+        src: &SymmetricBuffer,
+        count: usize,
+        root: usize,
+    ) -> Result<()> {
+        self.broadcast_raw(team, dest.addr(), src.addr(), count, T::DTYPE, root)
+    }
+
+    /// Typed `all_gather_raw` on buffers (`dest` holds `n × count`).
+    pub fn all_gather<T: Element>(
+        &self,
+        team: &Team,
+        dest: &SymmetricBuffer,
+        src: &SymmetricBuffer,
+        count: usize,
+    ) -> Result<()> {
+        self.all_gather_raw(team, dest.addr(), src.addr(), count, T::DTYPE)
+    }
+
+    /// Typed `reduce_scatter_raw` on buffers (`src` holds `n × count`).
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        team: &Team,
+        dest: &SymmetricBuffer,
+        src: &SymmetricBuffer,
+        count: usize,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.reduce_scatter_raw(team, dest.addr(), src.addr(), count, T::DTYPE, op)
+    }
+
+    /// Typed `all_reduce_raw` on buffers, algorithm chosen by size.
+    pub fn all_reduce<T: Element>(
+        &self,
+        team: &Team,
+        dest: &SymmetricBuffer,
+        src: &SymmetricBuffer,
+        count: usize,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.all_reduce_raw(
+            team,
+            dest.addr(),
+            src.addr(),
+            count,
+            T::DTYPE,
+            op,
+            AllReduceAlgo::Auto,
+        )
+    }
+
+    /// Typed `alltoall_raw` on buffers (both hold `n × count`).
+    pub fn alltoall<T: Element>(
+        &self,
+        team: &Team,
+        dest: &SymmetricBuffer,
+        src: &SymmetricBuffer,
+        count: usize,
+    ) -> Result<()> {
+        self.alltoall_raw(team, dest.addr(), src.addr(), count, T::DTYPE)
+    }
+}

@@ -1,0 +1,15 @@
+//! Operations over the backend: RMA, atomics, signals, synchronisation, teams and collectives.
+//! Written once against the [`crate::backend::Backend`] trait; the host backend runs them with
+//! CPU loads, stores and atomics on the shared heap.
+
+pub(crate) mod area;
+pub mod atomics;
+pub mod coll;
+pub mod rma;
+pub(crate) mod sync;
+pub mod team;
+
+pub use atomics::{AtomicBitwise, AtomicElement, AtomicInt};
+pub use coll::AllReduceAlgo;
+pub use rma::{Cmp, SignalOp};
+pub use team::Team;

@@ -1,0 +1,439 @@
+//! Synchronisation: doorbells and waits, the team barrier with its ledger check, team
+//! creation and destruction.
+//!
+//! A barrier on a team publishes this PE's ledger digest on its board, stores its arrival epoch
+//! into every member's sync area, rings their doorbells and waits for every member's arrival.
+//! Boards are double-buffered by epoch parity: a PE can be at most one barrier ahead of the
+//! slowest member, so the board being read is never the one being rewritten.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::area::{SyncArea, MAILBOX, MAX_TEAMS};
+use super::team::{Team, TeamInner, TeamState};
+use crate::backend::AtomicOp;
+use crate::context::{Context, Inner};
+use crate::error::{invalid, Error, ErrorKind, Result};
+
+/// Spins this often (checking the condition) before yielding the CPU.
+const SPINS: u32 = 64;
+/// Yields this often before sleeping on the doorbell.
+const YIELDS: u32 = 16;
+/// Longest single sleep: waits re-check failure and deadline at least this often.
+const NAP: Duration = Duration::from_millis(10);
+
+/// One member's published state at a barrier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Board {
+    pub count: u64,
+    pub hash: u64,
+    pub flags: u64,
+    pub aux: u64,
+}
+
+/// Board flag: this PE has releases the world has not heard of yet.
+pub(crate) const FLAG_RELEASES: u64 = 1;
+
+impl Inner {
+    pub(crate) fn area(&self) -> &SyncArea {
+        self.area
+            .get()
+            .expect("the sync area is set up during init")
+    }
+
+    fn load64(&self, addr: u64) -> u64 {
+        self.backend
+            .atomic(addr, 8, AtomicOp::Load, 0, 0)
+            .expect("sync area words are aligned")
+    }
+
+    fn store64(&self, addr: u64, v: u64) {
+        self.backend
+            .atomic(addr, 8, AtomicOp::Store, v, 0)
+            .expect("sync area words are aligned");
+    }
+
+    /// Tells PE `pe` that something it may wait for changed.
+    pub(crate) fn ring(&self, pe: usize) {
+        let a = self.area();
+        if pe == self.rank || !a.is_direct(pe) {
+            return;
+        }
+        let bell = a.doorbell(pe);
+        let _ = self.backend.atomic(bell, 4, AtomicOp::Add, 1, 0);
+        if self
+            .backend
+            .atomic(a.sleepers(pe), 4, AtomicOp::Load, 0, 0)
+            .unwrap_or(1)
+            != 0
+        {
+            self.backend.wake(bell);
+        }
+    }
+
+    /// Waits until `cond()` holds: spins briefly, then yields, then sleeps on this PE's doorbell.
+    /// Fails when the job fails or after the timeout, naming `missing()`.
+    pub(crate) fn wait_until(
+        &self,
+        call: &'static str,
+        what: &dyn Fn() -> String,
+        cond: &mut dyn FnMut() -> bool,
+        missing: &dyn Fn() -> Vec<usize>,
+    ) -> Result<()> {
+        if cond() {
+            return Ok(());
+        }
+        for _ in 0..SPINS {
+            std::hint::spin_loop();
+            if cond() {
+                return Ok(());
+            }
+        }
+        for _ in 0..YIELDS {
+            std::thread::yield_now();
+            if cond() {
+                return Ok(());
+            }
+        }
+        let a = self.area();
+        let bell = a.doorbell(self.rank);
+        let sleepers = a.sleepers(self.rank);
+        let start = Instant::now();
+        let deadline = start + self.cfg.timeout;
+        loop {
+            let seen = self.backend.atomic(bell, 4, AtomicOp::Load, 0, 0)? as u32;
+            if cond() {
+                return Ok(());
+            }
+            self.check(call)?;
+            let now = Instant::now();
+            if now >= deadline {
+                let kind = ErrorKind::Timeout {
+                    what: what(),
+                    waited: now - start,
+                    missing: missing(),
+                };
+                // Everyone else is stuck in the same wait or about to be; make it one failure.
+                self.boot.fail_all(kind.clone());
+                return Err(Error::new(Some(self.rank), call, kind));
+            }
+            self.backend.atomic(sleepers, 4, AtomicOp::Add, 1, 0)?;
+            // The doorbell is re-read by the kernel under the futex: a ring between `seen` and
+            // here makes the sleep return at once.
+            if !cond() {
+                self.backend.sleep(bell, seen, NAP.min(deadline - now));
+            }
+            self.backend
+                .atomic(sleepers, 4, AtomicOp::Add, (-1i32) as u32 as u64, 0)?;
+            if cond() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// The barrier among `team`'s members (see the module documentation). Returns every
+    /// member's board, in team order.
+    pub(crate) fn barrier_core(
+        &self,
+        team: &TeamInner,
+        st: &mut TeamState,
+        call: &'static str,
+        flags: u64,
+        aux: u64,
+    ) -> Result<Vec<Board>> {
+        self.barrier_raw(team, st, call, flags, aux, true)
+    }
+
+    /// `barrier_core`; with `read_boards` false the boards are neither read nor returned, so
+    /// once it completes no member reads this PE's boards of the previous barrier any more.
+    pub(crate) fn barrier_raw(
+        &self,
+        team: &TeamInner,
+        st: &mut TeamState,
+        call: &'static str,
+        flags: u64,
+        aux: u64,
+        read_boards: bool,
+    ) -> Result<Vec<Board>> {
+        let a = self.area();
+        let e = st.epoch + 1;
+        let parity = e & 1;
+        let (count, hash) = team.ledger().digest();
+        for (w, v) in [count, hash, flags, aux].into_iter().enumerate() {
+            self.store64(a.board(self.rank, team.slot, parity, w as u64), v);
+        }
+        self.backend.fence();
+        let me = team.my_global();
+        for &m in &team.members {
+            if m != me {
+                self.store64(a.arrival(m, team.slot, me), e);
+                self.ring(m);
+            }
+        }
+        let arrived = |m: usize| m == me || self.load64(a.arrival(me, team.slot, m)) >= e;
+        self.wait_until(
+            call,
+            &|| format!("{call} on {}", team.name),
+            &mut || team.members.iter().all(|&m| arrived(m)),
+            &|| {
+                team.members
+                    .iter()
+                    .copied()
+                    .filter(|&m| !arrived(m))
+                    .collect()
+            },
+        )?;
+        st.epoch = e;
+        if !read_boards {
+            return Ok(Vec::new());
+        }
+        Ok(team
+            .members
+            .iter()
+            .map(|&m| Board {
+                count: self.load64(a.board(m, team.slot, parity, 0)),
+                hash: self.load64(a.board(m, team.slot, parity, 1)),
+                flags: self.load64(a.board(m, team.slot, parity, 2)),
+                aux: self.load64(a.board(m, team.slot, parity, 3)),
+            })
+            .collect())
+    }
+
+    /// A team collective point: barrier plus ledger check. On divergence every member fails
+    /// with the first differing call named (the members exchange ledgers through their
+    /// mailboxes). Returns the boards.
+    pub(crate) fn team_sync_point(
+        &self,
+        team: &TeamInner,
+        st: &mut TeamState,
+        call: &'static str,
+        aux: u64,
+    ) -> Result<Vec<Board>> {
+        let boards = self.barrier_core(team, st, call, 0, aux)?;
+        if boards
+            .iter()
+            .all(|b| b.count == boards[0].count && b.hash == boards[0].hash)
+        {
+            team.ledger().mark_agreed();
+            return Ok(boards);
+        }
+        Err(self.diverged(team, st, call))
+    }
+
+    /// Every member found the ledgers differ: exchange them through the mailboxes and fail with
+    /// the same message on every member.
+    fn diverged(&self, team: &TeamInner, st: &mut TeamState, call: &'static str) -> Error {
+        let a = self.area();
+        let mine = team.ledger().encode_limited(MAILBOX as usize);
+        let publish = self
+            .backend
+            .write_bytes(a.mailbox(self.rank), &mine)
+            .and_then(|_| {
+                self.backend.atomic(
+                    a.mailbox_len(self.rank),
+                    4,
+                    AtomicOp::Store,
+                    mine.len() as u64,
+                    0,
+                )
+            });
+        let msg = match publish.and_then(|_| self.barrier_core(team, st, call, 0, 0)) {
+            Err(e) => format!(
+                "the ledgers of {} differ, and exchanging them failed: {e}",
+                team.name
+            ),
+            Ok(_) => {
+                let mut parts = Vec::with_capacity(team.members.len());
+                for &m in &team.members {
+                    let len = self
+                        .backend
+                        .atomic(a.mailbox_len(m), 4, AtomicOp::Load, 0, 0)
+                        .unwrap_or(0) as usize;
+                    let mut buf = vec![0u8; len.min(MAILBOX as usize)];
+                    let _ = self.backend.read_bytes(a.mailbox(m), &mut buf);
+                    parts.push(buf);
+                }
+                let refs: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
+                let mut l = team.ledger();
+                match l.compare_named(&refs, &team.members) {
+                    Err(m) => format!("on {}: {m}", team.name),
+                    Ok(()) => format!("the ledgers of {} differ", team.name),
+                }
+            }
+        };
+        let kind = ErrorKind::CollectiveMismatch(msg);
+        self.boot.health().fail(kind.clone());
+        Error::new(Some(self.rank), call, kind)
+    }
+
+    /// The world's collective point fast path: a shared-memory barrier. Returns true when the
+    /// ledgers agree and nobody has releases to exchange; false when every PE must take the
+    /// bootstrap path (the same answer on every PE, since all read the same boards).
+    pub(crate) fn world_fast_sync(&self, call: &'static str) -> Result<bool> {
+        let Some(a) = self.area.get() else {
+            return Ok(false);
+        };
+        if !a.all_direct() {
+            return Ok(false);
+        }
+        let flags = if self.heap.has_pending_releases() {
+            FLAG_RELEASES
+        } else {
+            0
+        };
+        let team = &self.world_team;
+        let mut st = team.lock();
+        let boards = self.barrier_core(team, &mut st, call, flags, 0)?;
+        let agreed = boards
+            .iter()
+            .all(|b| b.count == boards[0].count && b.hash == boards[0].hash);
+        let releases = boards.iter().any(|b| b.flags & FLAG_RELEASES != 0);
+        if agreed && !releases {
+            team.ledger().mark_agreed();
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    pub(crate) fn team_inner<'t>(
+        &self,
+        team: &'t Team,
+        call: &'static str,
+    ) -> Result<Option<&'t Arc<TeamInner>>> {
+        self.check(call)?;
+        match &team.0 {
+            None => Ok(None),
+            Some(t) if t.is_destroyed() => {
+                Err(invalid(call, format!("{} was destroyed", t.name)).with_pe(self.rank))
+            }
+            Some(t) => Ok(Some(t)),
+        }
+    }
+}
+
+impl Context {
+    /// The team of all PEs.
+    pub fn world_team(&self) -> Team {
+        Team(Some(self.inner.world_team.clone()))
+    }
+
+    /// Collective over `team`: returns once every member has called it, with every member's
+    /// earlier stores and atomics complete and visible. A no-op on INVALID.
+    pub fn barrier(&self, team: &Team) -> Result<()> {
+        self.team_sync_impl(team, "barrier")
+    }
+
+    /// Collective over `team`: synchronises the members' execution and orders memory like
+    /// `barrier` (on this backend every store completes when issued, so the two coincide).
+    pub fn team_sync(&self, team: &Team) -> Result<()> {
+        self.team_sync_impl(team, "team_sync")
+    }
+
+    /// Collective over the world: like `barrier_all` (OpenSHMEM's `sync_all`).
+    pub fn sync_all(&self) -> Result<()> {
+        self.barrier_all()
+    }
+
+    fn team_sync_impl(&self, team: &Team, call: &'static str) -> Result<()> {
+        let Some(t) = self.inner.team_inner(team, call)? else {
+            return Ok(());
+        };
+        if t.slot == 0 {
+            return self.barrier_all();
+        }
+        let mut st = t.lock();
+        t.ledger().record(call, String::new());
+        self.inner.backend.fence();
+        self.inner.team_sync_point(t, &mut st, call, 0).map(|_| ())
+    }
+
+    /// Collective over `parent`: a new team of the members `start, start + stride, ...`
+    /// (`size` of them, indices in `parent`). Members get the team, other members of `parent`
+    /// get [`Team::INVALID`]. Recorded in `parent`'s ledger. At most 32 teams exist at once.
+    pub fn team_split_strided(
+        &self,
+        parent: &Team,
+        start: usize,
+        stride: usize,
+        size: usize,
+    ) -> Result<Team> {
+        const CALL: &str = "team_split_strided";
+        let Some(p) = self.inner.team_inner(parent, CALL)? else {
+            return Ok(Team::INVALID);
+        };
+        let n = p.members.len();
+        if size == 0 || stride == 0 || start >= n || start + (size - 1) * stride >= n {
+            return Err(invalid(
+                CALL,
+                format!("start {start}, stride {stride}, size {size} do not select members of a team of {n}"),
+            )
+            .with_pe(self.inner.rank));
+        }
+        let mut st = p.lock();
+        p.ledger()
+            .record(CALL, format!("start {start}, stride {stride}, size {size}"));
+        let free = !*self
+            .inner
+            .slots_used
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let boards = self.inner.team_sync_point(p, &mut st, CALL, free)?;
+        let common = boards.iter().fold(u64::MAX, |acc, b| acc & b.aux) & ((1u64 << MAX_TEAMS) - 1);
+        if common == 0 {
+            return Err(Error::new(
+                Some(self.inner.rank),
+                CALL,
+                ErrorKind::Unsupported(format!("no free team slot common to the members of {} (at most {MAX_TEAMS} teams; destroy unused teams)", p.name)),
+            ));
+        }
+        let slot = common.trailing_zeros() as usize;
+        let members: Vec<usize> = (0..size).map(|k| p.members[start + k * stride]).collect();
+        let Some(me) = members.iter().position(|&m| m == self.inner.rank) else {
+            return Ok(Team::INVALID);
+        };
+        *self
+            .inner
+            .slots_used
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) |= 1 << slot;
+        let name = format!(
+            "team {slot} (start {start}, stride {stride}, size {size} of {})",
+            p.name
+        );
+        Ok(Team(Some(Arc::new(TeamInner::new(
+            slot, members, me, name,
+        )))))
+    }
+
+    /// Collective over `team`: destroys it, freeing its slot. A no-op on INVALID; the world team
+    /// cannot be destroyed.
+    pub fn team_destroy(&self, team: Team) -> Result<()> {
+        const CALL: &str = "team_destroy";
+        let Some(t) = self.inner.team_inner(&team, CALL)? else {
+            return Ok(());
+        };
+        if t.slot == 0 {
+            return Err(
+                invalid(CALL, "the world team cannot be destroyed").with_pe(self.inner.rank)
+            );
+        }
+        let mut st = t.lock();
+        t.ledger().record(CALL, String::new());
+        self.inner.team_sync_point(t, &mut st, CALL, 0)?;
+        // Once a second barrier completes, every member has finished reading the first one's
+        // boards and has made its last write into this slot, so clearing our copy is safe.
+        self.inner.barrier_raw(t, &mut st, CALL, 0, 0, false)?;
+        let (at, len) = self.inner.area().slot_range(self.inner.rank, t.slot);
+        self.inner
+            .backend
+            .write_bytes(at, &vec![0u8; len as usize])?;
+        t.destroyed.store(true, Ordering::Release);
+        *self
+            .inner
+            .slots_used
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) &= !(1 << t.slot);
+        Ok(())
+    }
+}

@@ -1,0 +1,120 @@
+//! Teams: ordered subsets of the PEs with their own barrier state and their own ledger.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::ledger::Ledger;
+
+/// Barrier progress of one team on this PE. Held locked for the whole of a team operation,
+/// which also keeps two threads of one PE from interleaving calls on the same team.
+#[derive(Debug, Default)]
+pub(crate) struct TeamState {
+    /// Barriers completed on this team.
+    pub epoch: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct TeamInner {
+    /// Slot in the sync area (0 is WORLD).
+    pub slot: usize,
+    /// Global ranks of the members, in team order.
+    pub members: Vec<usize>,
+    /// This PE's index in `members`.
+    pub me: usize,
+    /// Readable description for messages.
+    pub name: String,
+    pub state: Mutex<TeamState>,
+    pub ledger: Mutex<Ledger>,
+    pub destroyed: AtomicBool,
+}
+
+impl TeamInner {
+    pub(crate) fn new(slot: usize, members: Vec<usize>, me: usize, name: String) -> Self {
+        TeamInner {
+            slot,
+            members,
+            me,
+            name,
+            state: Mutex::new(TeamState::default()),
+            ledger: Mutex::new(Ledger::new()),
+            destroyed: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, TeamState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn ledger(&self) -> MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn my_global(&self) -> usize {
+        self.members[self.me]
+    }
+
+    pub(crate) fn is_destroyed(&self) -> bool {
+        self.destroyed.load(Ordering::Acquire)
+    }
+}
+
+/// A team handle. [`Team::INVALID`] is what non-members get from a split; every operation on it
+/// is a no-op, so non-members never block. The world team comes from
+/// [`crate::Context::world_team`].
+#[derive(Debug, Clone)]
+pub struct Team(pub(crate) Option<Arc<TeamInner>>);
+
+impl Team {
+    /// The team of nobody: operations on it do nothing and succeed.
+    pub const INVALID: Team = Team(None);
+
+    /// False for [`Team::INVALID`].
+    pub fn is_valid(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// This PE's index in the team; None for INVALID.
+    pub fn my_pe(&self) -> Option<usize> {
+        self.0.as_ref().map(|t| t.me)
+    }
+
+    /// Number of members; 0 for INVALID.
+    pub fn n_pes(&self) -> usize {
+        self.0.as_ref().map_or(0, |t| t.members.len())
+    }
+
+    /// World rank of team member `pe`, if it exists.
+    pub fn world_pe(&self, pe: usize) -> Option<usize> {
+        self.0.as_ref().and_then(|t| t.members.get(pe).copied())
+    }
+
+    /// World ranks of all members, in team order (empty for INVALID).
+    pub fn members(&self) -> &[usize] {
+        self.0.as_ref().map_or(&[], |t| t.members.as_slice())
+    }
+
+    /// Team `pe` of `self` as a member index of `dest` (None if it is not a member there, or
+    /// either team is INVALID). OpenSHMEM's `team_translate_pe`.
+    pub fn translate_pe(&self, pe: usize, dest: &Team) -> Option<usize> {
+        let g = self.world_pe(pe)?;
+        dest.0.as_ref()?.members.iter().position(|&m| m == g)
+    }
+
+    /// Whether two handles name the same team.
+    pub fn same_as(&self, other: &Team) -> bool {
+        match (&self.0, &other.0) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        }
+    }
+}
+
+impl std::fmt::Display for Team {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some(t) => f.write_str(&t.name),
+            None => f.write_str("INVALID"),
+        }
+    }
+}
