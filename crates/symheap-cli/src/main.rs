@@ -1,5 +1,6 @@
 //! The `symheap` command: launch PEs, show what symheap sees, self-test, benchmark.
 
+mod bench;
 mod selftest;
 
 use std::ffi::OsString;
@@ -57,6 +58,22 @@ enum Cmd {
         /// List the scenarios and exit.
         #[arg(long)]
         list: bool,
+    },
+    /// The main job: start PEs on whatever this machine has and run the standard sweep against
+    /// the peer available there, printing the comparison table.
+    Bench {
+        /// Number of PEs (default: one per CPU, 2 to 8).
+        #[arg(short = 'n', long)]
+        pes: Option<usize>,
+        /// Also write the rows as JSON here.
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+    },
+    /// One PE of the benchmark (started by `bench`).
+    #[command(hide = true)]
+    BenchPe {
+        #[arg(long)]
+        out: std::path::PathBuf,
     },
     /// One PE of a self-test scenario (started by `selftest`).
     #[command(hide = true)]
@@ -127,6 +144,11 @@ fn main() -> ExitCode {
             });
             code(selftest::run_suite(&pes, only.as_deref(), seed))
         }
+        Cmd::Bench { pes, json } => {
+            let n = pes.unwrap_or_else(|| bench::cpus().clamp(2, 8));
+            code(bench::run_host(n, json.as_deref()))
+        }
+        Cmd::BenchPe { out } => code(bench::bench_pe_host(&out)),
         Cmd::SelftestPe {
             scenario,
             seed,

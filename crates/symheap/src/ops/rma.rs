@@ -194,9 +194,9 @@ impl Context {
         self.inner.check(CALL)?;
         let at = elem_range::<T>(dest, index, src.len(), CALL)?;
         let sig = elem_range::<u64>(signal, sig_index, 1, CALL)?;
-        let remote =
-            self.inner
-                .remote(at, std::mem::size_of_val(src) as u64, pe, CALL)?;
+        let remote = self
+            .inner
+            .remote(at, std::mem::size_of_val(src) as u64, pe, CALL)?;
         let remote_sig = self.inner.remote(sig, 8, pe, CALL)?;
         self.inner
             .backend

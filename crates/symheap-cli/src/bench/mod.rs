@@ -1,0 +1,267 @@
+//! `symheap bench`: the standard sweep against the peer measured in the same run.
+//!
+//! On the host backend: put/get bandwidth against a plain memcpy in the same process, barrier
+//! latency against MPI_Barrier and all_reduce against MPI_Allreduce (Open MPI, when `mpicc` and
+//! `mpirun` are installed: the peer program is compiled on the spot). Latency is the median over
+//! trials of a timed loop of K back-to-back operations, divided by K; bandwidth is bytes over
+//! that time. Every row reports the ratio `peer time / symheap time` (above 1: symheap faster).
+
+mod host;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+pub use host::bench_pe_host;
+
+/// One measured comparison.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Row {
+    /// Operation (`put`, `get`, `barrier`, `all_reduce`...).
+    pub op: String,
+    /// Message size in bytes (0 for barriers).
+    pub bytes: u64,
+    /// Seconds per operation, symheap.
+    pub symheap_s: f64,
+    /// The peer's name.
+    pub peer: String,
+    /// Seconds per operation, the peer (None when the peer is not available here).
+    pub peer_s: Option<f64>,
+}
+
+impl Row {
+    /// peer time / symheap time.
+    pub fn ratio(&self) -> Option<f64> {
+        self.peer_s.map(|p| p / self.symheap_s)
+    }
+}
+
+/// Median over `trials` of the per-op time of `k` back-to-back calls of `f`.
+pub fn time_loop(
+    trials: usize,
+    k: usize,
+    mut f: impl FnMut() -> Result<(), String>,
+) -> Result<f64, String> {
+    let mut t = Vec::with_capacity(trials);
+    for _ in 0..trials {
+        let t0 = Instant::now();
+        for _ in 0..k {
+            f()?;
+        }
+        t.push(t0.elapsed().as_secs_f64() / k as f64);
+    }
+    t.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    Ok(t[t.len() / 2])
+}
+
+/// Iterations per trial for a message of `bytes`: enough to dwarf the clock, few for big ones.
+pub fn iters(bytes: u64) -> usize {
+    match bytes {
+        0..=65536 => 200,
+        65537..=1048576 => 40,
+        1048577..=16777216 => 8,
+        _ => 3,
+    }
+}
+
+fn human(b: u64) -> String {
+    symheap::ledger::human_bytes(b)
+}
+
+fn fmt_time(s: f64) -> String {
+    if s < 1e-3 {
+        format!("{:.2} us", s * 1e6)
+    } else {
+        format!("{:.3} ms", s * 1e3)
+    }
+}
+
+/// Prints the comparison table (markdown, so it pastes into BENCHMARKS.md).
+pub fn print_table(title: &str, rows: &[Row]) {
+    println!("\n{title}\n");
+    println!("| op | size | symheap | peer | peer time | symheap speed / peer | symheap GB/s |");
+    println!("|---|---|---|---|---|---|---|");
+    for r in rows {
+        let bw = if r.bytes > 0 {
+            format!("{:.2}", r.bytes as f64 / r.symheap_s / 1e9)
+        } else {
+            "-".into()
+        };
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            r.op,
+            if r.bytes == 0 {
+                "-".into()
+            } else {
+                human(r.bytes)
+            },
+            fmt_time(r.symheap_s),
+            r.peer,
+            r.peer_s
+                .map(fmt_time)
+                .unwrap_or_else(|| "not available".into()),
+            r.ratio()
+                .map(|x| format!("{x:.2}x"))
+                .unwrap_or_else(|| "-".into()),
+            bw
+        );
+    }
+}
+
+/// Compiles the MPI peer with mpicc into `dir`; None (with the reason printed) when Open MPI is
+/// not installed.
+fn build_mpi_peer(dir: &Path) -> Option<PathBuf> {
+    let src = dir.join("mpi_peer.c");
+    let exe = dir.join("mpi_peer");
+    std::fs::write(&src, include_str!("mpi_peer.c")).ok()?;
+    let out = Command::new("mpicc")
+        .arg("-O2")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .output();
+    match out {
+        Ok(o) if o.status.success() => Some(exe),
+        Ok(o) => {
+            eprintln!(
+                "bench: mpicc failed: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            None
+        }
+        Err(_) => {
+            eprintln!("bench: mpicc not found: MPI rows have no peer (install openmpi-bin libopenmpi-dev; scripts/bench_host.sh does)");
+            None
+        }
+    }
+}
+
+/// Runs the MPI peer at `n` ranks; returns (barrier seconds, [(bytes, allreduce seconds)]).
+fn run_mpi_peer(exe: &Path, n: usize, sizes: &[u64]) -> Option<(f64, Vec<(u64, f64)>)> {
+    let mut cmd = Command::new("mpirun");
+    cmd.arg("-n").arg(n.to_string()).arg("--oversubscribe");
+    if nix::unistd::getuid().is_root() {
+        cmd.arg("--allow-run-as-root");
+    }
+    cmd.arg(exe);
+    for s in sizes {
+        cmd.arg(s.to_string());
+    }
+    let out = match cmd.output() {
+        Ok(o) if o.status.success() => o,
+        Ok(o) => {
+            eprintln!(
+                "bench: mpirun failed: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            return None;
+        }
+        Err(e) => {
+            eprintln!("bench: cannot run mpirun: {e}");
+            return None;
+        }
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut barrier = None;
+    let mut ar = Vec::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        match f.as_slice() {
+            ["barrier", t] => barrier = t.parse().ok(),
+            ["allreduce", b, t] => {
+                if let (Ok(b), Ok(t)) = (b.parse(), t.parse()) {
+                    ar.push((b, t));
+                }
+            }
+            _ => {}
+        }
+    }
+    Some((barrier?, ar))
+}
+
+/// Sizes of the all_reduce sweep on the host.
+pub const HOST_ALLREDUCE_SIZES: [u64; 4] = [1 << 10, 64 << 10, 1 << 20, 16 << 20];
+
+/// The main job on a machine without GPUs: host backend, `n` PEs.
+pub fn run_host(n: usize, json: Option<&Path>) -> i32 {
+    let exe = std::env::current_exe().expect("own path");
+    let tmp = std::env::temp_dir().join(format!("symheap-bench-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&tmp);
+    let out = tmp.join("host.json");
+    eprintln!(
+        "bench: host backend, {n} PEs: put/get vs memcpy, barrier and all_reduce vs Open MPI"
+    );
+    let st = Command::new(&exe)
+        .arg("launch")
+        .arg("-n")
+        .arg(n.to_string())
+        .arg("--")
+        .arg(&exe)
+        .arg("bench-pe")
+        .arg("--out")
+        .arg(&out)
+        .status();
+    if !matches!(st, Ok(s) if s.success()) {
+        eprintln!("bench: the symheap PEs failed");
+        return 1;
+    }
+    let mut rows: Vec<Row> = match std::fs::read(&out)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+    {
+        Some(r) => r,
+        None => {
+            eprintln!("bench: no results from the PEs");
+            return 1;
+        }
+    };
+    if let Some(peer) = build_mpi_peer(&tmp) {
+        if let Some((barrier, ar)) = run_mpi_peer(&peer, n, &HOST_ALLREDUCE_SIZES) {
+            for r in rows.iter_mut() {
+                if r.op == "barrier" {
+                    r.peer_s = Some(barrier);
+                }
+                if r.op == "all_reduce f32 sum" {
+                    r.peer_s = ar.iter().find(|(b, _)| *b == r.bytes).map(|&(_, t)| t);
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    print_table(
+        &format!(
+            "symheap host backend, {n} PEs on {} ({} CPUs)",
+            hostname(),
+            cpus()
+        ),
+        &rows,
+    );
+    if let Some(p) = json {
+        let doc = serde_json::json!({
+            "backend": "host",
+            "pes": n,
+            "host": hostname(),
+            "cpus": cpus(),
+            "rows": rows,
+        });
+        if let Err(e) = std::fs::write(p, serde_json::to_vec_pretty(&doc).unwrap()) {
+            eprintln!("bench: cannot write {}: {e}", p.display());
+            return 1;
+        }
+        eprintln!("bench: wrote {}", p.display());
+    }
+    0
+}
+
+fn hostname() -> String {
+    nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// CPUs this process may use.
+pub fn cpus() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
