@@ -44,53 +44,74 @@ impl ReduceOp {
     }
 }
 
-macro_rules! int_reduce {
-    ($t:ty, $dst:expr, $srcs:expr, $op:expr) => {{
-        let n = $dst.len() / std::mem::size_of::<$t>();
-        for i in 0..n {
-            let at = |s: &[u8]| {
-                let b = &s[i * std::mem::size_of::<$t>()..(i + 1) * std::mem::size_of::<$t>()];
-                <$t>::from_le_bytes(b.try_into().expect("element"))
-            };
-            let mut acc = at($srcs[0]);
-            for s in &$srcs[1..] {
-                let x = at(s);
-                acc = match $op {
-                    ReduceOp::Sum => acc.wrapping_add(x),
-                    ReduceOp::Prod => acc.wrapping_mul(x),
-                    ReduceOp::Min => acc.min(x),
-                    ReduceOp::Max => acc.max(x),
-                };
-            }
-            $dst[i * std::mem::size_of::<$t>()..(i + 1) * std::mem::size_of::<$t>()]
-                .copy_from_slice(&acc.to_le_bytes());
+/// Typed view of a byte slice: borrowed when aligned, copied otherwise (heap addresses are
+/// aligned, so the copy only happens for odd host buffers).
+fn typed<T: bytemuck::Pod>(b: &[u8]) -> std::borrow::Cow<'_, [T]> {
+    match bytemuck::try_cast_slice(b) {
+        Ok(s) => std::borrow::Cow::Borrowed(s),
+        Err(_) => std::borrow::Cow::Owned(bytemuck::pod_collect_to_vec(b)),
+    }
+}
+
+/// Elements per step: the accumulator and output live on the stack, so no call allocates.
+const BLOCK: usize = 1024;
+
+/// Reduces with the accumulator type `A`: `load` widens an element, `store` narrows the result.
+/// Each block folds one source at a time, which keeps the inner loops simple enough for the
+/// compiler to vectorise.
+fn fold<T: bytemuck::Pod, A: Copy + Default>(
+    dst: &mut [u8],
+    srcs: &[&[u8]],
+    load: impl Fn(T) -> A,
+    store: impl Fn(A) -> T,
+    combine: impl Fn(A, A) -> A,
+) {
+    let w = std::mem::size_of::<T>();
+    let n = dst.len() / w;
+    let mut acc = [A::default(); BLOCK];
+    let mut out = [T::zeroed(); BLOCK];
+    let mut i = 0;
+    while i < n {
+        let m = BLOCK.min(n - i);
+        let range = i * w..(i + m) * w;
+        let first = typed::<T>(&srcs[0][range.clone()]);
+        for (a, &x) in acc[..m].iter_mut().zip(first.iter()) {
+            *a = load(x);
         }
-    }};
+        for s in &srcs[1..] {
+            let v = typed::<T>(&s[range.clone()]);
+            for (a, &x) in acc[..m].iter_mut().zip(v.iter()) {
+                *a = combine(*a, load(x));
+            }
+        }
+        for (o, &a) in out[..m].iter_mut().zip(acc[..m].iter()) {
+            *o = store(a);
+        }
+        dst[range].copy_from_slice(bytemuck::cast_slice(&out[..m]));
+        i += m;
+    }
+}
+
+macro_rules! int_reduce {
+    ($t:ty, $dst:expr, $srcs:expr, $op:expr) => {
+        match $op {
+            ReduceOp::Sum => fold::<$t, $t>($dst, $srcs, |x| x, |x| x, |a, b| a.wrapping_add(b)),
+            ReduceOp::Prod => fold::<$t, $t>($dst, $srcs, |x| x, |x| x, |a, b| a.wrapping_mul(b)),
+            ReduceOp::Min => fold::<$t, $t>($dst, $srcs, |x| x, |x| x, |a, b| a.min(b)),
+            ReduceOp::Max => fold::<$t, $t>($dst, $srcs, |x| x, |x| x, |a, b| a.max(b)),
+        }
+    };
 }
 
 macro_rules! float_reduce {
-    ($t:ty, $acc:ty, $to:expr, $from:expr, $dst:expr, $srcs:expr, $op:expr) => {{
-        const W: usize = std::mem::size_of::<$t>();
-        let n = $dst.len() / W;
-        for i in 0..n {
-            let at = |s: &[u8]| -> $acc {
-                let b = &s[i * W..(i + 1) * W];
-                $to(<$t>::from_le_bytes(b.try_into().expect("element")))
-            };
-            let mut acc = at($srcs[0]);
-            for s in &$srcs[1..] {
-                let x = at(s);
-                acc = match $op {
-                    ReduceOp::Sum => acc + x,
-                    ReduceOp::Prod => acc * x,
-                    ReduceOp::Min => acc.min(x),
-                    ReduceOp::Max => acc.max(x),
-                };
-            }
-            let out: $t = $from(acc);
-            $dst[i * W..(i + 1) * W].copy_from_slice(&out.to_le_bytes());
+    ($t:ty, $acc:ty, $to:expr, $from:expr, $dst:expr, $srcs:expr, $op:expr) => {
+        match $op {
+            ReduceOp::Sum => fold::<$t, $acc>($dst, $srcs, $to, $from, |a, b| a + b),
+            ReduceOp::Prod => fold::<$t, $acc>($dst, $srcs, $to, $from, |a, b| a * b),
+            ReduceOp::Min => fold::<$t, $acc>($dst, $srcs, $to, $from, |a, b| a.min(b)),
+            ReduceOp::Max => fold::<$t, $acc>($dst, $srcs, $to, $from, |a, b| a.max(b)),
         }
-    }};
+    };
 }
 
 /// `dst[i] = srcs[0][i] op srcs[1][i] op ...` for every element. `dst` may not alias a source
@@ -108,10 +129,18 @@ pub fn reduce_bytes(dst: &mut [u8], srcs: &[&[u8]], dtype: DType, op: ReduceOp) 
         DType::I32 => int_reduce!(i32, dst, srcs, op),
         DType::U64 => int_reduce!(u64, dst, srcs, op),
         DType::I64 => int_reduce!(i64, dst, srcs, op),
-        DType::F32 => float_reduce!(f32, f32, |x| x, |x| x, dst, srcs, op),
-        DType::F64 => float_reduce!(f64, f64, |x| x, |x| x, dst, srcs, op),
-        DType::F16 => float_reduce!(f16, f32, f16::to_f32, f16::from_f32, dst, srcs, op),
-        DType::BF16 => float_reduce!(bf16, f32, bf16::to_f32, bf16::from_f32, dst, srcs, op),
+        DType::F32 => float_reduce!(f32, f32, |x: f32| x, |x: f32| x, dst, srcs, op),
+        DType::F64 => float_reduce!(f64, f64, |x: f64| x, |x: f64| x, dst, srcs, op),
+        DType::F16 => float_reduce!(f16, f32, |x: f16| x.to_f32(), f16::from_f32, dst, srcs, op),
+        DType::BF16 => float_reduce!(
+            bf16,
+            f32,
+            |x: bf16| x.to_f32(),
+            bf16::from_f32,
+            dst,
+            srcs,
+            op
+        ),
     }
 }
 

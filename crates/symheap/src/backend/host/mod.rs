@@ -317,18 +317,30 @@ impl Backend for HostBackend {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()> {
+        // Segment by segment: every source segment is read in full before the destination
+        // segment is written, so `dst` may be one of the sources.
+        const SEG: usize = 64 << 10;
         let bytes = count * dtype.size();
-        let inputs: Vec<&[u8]> = srcs
-            .iter()
-            // SAFETY: each source range was checked by the ops layer to lie in a mapped heap chunk
-            // that outlives this call; the slices are only read and are dropped before `dst` is
-            // written, so no reference aliases the destination while it is modified.
-            .map(|&s| unsafe { std::slice::from_raw_parts(s as *const u8, bytes) })
-            .collect();
-        let mut out = vec![0u8; bytes];
-        reduce_bytes(&mut out, &inputs, dtype, op);
-        drop(inputs);
-        self.write_bytes(dst, &out)
+        let mut tmp = vec![0u8; SEG.min(bytes)];
+        let mut off = 0;
+        while off < bytes {
+            let len = SEG.min(bytes - off);
+            {
+                let inputs: Vec<&[u8]> = srcs
+                    .iter()
+                    // SAFETY: each source range was checked by the ops layer to lie in a mapped
+                    // heap chunk that outlives this call; the slices are only read, and they are
+                    // dropped at the end of this block, before `dst` is written below.
+                    .map(|&s| unsafe {
+                        std::slice::from_raw_parts((s + off as u64) as *const u8, len)
+                    })
+                    .collect();
+                reduce_bytes(&mut tmp[..len], &inputs, dtype, op);
+            }
+            self.write_bytes(dst + off as u64, &tmp[..len])?;
+            off += len;
+        }
+        Ok(())
     }
 
     fn fence(&self) {
