@@ -133,8 +133,10 @@ pub trait Backend: Send + Sync {
     ) -> Result<()>;
     /// Orders this PE's earlier stores to any PE before its later ones (release semantics).
     fn fence(&self);
-    /// Wakes whoever sleeps on the 32-bit doorbell word at `addr` (see `sleep`).
-    fn wake(&self, addr: u64);
-    /// Sleeps while the doorbell word at `addr` still reads `seen`, at most `timeout`.
-    fn sleep(&self, addr: u64, seen: u32, timeout: Duration);
+    /// How often host-side waits on heap memory must re-read it. None when every change is
+    /// made by a host thread that rings the waiter's doorbell (host backend); a GPU backend,
+    /// whose kernels ring no doorbells, returns a short interval.
+    fn poll_interval(&self) -> Option<Duration> {
+        None
+    }
 }

@@ -5,12 +5,12 @@ mod banner;
 mod buffer;
 
 use std::sync::atomic::{fence, AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 pub use buffer::{PeerView, SymmetricBuffer};
 
-use crate::backend::host::HostBackend;
+use crate::backend::host::{HostBackend, SharedArea};
 use crate::backend::{Backend, BackendKind};
 use crate::bootstrap::{
     Bootstrap, LaunchEnv, Launcher, NodeChannel, NodeInfo, SingleBootstrap, TcpBootstrap,
@@ -49,8 +49,10 @@ pub(crate) struct Inner {
     pub(crate) heap: Heap,
     /// The world team; its ledger records allocation, growth, reclaim, barriers and finalize.
     pub(crate) world_team: Arc<TeamInner>,
-    /// Set once at init, right after the first heap chunk exists.
-    pub(crate) area: OnceLock<SyncArea>,
+    /// Host shared memory for symheap's own synchronisation.
+    pub(crate) control: SharedArea,
+    /// Layout of the sync area inside `control`.
+    pub(crate) area: SyncArea,
     /// Team slots in use on this PE (bit 0: the world).
     pub(crate) slots_used: Mutex<u64>,
     finalized: AtomicBool,
@@ -132,6 +134,9 @@ impl ContextBuilder {
         let node = NodeInfo::discover(boot.as_ref()).map_err(with_pe)?;
         agree_on_settings(boot.as_ref(), &cfg).map_err(with_pe)?;
         let channel = NodeChannel::connect(boot.as_ref(), &node, &token).map_err(with_pe)?;
+        let control = SharedArea::new(&node, &channel, boot.health(), rank, SyncArea::bytes(world))
+            .map_err(with_pe)?;
+        let area = SyncArea::new((0..world).map(|pe| control.base(pe)).collect());
 
         let backend: Arc<dyn Backend> = match cfg.backend {
             BackendChoice::Host | BackendChoice::Auto => Arc::new(
@@ -164,7 +169,8 @@ impl ContextBuilder {
                 rank,
                 "the world team".into(),
             )),
-            area: OnceLock::new(),
+            control,
+            area,
             slots_used: Mutex::new(1),
             finalized: AtomicBool::new(false),
         });
@@ -176,19 +182,6 @@ impl ContextBuilder {
             })?;
             ctx.inner.grow(&mut st, first)?;
         }
-        // The sync area is every context's first allocation, so it sits at the same offset on
-        // every PE; it is never released.
-        let area = ctx.inner.allocate(SyncArea::bytes(world), 4096, "init")?;
-        let bases = ctx
-            .heap_bases()
-            .iter()
-            .map(|&b| if b == 0 { 0 } else { b + area.offset })
-            .collect();
-        let zeros = vec![0u8; SyncArea::bytes(world) as usize];
-        ctx.inner
-            .backend
-            .write_bytes(ctx.heap_bases()[rank] + area.offset, &zeros)?;
-        let _ = ctx.inner.area.set(SyncArea::new(bases));
         ctx.barrier_all()?;
         if ctx.inner.cfg.debug >= DebugLevel::Info {
             eprintln!("{}", ctx.banner());

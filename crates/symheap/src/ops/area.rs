@@ -1,11 +1,12 @@
-//! The sync area: a symmetric block every context allocates at init for its own
-//! synchronisation. Its layout, per PE:
+//! The sync area: each PE's block of the host control area (see
+//! [`crate::backend::host::SharedArea`]), used for symheap's own host-side synchronisation
+//! whatever backend holds the data. Its layout, per PE:
 //!
 //! ```text
 //! 0      doorbell: u32    bumped by every PE that stores into this PE; waiters sleep on it
 //! 4      sleepers: u32    how many threads of this PE sleep on the doorbell (writers skip the
 //!                         wake-up syscall when zero)
-//! 64     mailbox_len: u32, then MAILBOX bytes: a ledger copy for mismatch diagnostics
+//! 64     mailbox_len: u64, then MAILBOX bytes: a ledger copy for mismatch diagnostics
 //! ...    per team slot: board[2] of {count, hash, flags, aux} (32 B each, double-buffered by
 //!        barrier parity), then arrivals[world]: u64 epoch written by each member
 //! ```

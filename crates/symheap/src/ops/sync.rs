@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use super::area::{SyncArea, MAILBOX, MAX_TEAMS};
 use super::team::{Team, TeamInner, TeamState};
-use crate::backend::AtomicOp;
 use crate::context::{Context, Inner};
 use crate::error::{invalid, Error, ErrorKind, Result};
 
@@ -37,21 +36,15 @@ pub(crate) const FLAG_RELEASES: u64 = 1;
 
 impl Inner {
     pub(crate) fn area(&self) -> &SyncArea {
-        self.area
-            .get()
-            .expect("the sync area is set up during init")
+        &self.area
     }
 
     fn load64(&self, addr: u64) -> u64 {
-        self.backend
-            .atomic(addr, 8, AtomicOp::Load, 0, 0)
-            .expect("sync area words are aligned")
+        self.control.load64(addr)
     }
 
     fn store64(&self, addr: u64, v: u64) {
-        self.backend
-            .atomic(addr, 8, AtomicOp::Store, v, 0)
-            .expect("sync area words are aligned");
+        self.control.store64(addr, v)
     }
 
     /// Tells PE `pe` that something it may wait for changed.
@@ -61,14 +54,9 @@ impl Inner {
             return;
         }
         let bell = a.doorbell(pe);
-        let _ = self.backend.atomic(bell, 4, AtomicOp::Add, 1, 0);
-        if self
-            .backend
-            .atomic(a.sleepers(pe), 4, AtomicOp::Load, 0, 0)
-            .unwrap_or(1)
-            != 0
-        {
-            self.backend.wake(bell);
+        self.control.add32(bell, 1);
+        if self.control.load32(a.sleepers(pe)) != 0 {
+            self.control.wake(bell);
         }
     }
 
@@ -101,8 +89,9 @@ impl Inner {
         let sleepers = a.sleepers(self.rank);
         let start = Instant::now();
         let deadline = start + self.cfg.timeout;
+        let nap = self.backend.poll_interval().unwrap_or(NAP).min(NAP);
         loop {
-            let seen = self.backend.atomic(bell, 4, AtomicOp::Load, 0, 0)? as u32;
+            let seen = self.control.load32(bell);
             if cond() {
                 return Ok(());
             }
@@ -118,14 +107,13 @@ impl Inner {
                 self.boot.fail_all(kind.clone());
                 return Err(Error::new(Some(self.rank), call, kind));
             }
-            self.backend.atomic(sleepers, 4, AtomicOp::Add, 1, 0)?;
+            self.control.add32(sleepers, 1);
             // The doorbell is re-read by the kernel under the futex: a ring between `seen` and
             // here makes the sleep return at once.
             if !cond() {
-                self.backend.sleep(bell, seen, NAP.min(deadline - now));
+                self.control.sleep(bell, seen, nap.min(deadline - now));
             }
-            self.backend
-                .atomic(sleepers, 4, AtomicOp::Add, (-1i32) as u32 as u64, 0)?;
+            self.control.add32(sleepers, u32::MAX);
             if cond() {
                 return Ok(());
             }
@@ -226,19 +214,10 @@ impl Inner {
     fn diverged(&self, team: &TeamInner, st: &mut TeamState, call: &'static str) -> Error {
         let a = self.area();
         let mine = team.ledger().encode_limited(MAILBOX as usize);
-        let publish = self
-            .backend
-            .write_bytes(a.mailbox(self.rank), &mine)
-            .and_then(|_| {
-                self.backend.atomic(
-                    a.mailbox_len(self.rank),
-                    4,
-                    AtomicOp::Store,
-                    mine.len() as u64,
-                    0,
-                )
-            });
-        let msg = match publish.and_then(|_| self.barrier_core(team, st, call, 0, 0)) {
+        self.control.write(a.mailbox(self.rank), &mine);
+        self.control
+            .store64(a.mailbox_len(self.rank), mine.len() as u64);
+        let msg = match self.barrier_core(team, st, call, 0, 0) {
             Err(e) => format!(
                 "the ledgers of {} differ, and exchanging them failed: {e}",
                 team.name
@@ -246,12 +225,9 @@ impl Inner {
             Ok(_) => {
                 let mut parts = Vec::with_capacity(team.members.len());
                 for &m in &team.members {
-                    let len = self
-                        .backend
-                        .atomic(a.mailbox_len(m), 4, AtomicOp::Load, 0, 0)
-                        .unwrap_or(0) as usize;
+                    let len = self.control.load64(a.mailbox_len(m)) as usize;
                     let mut buf = vec![0u8; len.min(MAILBOX as usize)];
-                    let _ = self.backend.read_bytes(a.mailbox(m), &mut buf);
+                    self.control.read(a.mailbox(m), &mut buf);
                     parts.push(buf);
                 }
                 let refs: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
@@ -271,10 +247,7 @@ impl Inner {
     /// ledgers agree and nobody has releases to exchange; false when every PE must take the
     /// bootstrap path (the same answer on every PE, since all read the same boards).
     pub(crate) fn world_fast_sync(&self, call: &'static str) -> Result<bool> {
-        let Some(a) = self.area.get() else {
-            return Ok(false);
-        };
-        if !a.all_direct() {
+        if !self.area.all_direct() {
             return Ok(false);
         }
         let flags = if self.heap.has_pending_releases() {
@@ -425,9 +398,7 @@ impl Context {
         // boards and has made its last write into this slot, so clearing our copy is safe.
         self.inner.barrier_raw(t, &mut st, CALL, 0, 0, false)?;
         let (at, len) = self.inner.area().slot_range(self.inner.rank, t.slot);
-        self.inner
-            .backend
-            .write_bytes(at, &vec![0u8; len as usize])?;
+        self.inner.control.write(at, &vec![0u8; len as usize]);
         t.destroyed.store(true, Ordering::Release);
         *self
             .inner

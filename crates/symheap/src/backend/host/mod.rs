@@ -6,44 +6,22 @@
 //! unmapped slots and are not direct.
 
 mod futex;
+mod reservation;
+mod shared;
 
-use std::ffi::CString;
-use std::num::NonZeroUsize;
+pub use shared::SharedArea;
+
 use std::os::fd::OwnedFd;
-use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use nix::sys::memfd::{memfd_create, MFdFlags};
-use nix::sys::mman::{mmap, mmap_anonymous, munmap, MapFlags, ProtFlags};
+use reservation::{memfd, Reservation};
 
 use super::reduce::reduce_bytes;
 use super::{AtomicOp, Backend, BackendKind, ChunkInfo, ReduceOp};
 use crate::bootstrap::{Bootstrap, NodeChannel, NodeInfo};
 use crate::element::DType;
 use crate::error::{backend, invalid, Result};
-
-/// The reserved address range; unmapped as a whole when dropped.
-struct Reservation {
-    base: NonNull<std::ffi::c_void>,
-    len: usize,
-}
-
-// SAFETY: the reservation is a plain address range; the pointer is never dereferenced through
-// this struct, only used to compute addresses and to unmap once in Drop.
-unsafe impl Send for Reservation {}
-// SAFETY: as above; shared references only read `base` and `len`.
-unsafe impl Sync for Reservation {}
-
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        // SAFETY: `base..base+len` was returned by mmap in `HostBackend::new` and is unmapped
-        // exactly once, here; every chunk mapping lies inside it and goes with it. Nothing can
-        // use the addresses afterwards because the backend (the only owner) is being dropped.
-        let _ = unsafe { munmap(self.base, self.len) };
-    }
-}
 
 /// Shared-memory backend for CPU processes.
 pub struct HostBackend {
@@ -72,34 +50,16 @@ impl HostBackend {
             .unwrap_or(4096) as u64;
         let capacity = capacity.div_ceil(page) * page;
         let world = boot.size();
-        let total = capacity
-            .checked_mul(world as u64)
-            .and_then(|t| usize::try_from(t).ok())
-            .and_then(NonZeroUsize::new)
-            .ok_or_else(|| {
-                backend(
-                    "init",
-                    format!("{world} PEs x {capacity} bytes does not fit the address space"),
-                )
-            })?;
-        // SAFETY: an anonymous PROT_NONE reservation at an address the kernel picks touches no
-        // existing mapping; MAP_NORESERVE keeps it from counting against memory.
-        let base = unsafe {
-            mmap_anonymous(
-                None,
-                total,
-                ProtFlags::PROT_NONE,
-                MapFlags::MAP_PRIVATE | MapFlags::MAP_NORESERVE,
-            )
-        }
-        .map_err(|e| {
+        let total = capacity.checked_mul(world as u64).ok_or_else(|| {
             backend(
                 "init",
-                format!(
-                    "cannot reserve {} GiB of address space for {world} PEs x {} GiB: {e} (lower SYMHEAP_HEAP_CAPACITY)",
-                    total.get() >> 30,
-                    capacity >> 30
-                ),
+                format!("{world} PEs x {capacity} bytes does not fit the address space"),
+            )
+        })?;
+        let reservation = Reservation::new(total, "symmetric heap").map_err(|e| {
+            backend(
+                "init",
+                format!("{} (lower SYMHEAP_HEAP_CAPACITY)", e.kind()),
             )
         })?;
         let direct = (0..world)
@@ -109,10 +69,7 @@ impl HostBackend {
             rank: boot.rank(),
             capacity,
             page,
-            reservation: Reservation {
-                base,
-                len: total.get(),
-            },
+            reservation,
             direct,
             node,
             channel,
@@ -122,30 +79,14 @@ impl HostBackend {
     }
 
     fn slot_addr(&self, pe: usize) -> u64 {
-        self.reservation.base.as_ptr() as u64 + pe as u64 * self.capacity
+        self.reservation.base() + pe as u64 * self.capacity
     }
 
     /// Maps `fd` (a chunk of `len` bytes) at `offset` of PE `pe`'s slot.
     fn map_at(&self, pe: usize, offset: u64, len: u64, fd: &OwnedFd) -> Result<()> {
-        let addr = self.slot_addr(pe) + offset;
-        let nz = NonZeroUsize::new(len as usize).ok_or_else(|| backend("grow", "empty chunk"))?;
-        let at = NonZeroUsize::new(addr as usize).ok_or_else(|| backend("grow", "null slot"))?;
-        // SAFETY: `addr..addr+len` lies inside our own PROT_NONE reservation (offset + len <=
-        // capacity is checked by `grow`), and that part of it is not mapped yet (the heap only
-        // grows, each range once), so MAP_FIXED replaces only reserved, unused pages. The
-        // mapping stays until the reservation is unmapped in Drop.
-        unsafe {
-            mmap(
-                Some(at),
-                nz,
-                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                MapFlags::MAP_SHARED | MapFlags::MAP_FIXED,
-                fd,
-                0,
-            )
-        }
-        .map_err(|e| backend("grow", format!("mapping PE {pe}'s chunk: {e}")))?;
-        Ok(())
+        self.reservation
+            .map_fixed(pe as u64 * self.capacity + offset, len, fd)
+            .map_err(|e| e.during("grow"))
     }
 }
 
@@ -196,16 +137,8 @@ impl Backend for HostBackend {
             ));
         }
         let len = new_mapped - from;
-        let name = CString::new(format!("symheap-pe{}-at{:x}", self.rank, from))
-            .map_err(|e| backend("grow", e.to_string()))?;
-        let fd = memfd_create(name.as_c_str(), MFdFlags::MFD_CLOEXEC)
-            .map_err(|e| backend("grow", format!("memfd_create: {e}")))?;
-        nix::unistd::ftruncate(&fd, len as i64).map_err(|e| {
-            backend(
-                "grow",
-                format!("sizing a {len}-byte chunk: {e} (is /dev/shm or memory limited?)"),
-            )
-        })?;
+        let fd = memfd(&format!("symheap-pe{}-at{:x}", self.rank, from), len)
+            .map_err(|e| e.during("grow"))?;
         self.map_at(self.rank, from, len, &fd)?;
         let all = self
             .channel
@@ -345,13 +278,5 @@ impl Backend for HostBackend {
 
     fn fence(&self) {
         fence(Ordering::SeqCst);
-    }
-
-    fn wake(&self, addr: u64) {
-        futex::wake_all(addr);
-    }
-
-    fn sleep(&self, addr: u64, seen: u32, timeout: Duration) {
-        futex::wait(addr, seen, timeout);
     }
 }

@@ -1,0 +1,141 @@
+//! The control area: a small block of host shared memory per PE, mapped by every PE of the node,
+//! that symheap's own host-side synchronisation (barriers, doorbells, ledger boards) runs on
+//! whatever backend holds the data. Words are accessed only with atomics.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use super::futex;
+use super::reservation::{memfd, Reservation};
+use crate::bootstrap::{Health, NodeChannel, NodeInfo};
+use crate::error::{backend, Result};
+
+/// Every node-local PE's control block, mapped in this process.
+pub struct SharedArea {
+    res: Reservation,
+    stride: u64,
+    direct: Vec<bool>,
+}
+
+impl SharedArea {
+    /// Collective over the node: each PE creates its block of `bytes` (zeroed) and maps every
+    /// node-local PE's block; PEs on other nodes get none.
+    pub fn new(
+        node: &NodeInfo,
+        channel: &NodeChannel,
+        health: &Health,
+        rank: usize,
+        bytes: u64,
+    ) -> Result<SharedArea> {
+        let page = 4096;
+        let stride = bytes.div_ceil(page) * page;
+        let world = node.node_of.len();
+        let res = Reservation::new(stride * world as u64, "control area")?;
+        let fd = memfd(&format!("symheap-control-pe{rank}"), stride)?;
+        let all = channel.exchange_fds(std::slice::from_ref(&fd), health)?;
+        for (lr, fds) in all.iter().enumerate() {
+            let pe = node.local_peers[lr];
+            let f = fds
+                .first()
+                .ok_or_else(|| backend("init", format!("PE {pe} passed no control block")))?;
+            res.map_fixed(pe as u64 * stride, stride, f)?;
+        }
+        let direct = (0..world)
+            .map(|r| node.node_of[r] == node.node_index)
+            .collect();
+        Ok(SharedArea {
+            res,
+            stride,
+            direct,
+        })
+    }
+
+    /// Start of PE `pe`'s block, or 0 when it lives on another node.
+    pub fn base(&self, pe: usize) -> u64 {
+        if self.direct.get(pe).copied().unwrap_or(false) {
+            self.res.base() + pe as u64 * self.stride
+        } else {
+            0
+        }
+    }
+
+    fn word<const W: u64>(&self, addr: u64) -> u64 {
+        let lo = self.res.base();
+        assert!(
+            addr >= lo && addr + W <= lo + self.res.len() && addr % W == 0,
+            "control word {addr:#x} outside the control area or misaligned"
+        );
+        let pe = ((addr - lo) / self.stride) as usize;
+        assert!(self.direct[pe], "control word of PE {pe} on another node");
+        addr
+    }
+
+    /// Atomic 64-bit load (acquire).
+    pub fn load64(&self, addr: u64) -> u64 {
+        let a = self.word::<8>(addr);
+        // SAFETY: `word` checked the address is an aligned 8-byte word inside a mapped block of
+        // the reservation, which lives as long as `self`; these words are only ever accessed
+        // atomically, by every process that maps them.
+        unsafe { AtomicU64::from_ptr(a as *mut u64) }.load(Ordering::SeqCst)
+    }
+
+    /// Atomic 64-bit store (release).
+    pub fn store64(&self, addr: u64, v: u64) {
+        let a = self.word::<8>(addr);
+        // SAFETY: as in `load64`.
+        unsafe { AtomicU64::from_ptr(a as *mut u64) }.store(v, Ordering::SeqCst)
+    }
+
+    /// Atomic 32-bit load.
+    pub fn load32(&self, addr: u64) -> u32 {
+        let a = self.word::<4>(addr);
+        // SAFETY: as in `load64`, for a 4-byte word.
+        unsafe { AtomicU32::from_ptr(a as *mut u32) }.load(Ordering::SeqCst)
+    }
+
+    /// Atomic 32-bit add (wrapping); returns the old value.
+    pub fn add32(&self, addr: u64, v: u32) -> u32 {
+        let a = self.word::<4>(addr);
+        // SAFETY: as in `load32`.
+        unsafe { AtomicU32::from_ptr(a as *mut u32) }.fetch_add(v, Ordering::SeqCst)
+    }
+
+    /// Sleeps while the 32-bit word at `addr` reads `seen` (at most `timeout`).
+    pub fn sleep(&self, addr: u64, seen: u32, timeout: Duration) {
+        futex::wait(self.word::<4>(addr), seen, timeout);
+    }
+
+    /// Wakes every sleeper on the word at `addr`.
+    pub fn wake(&self, addr: u64) {
+        futex::wake_all(self.word::<4>(addr));
+    }
+
+    fn check_range(&self, addr: u64, len: usize) {
+        let lo = self.res.base();
+        assert!(
+            addr >= lo && addr + len as u64 <= lo + self.res.len(),
+            "outside the control area"
+        );
+        let first = ((addr - lo) / self.stride) as usize;
+        let last = ((addr + len.max(1) as u64 - 1 - lo) / self.stride) as usize;
+        assert!(
+            (first..=last).all(|pe| self.direct[pe]),
+            "control block on another node"
+        );
+    }
+
+    /// Copies bytes into the area (for mailboxes).
+    pub fn write(&self, addr: u64, data: &[u8]) {
+        self.check_range(addr, data.len());
+        // SAFETY: the range lies inside the mapped reservation (checked above). Mailbox bytes are
+        // published by a barrier before anyone reads them.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), addr as *mut u8, data.len()) }
+    }
+
+    /// Copies bytes out of the area.
+    pub fn read(&self, addr: u64, out: &mut [u8]) {
+        self.check_range(addr, out.len());
+        // SAFETY: as in `write`.
+        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, out.as_mut_ptr(), out.len()) }
+    }
+}
