@@ -58,6 +58,9 @@ enum Cmd {
         /// List the scenarios and exit.
         #[arg(long)]
         list: bool,
+        /// Run every PE on the CUDA backend and include the GPU-only scenarios.
+        #[arg(long)]
+        gpu: bool,
     },
     /// The main job: start PEs on whatever this machine has and run the standard sweep against
     /// the peer available there, printing the comparison table.
@@ -129,6 +132,7 @@ fn main() -> ExitCode {
             only,
             seed,
             list,
+            gpu,
         } => {
             if list {
                 for s in selftest::SCENARIOS {
@@ -142,7 +146,7 @@ fn main() -> ExitCode {
                     .map(|d| d.as_nanos() as u64)
                     .unwrap_or(1)
             });
-            code(selftest::run_suite(&pes, only.as_deref(), seed))
+            code(selftest::run_suite(&pes, only.as_deref(), seed, gpu))
         }
         Cmd::Bench { pes, json } => {
             let n = pes.unwrap_or_else(|| bench::cpus().clamp(2, 8));

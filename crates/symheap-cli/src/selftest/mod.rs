@@ -4,6 +4,7 @@
 
 mod ops_scenarios;
 mod scenarios;
+mod stream_scenarios;
 
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -32,6 +33,8 @@ pub struct Scenario {
     expect: Expect,
     /// Runs again with the victim at PE 0 (the rendezvous root) as well as the last PE.
     victims: bool,
+    /// Only meaningful on the CUDA backend: runs only with `--gpu`.
+    gpu: bool,
     run: fn(&Context, PeArgs) -> Outcome,
 }
 
@@ -44,6 +47,7 @@ pub const SCENARIOS: &[Scenario] = &[
         env: &[("SYMHEAP_CHUNK_SIZE", "1M")],
         expect: Expect::AllPass,
         victims: false,
+        gpu: false,
         run: scenarios::contract,
     },
     Scenario {
@@ -53,6 +57,7 @@ pub const SCENARIOS: &[Scenario] = &[
         env: &[("SYMHEAP_CHUNK_SIZE", "4M")],
         expect: Expect::AllPass,
         victims: false,
+        gpu: false,
         run: scenarios::release,
     },
     Scenario {
@@ -65,6 +70,7 @@ pub const SCENARIOS: &[Scenario] = &[
         ],
         expect: Expect::AllPass,
         victims: false,
+        gpu: false,
         run: scenarios::bad_input,
     },
     Scenario {
@@ -74,6 +80,7 @@ pub const SCENARIOS: &[Scenario] = &[
         env: &[("SYMHEAP_TIMEOUT", "30")],
         expect: Expect::AllPass,
         victims: false,
+        gpu: false,
         run: scenarios::mismatch,
     },
     Scenario {
@@ -83,6 +90,7 @@ pub const SCENARIOS: &[Scenario] = &[
         env: &[("SYMHEAP_TIMEOUT", "30")],
         expect: Expect::VictimKilled,
         victims: true,
+        gpu: false,
         run: scenarios::kill,
     },
     Scenario {
@@ -92,6 +100,7 @@ pub const SCENARIOS: &[Scenario] = &[
         env: &[("SYMHEAP_TIMEOUT", "2")],
         expect: Expect::AllPass,
         victims: true,
+        gpu: false,
         run: scenarios::timeout,
     },
     Scenario {
@@ -101,6 +110,7 @@ pub const SCENARIOS: &[Scenario] = &[
         env: &[],
         expect: Expect::AllPass,
         victims: false,
+        gpu: false,
         run: ops_scenarios::ring,
     },
     Scenario {
@@ -110,6 +120,7 @@ pub const SCENARIOS: &[Scenario] = &[
         env: &[],
         expect: Expect::AllPass,
         victims: false,
+        gpu: false,
         run: ops_scenarios::alltoall,
     },
     Scenario {
@@ -119,6 +130,7 @@ pub const SCENARIOS: &[Scenario] = &[
         env: &[],
         expect: Expect::AllPass,
         victims: false,
+        gpu: false,
         run: ops_scenarios::broadcast,
     },
     Scenario {
@@ -128,6 +140,7 @@ pub const SCENARIOS: &[Scenario] = &[
         env: &[],
         expect: Expect::AllPass,
         victims: false,
+        gpu: false,
         run: ops_scenarios::all_reduce,
     },
     Scenario {
@@ -137,6 +150,7 @@ pub const SCENARIOS: &[Scenario] = &[
         env: &[],
         expect: Expect::AllPass,
         victims: false,
+        gpu: false,
         run: ops_scenarios::atomics,
     },
     Scenario {
@@ -146,6 +160,7 @@ pub const SCENARIOS: &[Scenario] = &[
         env: &[],
         expect: Expect::AllPass,
         victims: false,
+        gpu: false,
         run: ops_scenarios::lock,
     },
     Scenario {
@@ -155,6 +170,7 @@ pub const SCENARIOS: &[Scenario] = &[
         env: &[],
         expect: Expect::AllPass,
         victims: false,
+        gpu: false,
         run: ops_scenarios::signal,
     },
     Scenario {
@@ -164,6 +180,7 @@ pub const SCENARIOS: &[Scenario] = &[
         env: &[],
         expect: Expect::AllPass,
         victims: false,
+        gpu: false,
         run: ops_scenarios::teams,
     },
     Scenario {
@@ -173,6 +190,7 @@ pub const SCENARIOS: &[Scenario] = &[
         env: &[("SYMHEAP_TIMEOUT", "30")],
         expect: Expect::AllPass,
         victims: false,
+        gpu: false,
         run: ops_scenarios::coll_errors,
     },
     Scenario {
@@ -182,7 +200,49 @@ pub const SCENARIOS: &[Scenario] = &[
         env: &[("SYMHEAP_TIMEOUT", "30")],
         expect: Expect::AllPass,
         victims: false,
+        gpu: false,
         run: ops_scenarios::team_mismatch,
+    },
+    Scenario {
+        name: "stream-ring",
+        about: "put and get on a stream with the SM and copy engines, odd sizes and offsets",
+        min_pes: 1,
+        env: &[],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: false,
+        run: stream_scenarios::stream_ring,
+    },
+    Scenario {
+        name: "stream-signal",
+        about:
+            "put_signal / signal_wait_until on streams: data complete whenever the signal is seen",
+        min_pes: 1,
+        env: &[],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: false,
+        run: stream_scenarios::stream_signal,
+    },
+    Scenario {
+        name: "stream-barrier",
+        about: "barrier_all_on_stream orders every PE's stream work",
+        min_pes: 1,
+        env: &[],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: false,
+        run: stream_scenarios::stream_barrier,
+    },
+    Scenario {
+        name: "stream-timeout",
+        about: "an unsatisfied device-side wait is reported as a timeout; the context survives",
+        min_pes: 1,
+        env: &[("SYMHEAP_TIMEOUT", "2")],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: true,
+        run: stream_scenarios::stream_timeout,
     },
 ];
 
@@ -223,7 +283,7 @@ struct Verdict {
     detail: String,
 }
 
-fn run_case(s: &Scenario, n: usize, victim: usize, seed: u64) -> Verdict {
+fn run_case(s: &Scenario, n: usize, victim: usize, seed: u64, gpu: bool) -> Verdict {
     let exe = std::env::current_exe().expect("own path");
     let label = if s.victims || s.expect == Expect::VictimKilled {
         format!("{} (victim PE {victim})", s.name)
@@ -248,6 +308,9 @@ fn run_case(s: &Scenario, n: usize, victim: usize, seed: u64) -> Verdict {
         .stderr(Stdio::piped());
     for (k, v) in s.env {
         cmd.env(k, v);
+    }
+    if gpu {
+        cmd.env("SYMHEAP_BACKEND", "cuda");
     }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
@@ -340,9 +403,11 @@ fn run_case(s: &Scenario, n: usize, victim: usize, seed: u64) -> Verdict {
 }
 
 /// Runner mode: every selected scenario at every PE count. Returns the process exit code.
-pub fn run_suite(pes: &[usize], only: Option<&str>, seed: u64) -> i32 {
+/// With `gpu`, every PE runs on the CUDA backend and the GPU-only scenarios are included.
+pub fn run_suite(pes: &[usize], only: Option<&str>, seed: u64, gpu: bool) -> i32 {
     let selected: Vec<&Scenario> = SCENARIOS
         .iter()
+        .filter(|s| gpu || !s.gpu)
         .filter(|s| only.is_none_or(|o| o.split(',').any(|x| x == s.name)))
         .collect();
     if selected.is_empty() {
@@ -356,7 +421,10 @@ pub fn run_suite(pes: &[usize], only: Option<&str>, seed: u64) -> i32 {
         );
         return 2;
     }
-    println!("symheap selftest, seed {seed} (rerun with --seed {seed})");
+    println!(
+        "symheap selftest on the {} backend, seed {seed} (rerun with --seed {seed})",
+        if gpu { "cuda" } else { "host" }
+    );
     let mut failures = 0;
     let mut rows = Vec::new();
     for s in selected {
@@ -370,7 +438,7 @@ pub fn run_suite(pes: &[usize], only: Option<&str>, seed: u64) -> i32 {
                 vec![n - 1]
             };
             for v in victims {
-                let verdict = run_case(s, n, v, seed);
+                let verdict = run_case(s, n, v, seed, gpu);
                 eprintln!(
                     "  {:<28} {n} PEs  {:>6.2} s  {}",
                     verdict.label,

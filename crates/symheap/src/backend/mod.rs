@@ -5,6 +5,7 @@
 //! address space per process, PE r's heap at `base + r × capacity`. That layout is what makes
 //! the per-peer delta of a peer table the same for every heap address.
 
+pub mod cuda;
 pub mod host;
 pub mod reduce;
 
@@ -137,6 +138,10 @@ pub trait Backend: Send + Sync {
     /// made by a host thread that rings the waiter's doorbell (host backend); a GPU backend,
     /// whose kernels ring no doorbells, returns a short interval.
     fn poll_interval(&self) -> Option<Duration> {
+        None
+    }
+    /// The CUDA backend's stream operations, when this is the CUDA backend.
+    fn as_cuda(&self) -> Option<&cuda::CudaBackend> {
         None
     }
 }

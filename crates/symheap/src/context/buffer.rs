@@ -80,6 +80,14 @@ impl SymmetricBuffer {
             .collect()
     }
 
+    /// Address of this allocation's peer table (`n_pes` little-endian int64 entries, the same
+    /// values as [`peer_bases`](Self::peer_bases)) in this PE's heap: device memory on the
+    /// CUDA backend, ready to pass to a kernel. Written at allocation, on the buffer's device,
+    /// without synchronising any other stream.
+    pub fn peer_bases_addr(&self) -> u64 {
+        self.addr - self.block.offset + super::table_offset(&self.block)
+    }
+
     /// The richer descriptor: the table plus the direct mask and the allocation's extent.
     pub fn address_map(&self) -> SymmetricAddressMap {
         let peer_bases = self.peer_bases();

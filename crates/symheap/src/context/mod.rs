@@ -53,6 +53,8 @@ pub(crate) struct Inner {
     pub(crate) control: SharedArea,
     /// Layout of the sync area inside `control`.
     pub(crate) area: SyncArea,
+    /// Device barrier state (CUDA backend only), set at init.
+    pub(crate) dsync: std::sync::OnceLock<crate::ops::stream::DeviceSync>,
     /// Team slots in use on this PE (bit 0: the world).
     pub(crate) slots_used: Mutex<u64>,
     finalized: AtomicBool,
@@ -138,21 +140,36 @@ impl ContextBuilder {
             .map_err(with_pe)?;
         let area = SyncArea::new((0..world).map(|pe| control.base(pe)).collect());
 
-        let backend: Arc<dyn Backend> = match cfg.backend {
-            BackendChoice::Host | BackendChoice::Auto => Arc::new(
+        let use_cuda = match cfg.backend {
+            BackendChoice::Host => false,
+            BackendChoice::Cuda => true,
+            BackendChoice::Auto => crate::backend::cuda::gpu_visible(),
+        };
+        let backend: Arc<dyn Backend> = if use_cuda {
+            // LOCAL_RANK as the launcher numbers it, else our own node-local rank.
+            let local = std::env::var("LOCAL_RANK")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(node.local_rank);
+            let device = crate::backend::cuda::choose_device(cfg.device, local).map_err(with_pe)?;
+            Arc::new(
+                crate::backend::cuda::CudaBackend::new(
+                    boot.clone(),
+                    node.clone(),
+                    channel,
+                    cfg.capacity,
+                    device,
+                    cfg.timeout,
+                )
+                .map_err(with_pe)?,
+            )
+        } else {
+            Arc::new(
                 HostBackend::new(boot.clone(), node.clone(), channel, cfg.capacity)
                     .map_err(with_pe)?,
-            ),
-            BackendChoice::Cuda => {
-                return Err(Error::new(
-                    Some(rank),
-                    "init",
-                    ErrorKind::Unsupported(
-                        "SYMHEAP_BACKEND=cuda: this build has no CUDA backend yet".into(),
-                    ),
-                ))
-            }
+            )
         };
+        agree_on_backend(boot.as_ref(), backend.as_ref()).map_err(with_pe)?;
         let inner = Arc::new(Inner {
             cfg,
             launcher,
@@ -171,6 +188,7 @@ impl ContextBuilder {
             )),
             control,
             area,
+            dsync: std::sync::OnceLock::new(),
             slots_used: Mutex::new(1),
             finalized: AtomicBool::new(false),
         });
@@ -182,6 +200,7 @@ impl ContextBuilder {
             })?;
             ctx.inner.grow(&mut st, first)?;
         }
+        ctx.inner.init_device_sync()?;
         ctx.barrier_all()?;
         if ctx.inner.cfg.debug >= DebugLevel::Info {
             eprintln!("{}", ctx.banner());
@@ -207,6 +226,33 @@ fn agree_on_settings(boot: &dyn Bootstrap, cfg: &Config) -> Result<()> {
     {
         let msg = format!(
             "PEs run with different heap settings (SYMHEAP_HEAP_CAPACITY, SYMHEAP_CHUNK_SIZE, SYMHEAP_BACKEND): PE 0 has {}, PE {r} has {}",
+            String::from_utf8_lossy(&all[0]),
+            String::from_utf8_lossy(other)
+        );
+        boot.health()
+            .fail(ErrorKind::CollectiveMismatch(msg.clone()));
+        return Err(err("init", ErrorKind::CollectiveMismatch(msg)));
+    }
+    Ok(())
+}
+
+/// Every PE must have picked the same backend with the same granularity and capacity (under
+/// `SYMHEAP_BACKEND=auto`, PEs that see different hardware would not).
+fn agree_on_backend(boot: &dyn Bootstrap, be: &dyn Backend) -> Result<()> {
+    let mine = format!(
+        "{} backend, granularity {}, capacity {}",
+        be.kind().name(),
+        human_bytes(be.granularity()),
+        human_bytes(be.capacity())
+    );
+    let all = boot.all_gather("init backend", mine.as_bytes())?;
+    if let Some((r, other)) = all
+        .iter()
+        .enumerate()
+        .find(|(_, s)| s.as_slice() != mine.as_bytes())
+    {
+        let msg = format!(
+            "PEs chose different backends: PE 0 has {}, PE {r} has {} (set SYMHEAP_BACKEND)",
             String::from_utf8_lossy(&all[0]),
             String::from_utf8_lossy(other)
         );
@@ -308,7 +354,7 @@ impl Inner {
         Ok(())
     }
 
-    fn allocate(&self, bytes: u64, align: u64, call: &'static str) -> Result<Block> {
+    pub(crate) fn allocate(&self, bytes: u64, align: u64, call: &'static str) -> Result<Block> {
         self.check(call)?;
         if bytes == 0 {
             return Err(invalid(call, "size must be at least 1 byte").with_pe(self.rank));
@@ -332,6 +378,12 @@ impl Inner {
         }
         let mut st = self.lock_heap();
         self.record("allocate", format!("{}, align {align}", human_bytes(bytes)));
+        // The allocation's own peer table lives right after it, so device code can be handed a
+        // table in device memory without a separate allocation.
+        let span = align_up(bytes, 16).and_then(|b| b.checked_add(8 * self.world as u64));
+        let Some(span) = span else {
+            return Err(invalid(call, "size overflows").with_pe(self.rank));
+        };
         let oom = |st: &HeapState| {
             Error::new(
                 Some(self.rank),
@@ -344,22 +396,45 @@ impl Inner {
                 },
             )
         };
-        if bytes > cap {
+        if span > cap {
             return Err(oom(&st));
         }
-        if let Some(b) = st.try_alloc(bytes, align) {
-            return Ok(b);
-        }
-        // Would grow or fail: first reclaim what every PE has released.
-        self.sync_point(&mut st, call, &[])?;
-        if let Some(b) = st.try_alloc(bytes, align) {
-            return Ok(b);
-        }
-        let need = st.end_needed_for(bytes, align).ok_or_else(|| oom(&st))?;
-        let mapped = self.backend.mapped();
-        let target = self.grow_target(mapped, need).ok_or_else(|| oom(&st))?;
-        self.grow(&mut st, target)?;
-        st.try_alloc(bytes, align).ok_or_else(|| oom(&st))
+        let block = match st.try_alloc(bytes, span, align) {
+            Some(b) => b,
+            None => {
+                // Would grow or fail: first reclaim what every PE has released.
+                self.sync_point(&mut st, call, &[])?;
+                match st.try_alloc(bytes, span, align) {
+                    Some(b) => b,
+                    None => {
+                        let need = st.end_needed_for(span, align).ok_or_else(|| oom(&st))?;
+                        let mapped = self.backend.mapped();
+                        let target = self.grow_target(mapped, need).ok_or_else(|| oom(&st))?;
+                        self.grow(&mut st, target)?;
+                        st.try_alloc(bytes, span, align).ok_or_else(|| oom(&st))?
+                    }
+                }
+            }
+        };
+        drop(st);
+        self.write_table(&block)?;
+        Ok(block)
+    }
+
+    /// Writes `block`'s peer table into its trailer (this PE's copy).
+    fn write_table(&self, block: &Block) -> Result<()> {
+        let own = self.backend.slot_base(self.rank).expect("own heap");
+        let table: Vec<u8> = (0..self.world)
+            .flat_map(|pe| {
+                self.backend
+                    .slot_base(pe)
+                    .map_or(0, |b| b + block.offset)
+                    .to_le_bytes()
+            })
+            .collect();
+        self.backend
+            .write_bytes(own + table_offset(block), &table)
+            .map_err(|e| e.during("allocate").with_pe(self.rank))
     }
 
     /// Checks `[addr, addr+len)` lies in the mapped heap of one direct PE; returns that PE.
@@ -475,6 +550,11 @@ impl Inner {
     }
 }
 
+/// Where a block's trailer table starts, relative to the heap base.
+pub(crate) fn table_offset(b: &Block) -> u64 {
+    b.offset + b.bytes.div_ceil(16) * 16
+}
+
 fn split_part(p: &[u8]) -> Option<(&[u8], &[u8])> {
     let n = u32::from_le_bytes(p.get(..4)?.try_into().ok()?) as usize;
     let rest = &p[4..];
@@ -542,6 +622,12 @@ impl Context {
     /// The backend this context runs on.
     pub fn backend_kind(&self) -> BackendKind {
         self.inner.backend.kind()
+    }
+
+    /// The CUDA backend, for CUDA-specific calls (user kernels, streams); None on the host
+    /// backend.
+    pub fn cuda(&self) -> Option<&crate::backend::cuda::CudaBackend> {
+        self.inner.backend.as_cuda()
     }
 
     /// The settings in effect.

@@ -26,6 +26,8 @@ pub struct Block {
     pub offset: u64,
     /// Requested bytes.
     pub bytes: u64,
+    /// Bytes reserved in the heap (the request plus symheap's trailer).
+    pub span: u64,
 }
 
 /// Allocator state that only changes at points every PE reaches in the same order.
@@ -41,12 +43,17 @@ pub struct HeapState {
 }
 
 impl HeapState {
-    /// Tries to place a block without growing. Deterministic.
-    pub fn try_alloc(&mut self, bytes: u64, align: u64) -> Option<Block> {
-        let offset = self.alloc.alloc(bytes, align)?;
+    /// Places `bytes` (with `span` bytes reserved in total) without growing. Deterministic.
+    pub fn try_alloc(&mut self, bytes: u64, span: u64, align: u64) -> Option<Block> {
+        let offset = self.alloc.alloc(span, align)?;
         let id = self.next_id;
         self.next_id += 1;
-        let b = Block { id, offset, bytes };
+        let b = Block {
+            id,
+            offset,
+            bytes,
+            span,
+        };
         self.live.insert(id, b);
         self.by_offset.insert(offset, id);
         Some(b)
@@ -149,7 +156,7 @@ impl Heap {
             st.release_counts.remove(&id);
             if let Some(b) = st.live.remove(&id) {
                 st.by_offset.remove(&b.offset);
-                st.alloc.free(b.offset, b.bytes);
+                st.alloc.free(b.offset, b.span);
                 out.push(b);
             }
         }
@@ -172,7 +179,7 @@ mod tests {
             .map(|h| {
                 let mut s = h.state.lock().unwrap();
                 (0..4)
-                    .map(|i| s.try_alloc(1000 * (i + 1), 256).unwrap())
+                    .map(|i| s.try_alloc(1000 * (i + 1), 1000 * (i + 1), 256).unwrap())
                     .collect()
             })
             .collect();

@@ -6,6 +6,7 @@ pub(crate) mod area;
 pub mod atomics;
 pub mod coll;
 pub mod rma;
+pub mod stream;
 pub(crate) mod sync;
 pub mod team;
 

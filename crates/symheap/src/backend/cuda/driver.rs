@@ -1,0 +1,639 @@
+//! A thin safe layer over the CUDA driver API (cudarc's raw `sys` bindings, loaded at run time):
+//! devices and the primary context, virtual memory management with POSIX file-descriptor
+//! handles, copies, modules, launches, streams and events. Every call returns `Result`, and
+//! every `unsafe` block says what makes it sound.
+
+use std::ffi::{c_void, CStr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::OnceLock;
+
+use cudarc::driver::sys::{self, CUresult};
+
+use crate::error::{backend, err, ErrorKind, Result};
+
+/// A driver call failed: the call and the driver's own error name and text.
+pub(crate) fn check(r: CUresult, what: &str) -> Result<()> {
+    if r == CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    let mut name: *const std::ffi::c_char = std::ptr::null();
+    let mut text: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: both calls only write a pointer to a static string owned by the driver (or leave
+    // it null on failure), which outlives this function.
+    unsafe {
+        let _ = sys::cuGetErrorName(r, &mut name);
+        let _ = sys::cuGetErrorString(r, &mut text);
+    }
+    let s = |p: *const std::ffi::c_char| {
+        if p.is_null() {
+            String::new()
+        } else {
+            // SAFETY: non-null pointers from cuGetError* are NUL-terminated static strings.
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        }
+    };
+    Err(backend(
+        "cuda",
+        format!("{what} failed: {} ({:?}) {}", s(name), r, s(text)),
+    ))
+}
+
+/// Loads libcuda and initialises the driver once. Returns the driver's CUDA version
+/// (e.g. 13000).
+pub(crate) fn init() -> Result<i32> {
+    static INIT: OnceLock<std::result::Result<i32, String>> = OnceLock::new();
+    INIT.get_or_init(|| {
+        // SAFETY: probing the library has no side effect beyond loading it.
+        if !unsafe { sys::is_culib_present() } {
+            return Err("libcuda.so (the NVIDIA driver) was not found".into());
+        }
+        // cudarc resolves each symbol on first use and panics if one is missing (an older
+        // driver); turn that into an error instead of letting a panic cross our API.
+        std::panic::catch_unwind(|| -> std::result::Result<i32, String> {
+            // SAFETY: cuInit(0) is the documented first call and may be repeated.
+            check(unsafe { sys::cuInit(0) }, "cuInit").map_err(|e| e.to_string())?;
+            let mut v = 0;
+            // SAFETY: writes one int.
+            check(
+                unsafe { sys::cuDriverGetVersion(&mut v) },
+                "cuDriverGetVersion",
+            )
+            .map_err(|e| e.to_string())?;
+            Ok(v)
+        })
+        .unwrap_or_else(|_| {
+            Err("the CUDA driver lacks a required function (driver too old?)".into())
+        })
+    })
+    .clone()
+    .map_err(|m| err("init", ErrorKind::Unsupported(format!("CUDA: {m}"))))
+}
+
+/// Number of visible devices.
+pub(crate) fn device_count() -> Result<usize> {
+    init()?;
+    let mut n = 0;
+    // SAFETY: writes one int.
+    check(unsafe { sys::cuDeviceGetCount(&mut n) }, "cuDeviceGetCount")?;
+    Ok(n.max(0) as usize)
+}
+
+/// A device with its retained primary context (shared with the CUDA runtime and PyTorch).
+pub(crate) struct Device {
+    pub ordinal: usize,
+    pub dev: sys::CUdevice,
+    ctx: Ctx,
+    pub name: String,
+    pub cc: (i32, i32),
+    pub uuid: [u8; 16],
+    pub sm_count: i32,
+}
+
+#[derive(Clone, Copy)]
+struct Ctx(sys::CUcontext);
+// SAFETY: a CUcontext handle may be made current on any thread; the driver synchronises access.
+unsafe impl Send for Ctx {}
+// SAFETY: as above; the handle itself is never mutated.
+unsafe impl Sync for Ctx {}
+
+impl Device {
+    /// Opens device `ordinal` and retains its primary context.
+    pub(crate) fn open(ordinal: usize) -> Result<Device> {
+        init()?;
+        let mut dev = 0;
+        // SAFETY: writes one device handle; the ordinal is checked by the driver.
+        check(
+            unsafe { sys::cuDeviceGet(&mut dev, ordinal as i32) },
+            "cuDeviceGet",
+        )?;
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: writes one context handle for a valid device; released in Drop.
+        check(
+            unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) },
+            "cuDevicePrimaryCtxRetain",
+        )?;
+        let d = Device {
+            ordinal,
+            dev,
+            ctx: Ctx(ctx),
+            name: String::new(),
+            cc: (0, 0),
+            uuid: [0; 16],
+            sm_count: 0,
+        };
+        d.bind()?;
+        let attr = |a: sys::CUdevice_attribute| -> Result<i32> {
+            let mut v = 0;
+            // SAFETY: writes one int for a valid device and attribute.
+            check(
+                unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) },
+                "cuDeviceGetAttribute",
+            )?;
+            Ok(v)
+        };
+        let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let sm_count = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let mut name = [0 as std::ffi::c_char; 256];
+        // SAFETY: the driver writes at most `len` bytes, NUL-terminated.
+        check(
+            unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), 256, dev) },
+            "cuDeviceGetName",
+        )?;
+        // SAFETY: `name` is NUL-terminated (the driver terminates it; the buffer started zeroed).
+        let name = unsafe { CStr::from_ptr(name.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        let mut uuid: sys::CUuuid = sys::CUuuid { bytes: [0; 16] };
+        // SAFETY: writes one 16-byte uuid.
+        check(
+            unsafe { sys::cuDeviceGetUuid_v2(&mut uuid, dev) },
+            "cuDeviceGetUuid",
+        )?;
+        Ok(Device {
+            name,
+            cc: (major, minor),
+            uuid: uuid.bytes.map(|b| b as u8),
+            sm_count,
+            ..d
+        })
+    }
+
+    /// Makes the primary context current on the calling thread (cheap when it already is).
+    pub(crate) fn bind(&self) -> Result<()> {
+        // SAFETY: the context was retained in `open` and stays valid until Drop.
+        check(
+            unsafe { sys::cuCtxSetCurrent(self.ctx.0) },
+            "cuCtxSetCurrent",
+        )
+    }
+
+    fn prop(&self) -> sys::CUmemAllocationProp {
+        // SAFETY: CUmemAllocationProp is a plain C struct for which all-zero is a valid value;
+        // the fields that matter are set below.
+        let mut p: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+        p.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        p.requestedHandleTypes =
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        p.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        p.location.id = self.ordinal as i32;
+        p
+    }
+
+    /// The VMM allocation granularity for exportable memory on this device.
+    pub(crate) fn granularity(&self) -> Result<u64> {
+        let p = self.prop();
+        let mut g = 0usize;
+        // SAFETY: `p` is a fully initialised property struct; writes one size.
+        check(
+            unsafe {
+                sys::cuMemGetAllocationGranularity(
+                    &mut g,
+                    &p,
+                    sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+                )
+            },
+            "cuMemGetAllocationGranularity",
+        )?;
+        Ok(g as u64)
+    }
+
+    /// Creates `size` bytes of exportable physical memory on this device.
+    pub(crate) fn create(&self, size: u64) -> Result<u64> {
+        let p = self.prop();
+        let mut h = 0;
+        // SAFETY: `p` is valid; writes one handle, which the caller releases.
+        check(
+            unsafe { sys::cuMemCreate(&mut h, size as usize, &p, 0) },
+            "cuMemCreate",
+        )?;
+        Ok(h)
+    }
+
+    /// Grants this device read-write access to a mapped range.
+    pub(crate) fn set_access(&self, addr: u64, size: u64) -> Result<()> {
+        // SAFETY: as in `prop`, a zeroed descriptor is valid before its fields are set.
+        let mut d: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
+        d.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        d.location.id = self.ordinal as i32;
+        d.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        // SAFETY: the range is mapped by the caller; one descriptor is passed.
+        check(
+            unsafe { sys::cuMemSetAccess(addr, size as usize, &d, 1) },
+            "cuMemSetAccess",
+        )
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        // SAFETY: balances the retain in `open`.
+        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.dev) };
+    }
+}
+
+/// Reserves `size` bytes of device virtual address space.
+pub(crate) fn reserve(size: u64, align: u64) -> Result<u64> {
+    let mut p = 0;
+    // SAFETY: writes one address; freed by `release_reservation`.
+    check(
+        unsafe { sys::cuMemAddressReserve(&mut p, size as usize, align as usize, 0, 0) },
+        "cuMemAddressReserve",
+    )?;
+    Ok(p)
+}
+
+/// Frees a reservation made by `reserve` (everything in it must be unmapped).
+pub(crate) fn release_reservation(addr: u64, size: u64) {
+    // SAFETY: the caller passes a range returned by `reserve`, after unmapping its contents.
+    let _ = unsafe { sys::cuMemAddressFree(addr, size as usize) };
+}
+
+/// Exports a physical allocation as a POSIX file descriptor.
+pub(crate) fn export_fd(handle: u64) -> Result<OwnedFd> {
+    let mut fd: std::ffi::c_int = -1;
+    // SAFETY: for POSIX handles the driver writes an int file descriptor through the pointer.
+    check(
+        unsafe {
+            sys::cuMemExportToShareableHandle(
+                (&mut fd as *mut std::ffi::c_int).cast::<c_void>(),
+                handle,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+        },
+        "cuMemExportToShareableHandle",
+    )?;
+    if fd < 0 {
+        return Err(backend(
+            "cuda",
+            "cuMemExportToShareableHandle returned no descriptor",
+        ));
+    }
+    // SAFETY: the driver created this descriptor for us and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Imports a physical allocation from a descriptor exported by another process.
+pub(crate) fn import_fd(fd: &OwnedFd) -> Result<u64> {
+    let mut h = 0;
+    // SAFETY: for POSIX handles the descriptor is passed by value in the pointer argument; the
+    // driver does not take ownership of it. Writes one handle, released by the caller.
+    check(
+        unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut h,
+                fd.as_raw_fd() as usize as *mut c_void,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            )
+        },
+        "cuMemImportFromShareableHandle",
+    )?;
+    Ok(h)
+}
+
+/// Maps physical allocation `handle` at `addr` (inside a reservation).
+pub(crate) fn map(addr: u64, size: u64, handle: u64) -> Result<()> {
+    // SAFETY: `addr..addr+size` lies in a reservation of ours and is not mapped yet.
+    check(
+        unsafe { sys::cuMemMap(addr, size as usize, 0, handle, 0) },
+        "cuMemMap",
+    )
+}
+
+/// Unmaps a range mapped by `map`.
+pub(crate) fn unmap(addr: u64, size: u64) {
+    // SAFETY: the caller passes a range it mapped and no longer uses.
+    let _ = unsafe { sys::cuMemUnmap(addr, size as usize) };
+}
+
+/// Releases a physical allocation handle (memory goes once every mapping is gone).
+pub(crate) fn release(handle: u64) {
+    // SAFETY: the caller owns the handle and releases it once.
+    let _ = unsafe { sys::cuMemRelease(handle) };
+}
+
+/// Host-to-device copy on `stream`, complete when this returns. On a non-blocking stream it
+/// waits for nothing but itself (the synchronous `cuMemcpyHtoD` would also wait for all work
+/// on the legacy default stream, which is PyTorch's usual stream).
+pub(crate) fn htod(dst: u64, src: &[u8], stream: u64) -> Result<()> {
+    // SAFETY: `src` is a live host slice of exactly the copied length and stays borrowed until
+    // the stream synchronisation below completes the copy; `dst` was range-checked by the
+    // caller against mapped device memory.
+    check(
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr().cast(), src.len(), stream as sys::CUstream)
+        },
+        "cuMemcpyHtoDAsync",
+    )?;
+    stream_sync(stream)
+}
+
+/// Device-to-host copy on `stream`, complete when this returns.
+pub(crate) fn dtoh(dst: &mut [u8], src: u64, stream: u64) -> Result<()> {
+    // SAFETY: as in `htod`, in the other direction; `dst` stays borrowed until the copy is done.
+    check(
+        unsafe {
+            sys::cuMemcpyDtoHAsync_v2(
+                dst.as_mut_ptr().cast(),
+                src,
+                dst.len(),
+                stream as sys::CUstream,
+            )
+        },
+        "cuMemcpyDtoHAsync",
+    )?;
+    stream_sync(stream)
+}
+
+/// Asynchronous copy between device addresses (any peers' mappings) on `stream`: the copy
+/// engines do it.
+pub(crate) fn copy_async(dst: u64, src: u64, bytes: u64, stream: u64) -> Result<()> {
+    // SAFETY: both ranges were checked by the caller to lie in mapped device memory (or are
+    // device pointers the caller vouches for); the stream handle comes from the caller.
+    check(
+        unsafe { sys::cuMemcpyAsync(dst, src, bytes as usize, stream as sys::CUstream) },
+        "cuMemcpyAsync",
+    )
+}
+
+/// A stream handle usable from any thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Stream(pub u64);
+
+/// Creates a non-blocking stream (no implicit synchronisation with the legacy default stream).
+pub(crate) fn stream_create() -> Result<Stream> {
+    let mut s = std::ptr::null_mut();
+    // SAFETY: writes one stream handle, destroyed by `stream_destroy`.
+    check(
+        unsafe { sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) },
+        "cuStreamCreate",
+    )?;
+    Ok(Stream(s as u64))
+}
+
+/// Destroys a stream made by `stream_create`.
+pub(crate) fn stream_destroy(s: Stream) {
+    // SAFETY: the caller owns the stream and destroys it once.
+    let _ = unsafe { sys::cuStreamDestroy_v2(s.0 as sys::CUstream) };
+}
+
+/// Waits for all work on `s`.
+pub(crate) fn stream_sync(s: u64) -> Result<()> {
+    // SAFETY: `s` is a stream handle (or 0, the legacy default stream).
+    check(
+        unsafe { sys::cuStreamSynchronize(s as sys::CUstream) },
+        "cuStreamSynchronize",
+    )
+}
+
+/// Whether `s` is being captured into a CUDA graph.
+pub(crate) fn is_capturing(s: u64) -> Result<bool> {
+    let mut st = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: writes one status for a stream handle.
+    check(
+        unsafe { sys::cuStreamIsCapturing(s as sys::CUstream, &mut st) },
+        "cuStreamIsCapturing",
+    )?;
+    Ok(st != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// A loaded module of kernels.
+pub(crate) struct Module(sys::CUmodule);
+// SAFETY: module and function handles are usable from any thread with the context current.
+unsafe impl Send for Module {}
+// SAFETY: as above; the handle is never mutated.
+unsafe impl Sync for Module {}
+
+/// A kernel handle.
+#[derive(Clone, Copy)]
+pub(crate) struct Function(sys::CUfunction);
+// SAFETY: as for Module.
+unsafe impl Send for Function {}
+// SAFETY: as for Module.
+unsafe impl Sync for Function {}
+
+impl Module {
+    /// Loads a CUBIN image into the current context.
+    pub(crate) fn load(image: &[u8]) -> Result<Module> {
+        let mut m = std::ptr::null_mut();
+        // SAFETY: `image` is a complete CUBIN produced by NVRTC for this device's arch; the driver
+        // copies it during the call.
+        check(
+            unsafe { sys::cuModuleLoadData(&mut m, image.as_ptr().cast()) },
+            "cuModuleLoadData",
+        )?;
+        Ok(Module(m))
+    }
+
+    /// Looks up an `extern "C"` kernel.
+    pub(crate) fn function(&self, name: &str) -> Result<Function> {
+        let c = std::ffi::CString::new(name).map_err(|e| backend("cuda", e.to_string()))?;
+        let mut f = std::ptr::null_mut();
+        // SAFETY: the module is loaded; writes one function handle valid while it stays loaded.
+        check(
+            unsafe { sys::cuModuleGetFunction(&mut f, self.0, c.as_ptr()) },
+            "cuModuleGetFunction",
+        )?;
+        Ok(Function(f))
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        // SAFETY: loaded in `load`, unloaded once.
+        let _ = unsafe { sys::cuModuleUnload(self.0) };
+    }
+}
+
+/// One kernel argument, passed by value. The kernel's parameter must have the same size:
+/// 8 bytes for `U64`/`I64`/`F64` (and pointers), 4 bytes for `U32`/`I32`/`F32`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arg {
+    /// uint64_t or any pointer.
+    U64(u64),
+    /// int64_t.
+    I64(i64),
+    /// uint32_t.
+    U32(u32),
+    /// int.
+    I32(i32),
+    /// float.
+    F32(f32),
+    /// double.
+    F64(f64),
+}
+
+/// Launches `f` on `stream` with the given arguments.
+pub(crate) fn launch(
+    f: Function,
+    grid: u32,
+    block: u32,
+    shared: u32,
+    stream: u64,
+    args: &[Arg],
+) -> Result<()> {
+    let mut vals: Vec<u64> = args
+        .iter()
+        .map(|a| match *a {
+            Arg::U64(v) => v,
+            Arg::I64(v) => v as u64,
+            Arg::U32(v) => v as u64,
+            Arg::I32(v) => v as u32 as u64,
+            Arg::F32(v) => v.to_bits() as u64,
+            Arg::F64(v) => v.to_bits(),
+        })
+        .collect();
+    let mut ptrs: Vec<*mut c_void> = vals
+        .iter_mut()
+        .map(|v| (v as *mut u64).cast::<c_void>())
+        .collect();
+    // SAFETY: the caller guarantees `f`'s parameters match `args` in number and size (fixed for
+    // symheap's own kernels in kernels.cu; the caller's promise for user kernels, see
+    // `CudaModule::launch`). Each parameter pointer points at a little-endian u64 whose low
+    // bytes hold the value, which is what a 4- or 8-byte parameter reads, and the driver copies
+    // the parameters before returning.
+    check(
+        unsafe {
+            sys::cuLaunchKernel(
+                f.0,
+                grid,
+                1,
+                1,
+                block,
+                1,
+                1,
+                shared,
+                stream as sys::CUstream,
+                ptrs.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        },
+        "cuLaunchKernel",
+    )
+}
+
+/// Page-locked host memory mapped into the device's address space: a word the GPU can write
+/// and the host can read without a copy (used for device-side error flags).
+pub(crate) struct MappedHost {
+    host: *mut c_void,
+    pub dev: u64,
+    pub len: usize,
+}
+// SAFETY: the memory is plain pinned host memory; accesses go through volatile/atomic reads.
+unsafe impl Send for MappedHost {}
+// SAFETY: as above.
+unsafe impl Sync for MappedHost {}
+
+impl MappedHost {
+    /// Allocates `len` zeroed bytes.
+    pub(crate) fn new(len: usize) -> Result<MappedHost> {
+        let mut p = std::ptr::null_mut();
+        // SAFETY: writes one host pointer to `len` pinned bytes, freed in Drop.
+        check(
+            unsafe {
+                sys::cuMemHostAlloc(
+                    &mut p,
+                    len,
+                    sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE,
+                )
+            },
+            "cuMemHostAlloc",
+        )?;
+        // SAFETY: `p` points at `len` writable bytes just allocated.
+        unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, len) };
+        let mut d = 0;
+        // SAFETY: `p` is a DEVICEMAP allocation; writes its device address.
+        check(
+            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, p, 0) },
+            "cuMemHostGetDevicePointer",
+        )?;
+        Ok(MappedHost {
+            host: p,
+            dev: d,
+            len,
+        })
+    }
+
+    /// Reads the 32-bit word at byte offset `off` as the device last wrote it.
+    pub(crate) fn read_u32(&self, off: usize) -> u32 {
+        assert!(off + 4 <= self.len && off % 4 == 0);
+        // SAFETY: in bounds and aligned (checked); the device writes this word atomically, so a
+        // relaxed atomic load sees either the old or the new value.
+        unsafe { std::sync::atomic::AtomicU32::from_ptr(self.host.cast::<u8>().add(off).cast()) }
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Writes the 32-bit word at byte offset `off`.
+    pub(crate) fn write_u32(&self, off: usize, v: u32) {
+        assert!(off + 4 <= self.len && off % 4 == 0);
+        // SAFETY: as in `read_u32`.
+        unsafe { std::sync::atomic::AtomicU32::from_ptr(self.host.cast::<u8>().add(off).cast()) }
+            .store(v, std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Reads the 64-bit word at byte offset `off`.
+    pub(crate) fn read_u64(&self, off: usize) -> u64 {
+        assert!(off + 8 <= self.len && off % 8 == 0);
+        // SAFETY: as in `read_u32`, for an aligned 8-byte word.
+        unsafe { std::sync::atomic::AtomicU64::from_ptr(self.host.cast::<u8>().add(off).cast()) }
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for MappedHost {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new`, freed once; no kernel uses it after the backend is gone.
+        let _ = unsafe { sys::cuMemFreeHost(self.host) };
+    }
+}
+
+/// Device timing events (for benchmarks).
+pub struct Event(sys::CUevent);
+// SAFETY: event handles may be recorded and queried from any thread.
+unsafe impl Send for Event {}
+
+impl Event {
+    /// A timing event in the current context.
+    pub fn new() -> Result<Event> {
+        let mut e = std::ptr::null_mut();
+        // SAFETY: writes one event handle, destroyed in Drop.
+        check(
+            unsafe { sys::cuEventCreate(&mut e, sys::CUevent_flags::CU_EVENT_DEFAULT as u32) },
+            "cuEventCreate",
+        )?;
+        Ok(Event(e))
+    }
+
+    /// Records the event on `stream`.
+    pub fn record(&self, stream: u64) -> Result<()> {
+        // SAFETY: valid event and stream handles.
+        check(
+            unsafe { sys::cuEventRecord(self.0, stream as sys::CUstream) },
+            "cuEventRecord",
+        )
+    }
+
+    /// Milliseconds from `self` to `end` (both recorded; waits for `end`).
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
+        // SAFETY: valid event handle.
+        check(
+            unsafe { sys::cuEventSynchronize(end.0) },
+            "cuEventSynchronize",
+        )?;
+        let mut ms = 0f32;
+        // SAFETY: both events were recorded; writes one float.
+        check(
+            unsafe { sys::cuEventElapsedTime_v2(&mut ms, self.0, end.0) },
+            "cuEventElapsedTime",
+        )?;
+        Ok(ms)
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once.
+        let _ = unsafe { sys::cuEventDestroy_v2(self.0) };
+    }
+}

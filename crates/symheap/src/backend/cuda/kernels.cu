@@ -1,0 +1,122 @@
+// symheap's own kernels for the CUDA backend. Compiled at run time by NVRTC (see nvrtc.rs) with
+// symheap.cuh passed as an in-memory header; no CUDA toolkit header is included.
+//
+// The Rust launcher depends on these exact names and parameter lists (extern "C", no mangling).
+// Kernels never printf; failures are reported through host-visible error words.
+
+#include "symheap.cuh"
+
+// Error codes written to the `error` word.
+#define SYMHEAP_ERR_WAIT_TIMEOUT 1u
+#define SYMHEAP_ERR_BARRIER_TIMEOUT 2u
+
+// Atomic store (st.relaxed.sys) of an error code into a host-visible word. A store rather than an
+// atomic read-modify-write: the word may be mapped host memory, where PCIe systems do not promise
+// device atomics.
+__device__ __forceinline__ void symheap_report(uint32_t* error, uint32_t code) {
+  asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(error), "r"(code) : "memory");
+}
+
+// Copies `bytes` bytes from src to dst (either may be a peer's memory): grid-stride, 16-byte
+// vector loads/stores when dst and src are congruent modulo 16 (a byte head/tail otherwise), four
+// independent 16-byte loads in flight per thread. Any grid size is correct; NVLink bandwidth needs
+// enough blocks (a few per SM).
+extern "C" __global__ void symheap_copy(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
+  const size_t rank = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const size_t count = (size_t)gridDim.x * blockDim.x;
+  symheap::detail::copy_bytes_inline(dst, src, (size_t)bytes, rank, count);
+}
+
+// One thread: makes every earlier store of this stream system visible, then publishes the signal.
+// op 0: *sig = value (st.release.sys); op 1: *sig += value (red.release.sys). Other ops: nothing.
+extern "C" __global__ void symheap_signal(uint64_t* sig, uint64_t value, int op) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  symheap::quiet();
+  if (op == 0) {
+    symheap::detail::st_release(sig, value);
+  } else if (op == 1) {
+    symheap::detail::red_add_release(sig, value);
+  }
+}
+
+// One thread: waits until *sig compares `cmp` (SYMHEAP_CMP_*) to `value`; on timeout stores 1 to
+// the host-visible *error and returns. timeout_ns == 0 tests once; ~0 waits without bound.
+extern "C" __global__ void symheap_wait(const uint64_t* sig, int cmp, uint64_t value,
+                                        uint64_t timeout_ns, uint32_t* error) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  if (!symheap::signal_wait_until(sig, cmp, value, timeout_ns)) {
+    symheap_report(error, SYMHEAP_ERR_WAIT_TIMEOUT);
+  }
+}
+
+// One block (ideally >= n threads; fewer works, each thread then handles several members):
+// barrier among the n team members. flags: my array, one word per team index; peer_flags[j]: the
+// address, in this process, of member j's array; epoch_ptr: this PE's barrier counter in device
+// memory (the number of barriers completed on this flags array, 0 at first). The kernel uses
+// epoch = *epoch_ptr + 1 and stores it back, so a captured CUDA graph replays correctly (an epoch
+// passed by value would be frozen into the graph). Every member's counter advances in lockstep
+// because barriers are collective. me: my team index. On timeout stores 2 to the host-visible
+// *error (the counter still advances, keeping the members' epochs aligned).
+extern "C" __global__ void symheap_barrier(uint64_t* flags, const uint64_t* peer_flags,
+                                           uint64_t* epoch_ptr, int me, int n, uint64_t timeout_ns,
+                                           uint32_t* error) {
+  if (blockIdx.x != 0) return;
+  const uint64_t epoch = *epoch_ptr + 1;
+  // barrier_block_peers starts with __syncthreads: every thread has read the old counter before
+  // thread 0 writes the new one below.
+  const bool ok = symheap::barrier_block_peers(flags, peer_flags, me, n, epoch, timeout_ns);
+  if (threadIdx.x == 0) {
+    *epoch_ptr = epoch;
+    if (!ok) symheap_report(error, SYMHEAP_ERR_BARRIER_TIMEOUT);
+  }
+  __syncthreads();
+  symheap::quiet();
+}
+
+// One thread: an atomic on a 4- or 8-byte word (width) at system scope. op: 0 load, 1 store,
+// 2 swap, 3 compare-swap (write operand if the word equals compare), 4 add, 5 and, 6 or, 7 xor.
+// Writes the word's previous value, zero-extended, to *old_out (0 for an unknown op or width).
+extern "C" __global__ void symheap_atomic(uint64_t* addr, int op, int width, uint64_t operand,
+                                          uint64_t compare, uint64_t* old_out) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  namespace d = symheap::detail;
+  uint64_t old = 0;
+  if (width == 4) {
+    unsigned int* p = (unsigned int*)addr;
+    const unsigned int v = (unsigned int)operand;
+    switch (op) {
+      case 0: old = d::ld_relaxed(p); break;
+      case 1:
+      case 2: old = d::xchg(p, v); break;
+      case 3: old = d::cas(p, (unsigned int)compare, v); break;
+      case 4: old = d::fetch_add(p, v); break;
+      case 5: old = d::fetch_and(p, v); break;
+      case 6: old = d::fetch_or(p, v); break;
+      case 7: old = d::fetch_xor(p, v); break;
+      default: break;
+    }
+  } else if (width == 8) {
+    unsigned long long* p = (unsigned long long*)addr;
+    const unsigned long long v = operand;
+    switch (op) {
+      case 0: old = d::ld_relaxed(p); break;
+      case 1:
+      case 2: old = d::xchg(p, v); break;
+      case 3: old = d::cas(p, (unsigned long long)compare, v); break;
+      case 4: old = d::fetch_add(p, v); break;
+      case 5: old = d::fetch_and(p, v); break;
+      case 6: old = d::fetch_or(p, v); break;
+      case 7: old = d::fetch_xor(p, v); break;
+      default: break;
+    }
+  }
+  *old_out = old;
+}
+
+// dst[0..n) = value, grid-stride.
+extern "C" __global__ void symheap_fill_u64(uint64_t* dst, uint64_t value, uint64_t n) {
+  const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    dst[i] = value;
+  }
+}

@@ -1,0 +1,733 @@
+//! The CUDA backend: a GPU symmetric heap with the same slot layout as the host backend.
+//!
+//! Each PE reserves `world × capacity` bytes of device virtual address space in its device's
+//! primary context (so PyTorch and the CUDA runtime share it). Growing creates this PE's next
+//! chunk with `cuMemCreate` (exportable as a POSIX file descriptor), passes the descriptor to
+//! the node's other PEs over the node channel, imports theirs and maps every chunk at its
+//! owner's slot; peers whose memory this device cannot reach (no peer-to-peer path) are not
+//! direct and get 0 in every table. Kernels are CUDA C++ compiled at run time by NVRTC for the
+//! device's own arch and cached on disk.
+
+mod cache;
+pub(crate) mod driver;
+pub mod nvrtc;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use self::driver::{Device, Function, MappedHost, Module, Stream};
+use super::reduce::reduce_bytes;
+use super::{AtomicOp, Backend, BackendKind, ChunkInfo, ReduceOp};
+use crate::bootstrap::{Bootstrap, NodeChannel, NodeInfo};
+use crate::element::DType;
+use crate::error::{backend, err, invalid, ErrorKind, Result};
+
+use driver::Arg;
+pub use driver::{Arg as KernelArg, Event};
+
+/// Oldest arch whose memory model (release/acquire at system scope) the kernels rely on.
+const MIN_ARCH: (i32, i32) = (7, 0);
+
+/// Offsets in the mapped host block that kernels report through.
+const ERR_WAIT: usize = 0;
+const ERR_BARRIER: usize = 4;
+const ATOMIC_OLD: usize = 8;
+
+/// How a stream copy is executed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Engine {
+    /// Copy engine for large transfers, SM kernel for small ones.
+    #[default]
+    Auto,
+    /// A kernel whose threads load and store (lowest latency; NVLink bandwidth with enough SMs).
+    Sm,
+    /// The DMA copy engines (`cuMemcpyAsync`), leaving the SMs free.
+    CopyEngine,
+}
+
+/// Transfers at least this large go to the copy engines under `Engine::Auto`.
+pub const CE_THRESHOLD: u64 = 1 << 20;
+
+struct Kernels {
+    _module: Module,
+    copy: Function,
+    signal: Function,
+    wait: Function,
+    barrier: Function,
+    atomic: Function,
+    /// Where the cubin came from, for the banner.
+    origin: String,
+}
+
+struct Mapping {
+    addr: u64,
+    bytes: u64,
+    handle: u64,
+}
+
+struct HeapMaps {
+    chunks: Vec<ChunkInfo>,
+    maps: Vec<Mapping>,
+}
+
+/// The CUDA backend (see the module documentation).
+pub struct CudaBackend {
+    rank: usize,
+    capacity: u64,
+    gran: u64,
+    dev: Device,
+    driver_version: i32,
+    base: u64,
+    reserved: u64,
+    direct: Mutex<Vec<bool>>,
+    node: NodeInfo,
+    channel: NodeChannel,
+    boot: Arc<dyn Bootstrap>,
+    state: Mutex<HeapMaps>,
+    kernels: Kernels,
+    stream: Stream,
+    flags: MappedHost,
+    /// Serialises users of the internal stream and the mapped host block.
+    ops: Mutex<()>,
+    timeout: Duration,
+}
+
+fn ceil_to(x: u64, g: u64) -> u64 {
+    x.div_ceil(g) * g
+}
+
+/// Picks the device: `SYMHEAP_DEVICE` (or the builder's), else LOCAL_RANK modulo the count.
+pub(crate) fn choose_device(explicit: Option<usize>, local_rank: usize) -> Result<usize> {
+    let n = driver::device_count()?;
+    if n == 0 {
+        return Err(err(
+            "init",
+            ErrorKind::Unsupported("no CUDA device is visible".into()),
+        ));
+    }
+    match explicit {
+        Some(d) if d >= n => Err(invalid(
+            "init",
+            format!("CUDA device {d} requested, only {n} visible"),
+        )),
+        Some(d) => Ok(d),
+        None => Ok(local_rank % n),
+    }
+}
+
+/// Whether a CUDA device is visible (for `SYMHEAP_BACKEND=auto`). Never fails.
+pub fn gpu_visible() -> bool {
+    driver::device_count().map(|n| n > 0).unwrap_or(false)
+}
+
+fn compile_kernels(dev: &Device, driver_version: i32) -> Result<Kernels> {
+    let arch = (dev.cc.0 * 10 + dev.cc.1) as u32;
+    let nv = nvrtc::version().map_err(|m| err("init", ErrorKind::Unsupported(m)))?;
+    let path = cache::path(&[nvrtc::HEADER, nvrtc::KERNELS], arch, driver_version, nv);
+    let (image, origin) = match cache::load(&path) {
+        Some(img) => (img, format!("cached {}", path.display())),
+        None => {
+            let img = nvrtc::compile_cubin(
+                nvrtc::KERNELS,
+                "symheap_kernels.cu",
+                arch,
+                &[("symheap.cuh", nvrtc::HEADER)],
+            )
+            .map_err(|log| {
+                err(
+                    "init",
+                    ErrorKind::Unsupported(format!(
+                        "NVRTC {}.{} cannot compile symheap's kernels for sm_{arch} ({}): {log}",
+                        nv.0, nv.1, dev.name
+                    )),
+                )
+            })?;
+            cache::store(&path, &img);
+            (
+                img,
+                format!("compiled by NVRTC {}.{} for sm_{arch}", nv.0, nv.1),
+            )
+        }
+    };
+    let module = Module::load(&image).map_err(|e| {
+        err(
+            "init",
+            ErrorKind::Unsupported(format!(
+                "the driver ({driver_version}) cannot load kernels built for sm_{arch}: {e}"
+            )),
+        )
+    })?;
+    Ok(Kernels {
+        copy: module.function("symheap_copy")?,
+        signal: module.function("symheap_signal")?,
+        wait: module.function("symheap_wait")?,
+        barrier: module.function("symheap_barrier")?,
+        atomic: module.function("symheap_atomic")?,
+        _module: module,
+        origin,
+    })
+}
+
+impl CudaBackend {
+    /// Opens the device, compiles (or loads) the kernels and reserves the slots.
+    pub fn new(
+        boot: Arc<dyn Bootstrap>,
+        node: NodeInfo,
+        channel: NodeChannel,
+        capacity: u64,
+        device: usize,
+        timeout: Duration,
+    ) -> Result<CudaBackend> {
+        let driver_version = driver::init()?;
+        let dev = Device::open(device)?;
+        if dev.cc < MIN_ARCH {
+            return Err(err(
+                "init",
+                ErrorKind::Unsupported(format!(
+                    "{} is sm_{}{}; symheap's kernels need sm_{}{} or newer",
+                    dev.name, dev.cc.0, dev.cc.1, MIN_ARCH.0, MIN_ARCH.1
+                )),
+            ));
+        }
+        let kernels = compile_kernels(&dev, driver_version)?;
+        let gran = dev.granularity()?;
+        let capacity = ceil_to(capacity, gran);
+        let world = boot.size();
+        let reserved = capacity
+            .checked_mul(world as u64)
+            .ok_or_else(|| backend("init", format!("{world} PEs x {capacity} bytes overflow")))?;
+        let base = driver::reserve(reserved, gran).map_err(|e| {
+            backend(
+                "init",
+                format!("{} (lower SYMHEAP_HEAP_CAPACITY)", e.kind()),
+            )
+        })?;
+        let direct = (0..world)
+            .map(|r| node.node_of[r] == node.node_index)
+            .collect();
+        let stream = driver::stream_create()?;
+        let flags = MappedHost::new(64)?;
+        Ok(CudaBackend {
+            rank: boot.rank(),
+            capacity,
+            gran,
+            dev,
+            driver_version,
+            base,
+            reserved,
+            direct: Mutex::new(direct),
+            node,
+            channel,
+            boot,
+            state: Mutex::new(HeapMaps {
+                chunks: Vec::new(),
+                maps: Vec::new(),
+            }),
+            kernels,
+            stream,
+            flags,
+            ops: Mutex::new(()),
+            timeout,
+        })
+    }
+
+    fn slot(&self, pe: usize) -> u64 {
+        self.base + pe as u64 * self.capacity
+    }
+
+    fn is_direct(&self, pe: usize) -> bool {
+        self.direct
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(pe)
+            .copied()
+            .unwrap_or(false)
+    }
+
+    /// The device ordinal in use.
+    pub fn device_ordinal(&self) -> usize {
+        self.dev.ordinal
+    }
+
+    /// (major, minor) compute capability.
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.dev.cc
+    }
+
+    /// Number of SMs.
+    pub fn sm_count(&self) -> i32 {
+        self.dev.sm_count
+    }
+
+    /// Makes this backend's context current on the calling thread.
+    pub fn bind(&self) -> Result<()> {
+        self.dev.bind()
+    }
+
+    fn timeout_ns(&self) -> u64 {
+        self.timeout.as_nanos().min(u64::MAX as u128) as u64
+    }
+
+    fn launch_copy(&self, dst: u64, src: u64, bytes: u64, stream: u64) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let block = 512u32;
+        // Each thread moves four 16-byte vectors per step; enough blocks to keep every SM busy,
+        // no more than the data needs.
+        let per_block = block as u64 * 16 * 4;
+        let grid = bytes
+            .div_ceil(per_block)
+            .clamp(1, (self.dev.sm_count.max(1) as u64) * 8) as u32;
+        driver::launch(
+            self.kernels.copy,
+            grid,
+            block,
+            0,
+            stream,
+            &[Arg::U64(dst), Arg::U64(src), Arg::U64(bytes)],
+        )
+    }
+
+    /// Enqueues a copy of `bytes` from `src` to `dst` (device addresses, any direct PE) on
+    /// `stream`, by SM kernel or copy engine.
+    pub fn copy_on_stream(
+        &self,
+        dst: u64,
+        src: u64,
+        bytes: u64,
+        stream: u64,
+        engine: Engine,
+    ) -> Result<()> {
+        self.bind()?;
+        let ce = match engine {
+            Engine::Auto => bytes >= CE_THRESHOLD,
+            Engine::Sm => false,
+            Engine::CopyEngine => true,
+        };
+        if ce {
+            driver::copy_async(dst, src, bytes, stream)
+        } else {
+            self.launch_copy(dst, src, bytes, stream)
+        }
+    }
+
+    /// Enqueues a signal update on `stream`: set (op 0) or add (op 1), ordered after everything
+    /// earlier on the stream and released at system scope.
+    pub fn signal_on_stream(&self, sig: u64, value: u64, add: bool, stream: u64) -> Result<()> {
+        self.bind()?;
+        driver::launch(
+            self.kernels.signal,
+            1,
+            1,
+            0,
+            stream,
+            &[Arg::U64(sig), Arg::U64(value), Arg::I32(i32::from(add))],
+        )
+    }
+
+    /// Enqueues a wait until `*sig CMP value` (cmp per symheap.cuh's constants) on `stream`. A
+    /// wait longer than the timeout stops and raises the device error flag.
+    pub fn wait_on_stream(&self, sig: u64, cmp: i32, value: u64, stream: u64) -> Result<()> {
+        self.bind()?;
+        driver::launch(
+            self.kernels.wait,
+            1,
+            1,
+            0,
+            stream,
+            &[
+                Arg::U64(sig),
+                Arg::I32(cmp),
+                Arg::U64(value),
+                Arg::U64(self.timeout_ns()),
+                Arg::U64(self.flags.dev + ERR_WAIT as u64),
+            ],
+        )
+    }
+
+    /// Enqueues a barrier among `n` members on `stream`. `flags` is this PE's flag array,
+    /// `peer_flags` a device array of every member's flag array address, `epoch_ptr` this PE's
+    /// barrier counter (advanced by the kernel, so a captured graph stays correct on replay).
+    #[allow(clippy::too_many_arguments)]
+    pub fn barrier_on_stream(
+        &self,
+        flags: u64,
+        peer_flags: u64,
+        epoch_ptr: u64,
+        me: usize,
+        n: usize,
+        stream: u64,
+    ) -> Result<()> {
+        self.bind()?;
+        let threads = (n as u32).next_multiple_of(32).max(32);
+        driver::launch(
+            self.kernels.barrier,
+            1,
+            threads,
+            0,
+            stream,
+            &[
+                Arg::U64(flags),
+                Arg::U64(peer_flags),
+                Arg::U64(epoch_ptr),
+                Arg::I32(me as i32),
+                Arg::I32(n as i32),
+                Arg::U64(self.timeout_ns()),
+                Arg::U64(self.flags.dev + ERR_BARRIER as u64),
+            ],
+        )
+    }
+
+    /// Waits for `stream` and reports a device-side wait that timed out since the last check.
+    pub fn sync_stream(&self, stream: u64) -> Result<()> {
+        self.bind()?;
+        driver::stream_sync(stream)?;
+        self.check_device_errors()
+    }
+
+    /// A device-side wait or barrier that gave up raises a flag; this turns it into an error
+    /// (once).
+    pub fn check_device_errors(&self) -> Result<()> {
+        for (off, what) in [
+            (ERR_WAIT, "a signal_wait_until on a stream"),
+            (ERR_BARRIER, "a barrier on a stream"),
+        ] {
+            if self.flags.read_u32(off) != 0 {
+                self.flags.write_u32(off, 0);
+                return Err(err(
+                    "sync_stream",
+                    ErrorKind::Timeout {
+                        what: format!("{what} (device side, SYMHEAP_TIMEOUT)"),
+                        waited: self.timeout,
+                        missing: vec![],
+                    },
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `stream` is being captured into a CUDA graph.
+    pub fn is_capturing(&self, stream: u64) -> Result<bool> {
+        self.bind()?;
+        driver::is_capturing(stream)
+    }
+}
+
+/// A module of user kernels compiled by NVRTC against `symheap.cuh` for this device.
+pub struct CudaModule {
+    module: Module,
+    dev: usize,
+}
+
+impl CudaModule {
+    /// Launches `kernel` with a 1-D grid on `stream`.
+    ///
+    /// # Safety
+    /// `args` must match the kernel's parameters in number, order and size, and every pointer
+    /// argument must be valid for the accesses the kernel makes (device memory of this context,
+    /// or symmetric addresses from a peer table). A wrong argument makes the kernel read or
+    /// write arbitrary device memory.
+    pub unsafe fn launch(
+        &self,
+        kernel: &str,
+        grid: u32,
+        block: u32,
+        shared: u32,
+        stream: u64,
+        args: &[KernelArg],
+    ) -> Result<()> {
+        let f = self.module.function(kernel)?;
+        driver::launch(f, grid, block, shared, stream, args)
+    }
+
+    /// The device ordinal it was compiled for.
+    pub fn device(&self) -> usize {
+        self.dev
+    }
+}
+
+impl CudaBackend {
+    /// Compiles user CUDA C++ (which may `#include "symheap.cuh"`) for this device, using the
+    /// kernel cache, and loads it.
+    pub fn compile_module(&self, source: &str, name: &str) -> Result<CudaModule> {
+        self.bind()?;
+        let arch = (self.dev.cc.0 * 10 + self.dev.cc.1) as u32;
+        let nv = nvrtc::version().map_err(|m| err("compile_module", ErrorKind::Unsupported(m)))?;
+        let path = cache::path(&[nvrtc::HEADER, source], arch, self.driver_version, nv);
+        let image = match cache::load(&path) {
+            Some(i) => i,
+            None => {
+                let i = nvrtc::compile_cubin(source, name, arch, &[("symheap.cuh", nvrtc::HEADER)])
+                    .map_err(|log| {
+                        invalid(
+                            "compile_module",
+                            format!("{name} does not compile for sm_{arch}: {log}"),
+                        )
+                    })?;
+                cache::store(&path, &i);
+                i
+            }
+        };
+        Ok(CudaModule {
+            module: Module::load(&image)?,
+            dev: self.dev.ordinal,
+        })
+    }
+
+    /// Creates a non-blocking stream (for programs without a framework that owns streams).
+    pub fn create_stream(&self) -> Result<u64> {
+        self.bind()?;
+        Ok(driver::stream_create()?.0)
+    }
+}
+
+impl Backend for CudaBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cuda
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "CUDA device {} ({}, GPU-{:02x}{:02x}{:02x}{:02x}, sm_{}{}, {} SMs), driver {}.{}, kernels {}, VMM granularity {} KiB",
+            self.dev.ordinal,
+            self.dev.name,
+            self.dev.uuid[0],
+            self.dev.uuid[1],
+            self.dev.uuid[2],
+            self.dev.uuid[3],
+            self.dev.cc.0,
+            self.dev.cc.1,
+            self.dev.sm_count,
+            self.driver_version / 1000,
+            (self.driver_version % 1000) / 10,
+            self.kernels.origin,
+            self.gran >> 10
+        )
+    }
+
+    fn granularity(&self) -> u64 {
+        self.gran
+    }
+
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    fn mapped(&self) -> u64 {
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.chunks.last().map(|c| c.offset + c.bytes).unwrap_or(0)
+    }
+
+    fn chunks(&self) -> Vec<ChunkInfo> {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .chunks
+            .clone()
+    }
+
+    fn slot_base(&self, pe: usize) -> Option<u64> {
+        self.is_direct(pe).then(|| self.slot(pe))
+    }
+
+    fn grow(&self, new_mapped: u64) -> Result<()> {
+        self.bind()?;
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let from = st.chunks.last().map(|c| c.offset + c.bytes).unwrap_or(0);
+        if new_mapped <= from || new_mapped > self.capacity || new_mapped % self.gran != 0 {
+            return Err(backend(
+                "grow",
+                format!(
+                    "cannot grow from {from} to {new_mapped} bytes (capacity {})",
+                    self.capacity
+                ),
+            ));
+        }
+        let len = new_mapped - from;
+        let handle = self.dev.create(len).map_err(|e| {
+            backend(
+                "grow",
+                format!(
+                    "{} (GPU memory exhausted? the chunk was {} MiB)",
+                    e.kind(),
+                    len >> 20
+                ),
+            )
+        })?;
+        let own = self.slot(self.rank) + from;
+        let fd = match driver::map(own, len, handle)
+            .and_then(|_| self.dev.set_access(own, len))
+            .and_then(|_| driver::export_fd(handle))
+        {
+            Ok(fd) => fd,
+            Err(e) => {
+                driver::unmap(own, len);
+                driver::release(handle);
+                return Err(e.during("grow"));
+            }
+        };
+        st.maps.push(Mapping {
+            addr: own,
+            bytes: len,
+            handle,
+        });
+        let all = self
+            .channel
+            .exchange_fds(std::slice::from_ref(&fd), self.boot.health())
+            .map_err(|e| e.during("grow"))?;
+        let first_grow = from == 0;
+        for (lr, fds) in all.iter().enumerate() {
+            let pe = self.node.local_peers[lr];
+            if pe == self.rank || !self.is_direct(pe) {
+                continue;
+            }
+            let f = fds
+                .first()
+                .ok_or_else(|| backend("grow", format!("PE {pe} passed no chunk")))?;
+            let h = driver::import_fd(f).map_err(|e| e.during("grow"))?;
+            let at = self.slot(pe) + from;
+            driver::map(at, len, h).map_err(|e| e.during("grow"))?;
+            match self.dev.set_access(at, len) {
+                Ok(()) => st.maps.push(Mapping {
+                    addr: at,
+                    bytes: len,
+                    handle: h,
+                }),
+                Err(e) if first_grow => {
+                    // No peer-to-peer path to that GPU: it stays reachable only through the
+                    // host, so its table entries are 0.
+                    tracing::info!(pe, "peer memory not accessible from this GPU: {e}");
+                    driver::unmap(at, len);
+                    driver::release(h);
+                    self.direct.lock().unwrap_or_else(|p| p.into_inner())[pe] = false;
+                }
+                Err(e) => {
+                    driver::unmap(at, len);
+                    driver::release(h);
+                    return Err(e.during("grow"));
+                }
+            }
+        }
+        st.chunks.push(ChunkInfo {
+            offset: from,
+            bytes: len,
+        });
+        Ok(())
+    }
+
+    fn write_bytes(&self, addr: u64, src: &[u8]) -> Result<()> {
+        self.bind()?;
+        let _g = self.ops.lock().unwrap_or_else(|p| p.into_inner());
+        driver::htod(addr, src, self.stream.0)
+    }
+
+    fn read_bytes(&self, addr: u64, dst: &mut [u8]) -> Result<()> {
+        self.bind()?;
+        let _g = self.ops.lock().unwrap_or_else(|p| p.into_inner());
+        driver::dtoh(dst, addr, self.stream.0)
+    }
+
+    fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        self.bind()?;
+        let _g = self.ops.lock().unwrap_or_else(|p| p.into_inner());
+        driver::copy_async(dst, src, bytes as u64, self.stream.0)?;
+        driver::stream_sync(self.stream.0)
+    }
+
+    fn atomic(
+        &self,
+        addr: u64,
+        width: usize,
+        op: AtomicOp,
+        operand: u64,
+        compare: u64,
+    ) -> Result<u64> {
+        if !(width == 4 || width == 8) || addr % width as u64 != 0 {
+            return Err(invalid(
+                "atomic",
+                format!("address {addr:#x} is not aligned to {width} bytes"),
+            ));
+        }
+        self.bind()?;
+        let code = match op {
+            AtomicOp::Load => 0,
+            AtomicOp::Store => 1,
+            AtomicOp::Swap => 2,
+            AtomicOp::CompareSwap => 3,
+            AtomicOp::Add => 4,
+            AtomicOp::And => 5,
+            AtomicOp::Or => 6,
+            AtomicOp::Xor => 7,
+        };
+        let _g = self.ops.lock().unwrap_or_else(|p| p.into_inner());
+        driver::launch(
+            self.kernels.atomic,
+            1,
+            1,
+            0,
+            self.stream.0,
+            &[
+                Arg::U64(addr),
+                Arg::I32(code),
+                Arg::I32(width as i32),
+                Arg::U64(operand),
+                Arg::U64(compare),
+                Arg::U64(self.flags.dev + ATOMIC_OLD as u64),
+            ],
+        )?;
+        driver::stream_sync(self.stream.0)?;
+        Ok(self.flags.read_u64(ATOMIC_OLD))
+    }
+
+    fn reduce(
+        &self,
+        dst: u64,
+        srcs: &[u64],
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        // The host-driven collective path; the GPU collectives run their own kernels on streams.
+        let bytes = count * dtype.size();
+        let mut inputs = Vec::with_capacity(srcs.len());
+        for &s in srcs {
+            let mut b = vec![0u8; bytes];
+            self.read_bytes(s, &mut b)?;
+            inputs.push(b);
+        }
+        let refs: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+        let mut out = vec![0u8; bytes];
+        reduce_bytes(&mut out, &refs, dtype, op);
+        self.write_bytes(dst, &out)
+    }
+
+    fn fence(&self) {
+        // Host-issued operations on this backend complete before they return.
+    }
+
+    fn poll_interval(&self) -> Option<Duration> {
+        Some(Duration::from_micros(100))
+    }
+
+    fn as_cuda(&self) -> Option<&CudaBackend> {
+        Some(self)
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        if self.bind().is_err() {
+            return;
+        }
+        let _ = driver::stream_sync(self.stream.0);
+        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        for m in st.maps.drain(..) {
+            driver::unmap(m.addr, m.bytes);
+            driver::release(m.handle);
+        }
+        driver::release_reservation(self.base, self.reserved);
+        driver::stream_destroy(self.stream);
+    }
+}
