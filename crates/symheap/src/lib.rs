@@ -29,6 +29,7 @@ pub mod ledger;
 pub mod ops;
 pub mod table;
 
+pub use backend::cuda;
 pub use backend::cuda::Engine;
 pub use backend::{AtomicOp, BackendKind, ReduceOp};
 pub use config::{BackendChoice, Config};

@@ -2,6 +2,7 @@
 //! and checks each outcome exactly. The same binary is the PE program (`selftest-pe`), so an
 //! installed `symheap` can check itself on a new machine.
 
+mod gpu_scenarios;
 mod ops_scenarios;
 mod scenarios;
 mod stream_scenarios;
@@ -243,6 +244,36 @@ pub const SCENARIOS: &[Scenario] = &[
         victims: false,
         gpu: true,
         run: stream_scenarios::stream_timeout,
+    },
+    Scenario {
+        name: "kernel-translate",
+        about: "a kernel writes every peer's copy of B through A's device peer table",
+        min_pes: 1,
+        env: &[("SYMHEAP_CHUNK_SIZE", "64M")],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: true,
+        run: gpu_scenarios::kernel_translate,
+    },
+    Scenario {
+        name: "kernel-atomics",
+        about: "atomics from kernels on peers' memory: exact totals, distinct fetched values",
+        min_pes: 1,
+        env: &[],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: true,
+        run: gpu_scenarios::kernel_atomics,
+    },
+    Scenario {
+        name: "example-kernel",
+        about: "examples/cuda/ring_put.cu: put_block + signal_add + signal_wait_until in a kernel",
+        min_pes: 1,
+        env: &[],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: true,
+        run: gpu_scenarios::example_kernel,
     },
 ];
 

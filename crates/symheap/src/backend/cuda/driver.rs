@@ -112,23 +112,12 @@ impl Device {
             unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) },
             "cuDevicePrimaryCtxRetain",
         )?;
-        let d = Device {
-            ordinal,
-            dev,
-            ctx: Ctx(ctx),
-            name: String::new(),
-            cc: (0, 0),
-            uuid: [0; 16],
-            sm_count: 0,
-        };
-        d.bind()?;
+        // SAFETY: the context was just retained; making it current lets the queries below run.
+        check(unsafe { sys::cuCtxSetCurrent(ctx) }, "cuCtxSetCurrent")?;
         let attr = |a: sys::CUdevice_attribute| -> Result<i32> {
             let mut v = 0;
             // SAFETY: writes one int for a valid device and attribute.
-            check(
-                unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) },
-                "cuDeviceGetAttribute",
-            )?;
+            check(unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) }, "cuDeviceGetAttribute")?;
             Ok(v)
         };
         let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
@@ -136,26 +125,22 @@ impl Device {
         let sm_count = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let mut name = [0 as std::ffi::c_char; 256];
         // SAFETY: the driver writes at most `len` bytes, NUL-terminated.
-        check(
-            unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), 256, dev) },
-            "cuDeviceGetName",
-        )?;
+        check(unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), 256, dev) }, "cuDeviceGetName")?;
         // SAFETY: `name` is NUL-terminated (the driver terminates it; the buffer started zeroed).
-        let name = unsafe { CStr::from_ptr(name.as_ptr()) }
-            .to_string_lossy()
-            .into_owned();
+        let name = unsafe { CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
         let mut uuid: sys::CUuuid = sys::CUuuid { bytes: [0; 16] };
         // SAFETY: writes one 16-byte uuid.
-        check(
-            unsafe { sys::cuDeviceGetUuid_v2(&mut uuid, dev) },
-            "cuDeviceGetUuid",
-        )?;
+        check(unsafe { sys::cuDeviceGetUuid_v2(&mut uuid, dev) }, "cuDeviceGetUuid")?;
+        // Built once, so its Drop (which releases the retained context) runs only when the
+        // backend goes away.
         Ok(Device {
+            ordinal,
+            dev,
+            ctx: Ctx(ctx),
             name,
             cc: (major, minor),
             uuid: uuid.bytes.map(|b| b as u8),
             sm_count,
-            ..d
         })
     }
 

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The whole GPU suite and the GPU benchmarks in one go.
+#
+#   scripts/gpu_suite.sh build   on the development machine: builds the release binaries into
+#                                .carry/ (git-ignored), which the device call carries along
+#   scripts/gpu_suite.sh run     on the GPU machine (no Rust there): checks the machine, runs the
+#                                self-test scenarios on the CUDA backend at 1 and 2 PEs, the
+#                                benchmarks against the peers, and prints a summary table last
+#
+# Outputs land in $OUT (the device tool fetches them) or ./gpu-results.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+mode="${1:-}"
+case "$mode" in
+build)
+  set -e
+  cargo build --release --locked -p symheap-cli
+  mkdir -p .carry/bin
+  cp target/release/symheap .carry/bin/
+  ls -la .carry/bin
+  ;;
+run)
+  # Never NVLink multicast on shared machines.
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  export SYMHEAP_CACHE_DIR="${TMPDIR:-/tmp}/symheap-cache"
+  OUTDIR="${OUT:-$PWD/gpu-results}"
+  mkdir -p "$OUTDIR"
+  B="$PWD/.carry/bin/symheap"
+  PES="${PES:-1,2}"
+  declare -a rows
+  step() { # name, command...
+    local name="$1"; shift
+    local t0=$SECONDS
+    echo "=== $name: $*"
+    if "$@" >"$OUTDIR/$name.log" 2>&1; then
+      rows+=("| $name | pass | $((SECONDS - t0)) s |")
+    else
+      rows+=("| $name | FAIL (see $name.log) | $((SECONDS - t0)) s |")
+      tail -n 40 "$OUTDIR/$name.log"
+    fi
+    grep -E "^\||runs passed|FAILED" "$OUTDIR/$name.log" | grep -v "^| scenario\|^|---" | tail -n 60
+  }
+  nvidia-smi -L
+  nvidia-smi topo -m 2>/dev/null | head -n 6
+  step info env SYMHEAP_BACKEND=cuda "$B" launch -n 2 -- "$B" info
+  step selftest-gpu "$B" selftest --gpu --pes "$PES"
+  if [ -x "$PWD/.carry/bin/symheap" ] && "$B" help bench-gpu >/dev/null 2>&1; then
+    step bench-gpu "$B" bench-gpu --json "$OUTDIR/bench-gpu.json"
+    cat "$OUTDIR/bench-gpu.log" | grep -E "^\|" || true
+  fi
+  echo
+  echo "| step | result | time |"
+  echo "|---|---|---|"
+  printf '%s\n' "${rows[@]}"
+  ;;
+*)
+  echo "usage: $0 build|run" >&2
+  exit 2
+  ;;
+esac
