@@ -38,16 +38,21 @@ run)
       rows+=("| $name | FAIL (see $name.log) | $((SECONDS - t0)) s |")
       tail -n 40 "$OUTDIR/$name.log"
     fi
-    grep -E "^\||runs passed|FAILED" "$OUTDIR/$name.log" | grep -v "^| scenario\|^|---" | tail -n 60
+    case "$name" in
+      selftest*) grep -E "runs passed|FAILED" "$OUTDIR/$name.log" | tail -n 30 ;;
+    esac
   }
   nvidia-smi -L
   nvidia-smi topo -m 2>/dev/null | head -n 6
   step info env SYMHEAP_BACKEND=cuda "$B" launch -n 2 -- "$B" info
-  step selftest-gpu "$B" selftest --gpu --pes "$PES"
-  if [ -x "$PWD/.carry/bin/symheap" ] && "$B" help bench-gpu >/dev/null 2>&1; then
-    step bench-gpu "$B" bench-gpu --json "$OUTDIR/bench-gpu.json"
-    cat "$OUTDIR/bench-gpu.log" | grep -E "^\|" || true
-  fi
+  [ "${SKIP_SELFTEST:-0}" = 1 ] || step selftest-gpu "$B" selftest --gpu --pes "$PES"
+  NGPU=$(nvidia-smi -L | wc -l)
+  # The torch SymmetricMemory peer, measured in this same run, merged into symheap's table.
+  step torch-symm-mem torchrun --standalone --nproc-per-node "$NGPU" bench/torch_symm_mem.py "$OUTDIR/torch.json"
+  PEER=()
+  [ -s "$OUTDIR/torch.json" ] && PEER=(--peer-json "$OUTDIR/torch.json")
+  step bench-gpu "$B" bench ${BENCH_WHAT:-all} -n "$NGPU" --json "$OUTDIR/bench-gpu.json" --png "$OUTDIR/bench-gpu.png" "${PEER[@]}" ${BENCH_ARGS:-}
+  grep -E "^\|" "$OUTDIR/bench-gpu.log" || true
   echo
   echo "| step | result | time |"
   echo "|---|---|---|"

@@ -65,18 +65,54 @@ enum Cmd {
     /// The main job: start PEs on whatever this machine has and run the standard sweep against
     /// the peer available there, printing the comparison table.
     Bench {
-        /// Number of PEs (default: one per CPU, 2 to 8).
+        /// What to run: `all` (the standard sweep), `coll` (collectives only) or `rma`.
+        #[arg(default_value = "all")]
+        what: String,
+        /// Number of PEs (default: every GPU; on the host one per CPU, 2 to 8).
         #[arg(short = 'n', long)]
         pes: Option<usize>,
+        /// Collectives to sweep (comma separated): all_reduce, all_gather, reduce_scatter,
+        /// broadcast, alltoall.
+        #[arg(long, value_delimiter = ',')]
+        op: Vec<String>,
+        /// Message sizes (comma separated, e.g. 8K,512K,4M,1G).
+        #[arg(long, value_delimiter = ',')]
+        sizes: Vec<String>,
+        /// Element type of the collectives.
+        #[arg(long, default_value = "bf16")]
+        dtype: String,
         /// Also write the rows as JSON here.
         #[arg(long)]
         json: Option<std::path::PathBuf>,
+        /// Also draw a PNG chart here (needs python3 with matplotlib).
+        #[arg(long)]
+        png: Option<std::path::PathBuf>,
+        /// Merge peer numbers measured in the same run by another program (torch script JSON).
+        #[arg(long)]
+        peer_json: Option<std::path::PathBuf>,
+        /// Force the host backend even when GPUs are visible.
+        #[arg(long)]
+        host: bool,
     },
     /// One PE of the benchmark (started by `bench`).
     #[command(hide = true)]
     BenchPe {
         #[arg(long)]
         out: std::path::PathBuf,
+    },
+    /// One PE of the GPU benchmark (started by `bench`).
+    #[command(hide = true)]
+    BenchPeGpu {
+        #[arg(long)]
+        out: std::path::PathBuf,
+        #[arg(long, value_delimiter = ',')]
+        ops: Vec<String>,
+        #[arg(long, value_delimiter = ',')]
+        sizes: Vec<u64>,
+        #[arg(long)]
+        dtype: String,
+        #[arg(long)]
+        rma: bool,
     },
     /// One PE of a self-test scenario (started by `selftest`).
     #[command(hide = true)]
@@ -148,11 +184,54 @@ fn main() -> ExitCode {
             });
             code(selftest::run_suite(&pes, only.as_deref(), seed, gpu))
         }
-        Cmd::Bench { pes, json } => {
-            let n = pes.unwrap_or_else(|| bench::cpus().clamp(2, 8));
-            code(bench::run_host(n, json.as_deref()))
+        Cmd::Bench {
+            what,
+            pes,
+            op,
+            sizes,
+            dtype,
+            json,
+            png,
+            peer_json,
+            host,
+        } => {
+            let gpus = if host { 0 } else { symheap::cuda::gpu_count() };
+            if gpus == 0 {
+                let n = pes.unwrap_or_else(|| bench::cpus().clamp(2, 8));
+                return code(bench::run_host(n, json.as_deref()));
+            }
+            let opts = bench::GpuOptions {
+                what,
+                n: pes.unwrap_or(gpus),
+                ops: op,
+                sizes,
+                dtype,
+                json,
+                png,
+                peer_json,
+            };
+            code(bench::run_gpu(&opts))
         }
         Cmd::BenchPe { out } => code(bench::bench_pe_host(&out)),
+        Cmd::BenchPeGpu {
+            out,
+            ops,
+            sizes,
+            dtype,
+            rma,
+        } => {
+            let Some(dtype) = symheap::DType::parse(&dtype) else {
+                eprintln!("unknown dtype {dtype}");
+                return code(2);
+            };
+            let plan = bench::gpu::GpuPlan {
+                ops,
+                sizes,
+                dtype,
+                rma,
+            };
+            code(bench::gpu::bench_pe_gpu(&plan, &out))
+        }
         Cmd::SelftestPe {
             scenario,
             seed,

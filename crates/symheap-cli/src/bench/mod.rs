@@ -6,6 +6,7 @@
 //! trials of a timed loop of K back-to-back operations, divided by K; bandwidth is bytes over
 //! that time. Every row reports the ratio `peer time / symheap time` (above 1: symheap faster).
 
+pub mod gpu;
 mod host;
 
 use std::path::{Path, PathBuf};
@@ -264,4 +265,172 @@ pub fn cpus() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
+}
+
+/// Options of the GPU sweep.
+pub struct GpuOptions {
+    /// `all`, `coll` or `rma`.
+    pub what: String,
+    /// PEs (one per GPU).
+    pub n: usize,
+    /// Collectives (empty: all).
+    pub ops: Vec<String>,
+    /// Sizes as typed (empty: the standard sweep).
+    pub sizes: Vec<String>,
+    /// Element type.
+    pub dtype: String,
+    /// JSON output.
+    pub json: Option<PathBuf>,
+    /// PNG output.
+    pub png: Option<PathBuf>,
+    /// Peer numbers from another program of the same run.
+    pub peer_json: Option<PathBuf>,
+}
+
+/// Sizes of the standard GPU sweep.
+pub const GPU_SIZES: [u64; 7] = [
+    8 << 10,
+    64 << 10,
+    512 << 10,
+    4 << 20,
+    32 << 20,
+    256 << 20,
+    1 << 30,
+];
+
+/// The main job on a machine with GPUs: one PE per GPU, symheap against NCCL.
+pub fn run_gpu(o: &GpuOptions) -> i32 {
+    let coll = matches!(o.what.as_str(), "all" | "coll");
+    let rma = matches!(o.what.as_str(), "all" | "rma");
+    if !coll && !rma {
+        eprintln!("bench: unknown sweep {:?} (all, coll or rma)", o.what);
+        return 2;
+    }
+    if symheap::DType::parse(&o.dtype).is_none() {
+        eprintln!("bench: unknown dtype {:?}", o.dtype);
+        return 2;
+    }
+    let ops: Vec<String> = if !coll {
+        vec![]
+    } else if o.ops.is_empty() {
+        gpu::COLL_OPS.iter().map(|s| s.to_string()).collect()
+    } else {
+        for op in &o.ops {
+            if !gpu::COLL_OPS.contains(&op.as_str()) {
+                eprintln!(
+                    "bench: unknown collective {op:?}; known: {}",
+                    gpu::COLL_OPS.join(", ")
+                );
+                return 2;
+            }
+        }
+        o.ops.clone()
+    };
+    let mut sizes = Vec::new();
+    for s in &o.sizes {
+        match symheap::config::parse_size(s) {
+            Ok(b) => sizes.push(b),
+            Err(e) => {
+                eprintln!("bench: {e}");
+                return 2;
+            }
+        }
+    }
+    if sizes.is_empty() {
+        sizes = GPU_SIZES.to_vec();
+    }
+    let exe = std::env::current_exe().expect("own path");
+    let tmp = std::env::temp_dir().join(format!("symheap-bench-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&tmp);
+    let out = tmp.join("gpu.json");
+    eprintln!(
+        "bench: CUDA backend, {} PEs, {} against NCCL{}",
+        o.n,
+        if ops.is_empty() {
+            "RMA".to_string()
+        } else {
+            format!("{} ({})", ops.join(", "), o.dtype)
+        },
+        if rma { ", RMA and allocation" } else { "" }
+    );
+    let mut cmd = Command::new(&exe);
+    cmd.arg("launch")
+        .arg("-n")
+        .arg(o.n.to_string())
+        .arg("--")
+        .arg(&exe)
+        .arg("bench-pe-gpu")
+        .arg("--out")
+        .arg(&out)
+        .arg("--dtype")
+        .arg(&o.dtype)
+        .env("SYMHEAP_BACKEND", "cuda");
+    if !ops.is_empty() {
+        cmd.arg("--ops").arg(ops.join(","));
+        cmd.arg("--sizes").arg(
+            sizes
+                .iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+        );
+    }
+    if rma {
+        cmd.arg("--rma");
+    }
+    if !matches!(cmd.status(), Ok(s) if s.success()) {
+        eprintln!("bench: the symheap PEs failed");
+        return 1;
+    }
+    let mut rows: Vec<gpu::GpuRow> = match std::fs::read(&out)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+    {
+        Some(r) => r,
+        None => {
+            eprintln!("bench: no results from the PEs");
+            return 1;
+        }
+    };
+    let _ = std::fs::remove_dir_all(&tmp);
+    if let Some(p) = &o.peer_json {
+        if let Err(e) = gpu::merge_peers(&mut rows, p) {
+            eprintln!("bench: {e}");
+        }
+    }
+    gpu::print_tables(
+        &format!("symheap CUDA backend, {} PEs on {}", o.n, hostname()),
+        &rows,
+    );
+    if let Some(p) = &o.json {
+        let doc =
+            serde_json::json!({ "backend": "cuda", "pes": o.n, "host": hostname(), "rows": rows });
+        if let Err(e) = std::fs::write(p, serde_json::to_vec_pretty(&doc).unwrap()) {
+            eprintln!("bench: cannot write {}: {e}", p.display());
+            return 1;
+        }
+    }
+    if let Some(png) = &o.png {
+        let data = std::env::temp_dir().join(format!("symheap-plot-{}.json", std::process::id()));
+        let script = std::env::temp_dir().join(format!("symheap-plot-{}.py", std::process::id()));
+        let ok = std::fs::write(&data, serde_json::to_vec(&rows).unwrap()).is_ok()
+            && std::fs::write(&script, include_str!("plot.py")).is_ok()
+            && Command::new("python3")
+                .arg(&script)
+                .arg(&data)
+                .arg(png)
+                .status()
+                .is_ok_and(|s| s.success());
+        let _ = std::fs::remove_file(&data);
+        let _ = std::fs::remove_file(&script);
+        if !ok {
+            eprintln!(
+                "bench: could not draw {} (needs python3 with matplotlib)",
+                png.display()
+            );
+            return 1;
+        }
+        eprintln!("bench: drew {}", png.display());
+    }
+    0
 }

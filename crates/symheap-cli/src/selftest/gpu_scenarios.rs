@@ -58,7 +58,10 @@ fn module(ctx: &Context, src: &str, name: &str) -> Result<CudaModule, String> {
 }
 
 fn xval(seed: u64, from: usize, to: usize, i: usize) -> f32 {
-    let mut x = seed ^ (from as u64 * 1_000_003) ^ (to as u64 * 7919) ^ (i as u64).wrapping_mul(2_654_435_761);
+    let mut x = seed
+        ^ (from as u64 * 1_000_003)
+        ^ (to as u64 * 7919)
+        ^ (i as u64).wrapping_mul(2_654_435_761);
     x ^= x >> 29;
     (x & 0xff_ffff) as u32 as f32
 }
@@ -74,8 +77,12 @@ pub fn kernel_translate(ctx: &Context, a: PeArgs) -> Outcome {
     let buf_b = ctx.malloc((n * words * 4) as u64).map_err(e2s)?;
     // The device table must hold what the host table says.
     let mut dev_table = vec![0u64; n];
-    ctx.read_at(buf_a.peer_bases_addr(), &mut dev_table).map_err(e2s)?;
-    ensure!(dev_table == buf_a.peer_bases(), "device peer table differs from the host one");
+    ctx.read_at(buf_a.peer_bases_addr(), &mut dev_table)
+        .map_err(e2s)?;
+    ensure!(
+        dev_table == buf_a.peer_bases(),
+        "device peer table differs from the host one"
+    );
     buf_b.write(0, &vec![-1.0f32; n * words]).map_err(e2s)?;
     ctx.barrier_all().map_err(e2s)?;
     let slot = buf_b.addr() + (me * words * 4) as u64;
@@ -105,7 +112,11 @@ pub fn kernel_translate(ctx: &Context, a: PeArgs) -> Outcome {
     for from in 0..n {
         for i in 0..words {
             let want = xval(a.seed, from, me, i);
-            ensure!(got[from * words + i] == want, "slot of PE {from}, word {i}: {} != {want}", got[from * words + i]);
+            ensure!(
+                got[from * words + i] == want,
+                "slot of PE {from}, word {i}: {} != {want}",
+                got[from * words + i]
+            );
         }
     }
     ctx.barrier_all().map_err(e2s)
@@ -145,11 +156,19 @@ pub fn kernel_atomics(ctx: &Context, _a: PeArgs) -> Outcome {
     ctx.barrier_all().map_err(e2s)?;
     let c = counter.to_vec::<u64>().map_err(e2s)?;
     let per = (threads * iters) as u64;
-    ensure!(c[0] == n as u64 * per, "counter {} after {} adds", c[0], n as u64 * per);
+    ensure!(
+        c[0] == n as u64 * per,
+        "counter {} after {} adds",
+        c[0],
+        n as u64 * per
+    );
     ensure!(c[1] == per, "fetch_add counter {} after {per} adds", c[1]);
     let mut v = olds.to_vec::<u64>().map_err(e2s)?;
     v.sort_unstable();
-    ensure!(v == (0..per).collect::<Vec<_>>(), "fetched values are not exactly 0..{per}");
+    ensure!(
+        v == (0..per).collect::<Vec<_>>(),
+        "fetched values are not exactly 0..{per}"
+    );
     ctx.barrier_all().map_err(e2s)
 }
 
@@ -195,7 +214,10 @@ pub fn example_kernel(ctx: &Context, _a: PeArgs) -> Outcome {
         .map_err(e2s)?;
         ctx.sync_stream(stream).map_err(e2s)?;
         let bad = out.to_vec::<u32>().map_err(e2s)?[0];
-        ensure!(bad == 0, "round {round}: {bad} wrong elements (0xffffffff = no signal)");
+        ensure!(
+            bad == 0,
+            "round {round}: {bad} wrong elements (0xffffffff = no signal)"
+        );
         ctx.barrier_all().map_err(e2s)?;
     }
     Ok(())

@@ -2,6 +2,7 @@
 //! and checks each outcome exactly. The same binary is the PE program (`selftest-pe`), so an
 //! installed `symheap` can check itself on a new machine.
 
+mod coll_scenarios;
 mod gpu_scenarios;
 mod ops_scenarios;
 mod scenarios;
@@ -274,6 +275,36 @@ pub const SCENARIOS: &[Scenario] = &[
         victims: false,
         gpu: true,
         run: gpu_scenarios::example_kernel,
+    },
+    Scenario {
+        name: "coll-stream",
+        about: "every collective on a stream, dtype, size class, in and out of place, world and sub-team",
+        min_pes: 1,
+        env: &[],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: false,
+        run: coll_scenarios::coll_stream,
+    },
+    Scenario {
+        name: "coll-graph",
+        about: "all_reduces captured in a CUDA graph stay exact over many replays",
+        min_pes: 1,
+        env: &[],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: true,
+        run: coll_scenarios::coll_graph,
+    },
+    Scenario {
+        name: "coll-nccl",
+        about: "GPU collectives agree with NCCL for every op, dtype and size class",
+        min_pes: 2,
+        env: &[],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: true,
+        run: coll_scenarios::coll_nccl,
     },
 ];
 

@@ -23,14 +23,14 @@ fn e2s(e: symheap::Error) -> String {
     e.to_string()
 }
 
-fn rng(seed: u64, a: u64, b: u64) -> fastrand::Rng {
+pub(super) fn rng(seed: u64, a: u64, b: u64) -> fastrand::Rng {
     fastrand::Rng::with_seed(
         seed ^ a.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ b.wrapping_mul(0xc2b2_ae3d_27d4_eb4f),
     )
 }
 
 /// Random test data of one dtype, as f64 for references and as bytes for buffers.
-trait TestElem: Element + Copy {
+pub(super) trait TestElem: Element + Copy {
     fn random(r: &mut fastrand::Rng) -> Self;
     fn to_f64(self) -> f64;
     /// Tolerance relative to the sum of magnitudes; 0 = exact.
@@ -85,19 +85,19 @@ impl TestElem for bf16 {
     const TOL: f64 = 1e-2;
 }
 
-fn data<T: TestElem>(seed: u64, pe: usize, tag: u64, n: usize) -> Vec<T> {
+pub(super) fn data<T: TestElem>(seed: u64, pe: usize, tag: u64, n: usize) -> Vec<T> {
     let mut r = rng(seed, pe as u64 + 1, tag);
     (0..n).map(|_| T::random(&mut r)).collect()
 }
 
 const POISON: u8 = 0xa5;
 
-fn poison(b: &SymmetricBuffer) -> Outcome {
+pub(super) fn poison(b: &SymmetricBuffer) -> Outcome {
     b.write(0, &vec![POISON; b.len_bytes() as usize])
         .map_err(e2s)
 }
 
-fn close<T: TestElem>(got: T, want: f64, scale: f64) -> bool {
+pub(super) fn close<T: TestElem>(got: T, want: f64, scale: f64) -> bool {
     if T::TOL == 0.0 {
         got.to_f64() == want
     } else {
@@ -269,7 +269,7 @@ pub fn broadcast(ctx: &Context, a: PeArgs) -> Outcome {
     Ok(())
 }
 
-fn reference<T: TestElem>(inputs: &[Vec<T>], op: ReduceOp) -> (Vec<f64>, Vec<f64>) {
+pub(super) fn reference<T: TestElem>(inputs: &[Vec<T>], op: ReduceOp) -> (Vec<f64>, Vec<f64>) {
     let len = inputs[0].len();
     let mut out = vec![0f64; len];
     let mut scale = vec![0f64; len];

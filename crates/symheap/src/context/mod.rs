@@ -53,6 +53,8 @@ pub(crate) struct Inner {
     pub(crate) control: SharedArea,
     /// Layout of the sync area inside `control`.
     pub(crate) area: SyncArea,
+    /// Device collective state (CUDA backend only), set at init.
+    pub(crate) dteams: std::sync::OnceLock<crate::ops::coll_stream::DeviceTeams>,
     /// Device barrier state (CUDA backend only), set at init.
     pub(crate) dsync: std::sync::OnceLock<crate::ops::stream::DeviceSync>,
     /// Team slots in use on this PE (bit 0: the world).
@@ -189,6 +191,7 @@ impl ContextBuilder {
             control,
             area,
             dsync: std::sync::OnceLock::new(),
+            dteams: std::sync::OnceLock::new(),
             slots_used: Mutex::new(1),
             finalized: AtomicBool::new(false),
         });
@@ -201,6 +204,7 @@ impl ContextBuilder {
             ctx.inner.grow(&mut st, first)?;
         }
         ctx.inner.init_device_sync()?;
+        ctx.inner.init_device_teams()?;
         ctx.barrier_all()?;
         if ctx.inner.cfg.debug >= DebugLevel::Info {
             eprintln!("{}", ctx.banner());

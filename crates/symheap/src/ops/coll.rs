@@ -276,6 +276,16 @@ impl Context {
     ) -> Result<()> {
         const CALL: &str = "all_reduce";
         let bytes = count * dtype.size();
+        if let Some(cu) = self
+            .inner
+            .backend
+            .as_cuda()
+            .filter(|_| crate::backend::cuda::coll_supports(dtype))
+        {
+            let s = cu.internal_stream();
+            self.all_reduce_on_stream(team, dest, src, count, dtype, op, algo, s)?;
+            return self.sync_stream(s);
+        }
         if team.is_valid() {
             check_len(&self.inner, CALL, "destination", dest, bytes)?;
             check_len(&self.inner, CALL, "source", src, bytes)?;

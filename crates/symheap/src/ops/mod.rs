@@ -5,6 +5,7 @@
 pub(crate) mod area;
 pub mod atomics;
 pub mod coll;
+pub mod coll_stream;
 pub mod rma;
 pub mod stream;
 pub(crate) mod sync;

@@ -399,6 +399,7 @@ impl Context {
         self.inner.barrier_raw(t, &mut st, CALL, 0, 0, false)?;
         let (at, len) = self.inner.area().slot_range(self.inner.rank, t.slot);
         self.inner.control.write(at, &vec![0u8; len as usize]);
+        self.inner.clear_device_team(t.slot)?;
         t.destroyed.store(true, Ordering::Release);
         *self
             .inner

@@ -117,7 +117,10 @@ impl Device {
         let attr = |a: sys::CUdevice_attribute| -> Result<i32> {
             let mut v = 0;
             // SAFETY: writes one int for a valid device and attribute.
-            check(unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) }, "cuDeviceGetAttribute")?;
+            check(
+                unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) },
+                "cuDeviceGetAttribute",
+            )?;
             Ok(v)
         };
         let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
@@ -125,12 +128,20 @@ impl Device {
         let sm_count = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let mut name = [0 as std::ffi::c_char; 256];
         // SAFETY: the driver writes at most `len` bytes, NUL-terminated.
-        check(unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), 256, dev) }, "cuDeviceGetName")?;
+        check(
+            unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), 256, dev) },
+            "cuDeviceGetName",
+        )?;
         // SAFETY: `name` is NUL-terminated (the driver terminates it; the buffer started zeroed).
-        let name = unsafe { CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
+        let name = unsafe { CStr::from_ptr(name.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
         let mut uuid: sys::CUuuid = sys::CUuuid { bytes: [0; 16] };
         // SAFETY: writes one 16-byte uuid.
-        check(unsafe { sys::cuDeviceGetUuid_v2(&mut uuid, dev) }, "cuDeviceGetUuid")?;
+        check(
+            unsafe { sys::cuDeviceGetUuid_v2(&mut uuid, dev) },
+            "cuDeviceGetUuid",
+        )?;
         // Built once, so its Drop (which releases the retained context) runs only when the
         // backend goes away.
         Ok(Device {
@@ -620,5 +631,151 @@ impl Drop for Event {
     fn drop(&mut self) {
         // SAFETY: created in `new`, destroyed once.
         let _ = unsafe { sys::cuEventDestroy_v2(self.0) };
+    }
+}
+
+/// An instantiated CUDA graph captured from a stream.
+pub struct Graph {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+}
+// SAFETY: graph handles may be launched from any thread; launches are ordered by their stream.
+unsafe impl Send for Graph {}
+
+impl Graph {
+    /// Captures everything `body` enqueues on `stream` (which must not be the legacy default
+    /// stream) into a graph, without running it. The capture is relaxed, so other threads'
+    /// unrelated CUDA calls are not disturbed.
+    pub fn capture(stream: u64, body: impl FnOnce() -> Result<()>) -> Result<Graph> {
+        // SAFETY: begins capture on a caller-provided stream; ended below on every path.
+        check(
+            unsafe {
+                sys::cuStreamBeginCapture_v2(
+                    stream as sys::CUstream,
+                    sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+                )
+            },
+            "cuStreamBeginCapture",
+        )?;
+        let r = body();
+        let mut graph = std::ptr::null_mut();
+        // SAFETY: ends the capture begun above; writes one graph handle (null if it failed).
+        let end = check(
+            unsafe { sys::cuStreamEndCapture(stream as sys::CUstream, &mut graph) },
+            "cuStreamEndCapture",
+        );
+        r?;
+        end?;
+        let mut exec = std::ptr::null_mut();
+        // SAFETY: `graph` is a valid captured graph; writes one executable graph handle.
+        if let Err(e) = check(
+            unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) },
+            "cuGraphInstantiate",
+        ) {
+            // SAFETY: the graph was created by the capture and is not used afterwards.
+            let _ = unsafe { sys::cuGraphDestroy(graph) };
+            return Err(e);
+        }
+        Ok(Graph { graph, exec })
+    }
+
+    /// Enqueues one replay on `stream`.
+    pub fn launch(&self, stream: u64) -> Result<()> {
+        // SAFETY: the executable graph is valid until Drop; the stream is the caller's.
+        check(
+            unsafe { sys::cuGraphLaunch(self.exec, stream as sys::CUstream) },
+            "cuGraphLaunch",
+        )
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // SAFETY: both handles were created in `capture` and are destroyed once.
+        unsafe {
+            let _ = sys::cuGraphExecDestroy(self.exec);
+            let _ = sys::cuGraphDestroy(self.graph);
+        }
+    }
+}
+
+/// The baseline symheap's transfers are measured against: a plain peer-to-peer copy-engine copy
+/// (`cuMemcpyPeerAsync`) between two ordinary `cuMemAlloc` buffers on two GPUs of this process,
+/// the same thing `cudaMemcpyPeer` or a torch cross-device `copy_` does.
+pub struct PeerCopy {
+    src_dev: Device,
+    dst_dev: Device,
+    src: u64,
+    dst: u64,
+    bytes: u64,
+}
+
+impl PeerCopy {
+    /// Allocates `bytes` on device `src` and on device `dst` (filled with a pattern, never
+    /// zeros, so the copy moves real data).
+    pub fn new(src: usize, dst: usize, bytes: u64) -> Result<PeerCopy> {
+        let src_dev = Device::open(src)?;
+        let dst_dev = Device::open(dst)?;
+        let alloc = |d: &Device| -> Result<u64> {
+            d.bind()?;
+            let mut p = 0;
+            // SAFETY: writes one device pointer to `bytes` bytes, freed in Drop.
+            check(
+                unsafe { sys::cuMemAlloc_v2(&mut p, bytes as usize) },
+                "cuMemAlloc",
+            )?;
+            // SAFETY: `p` points at `bytes` bytes of this device's memory.
+            check(
+                unsafe { sys::cuMemsetD8_v2(p, 0x5b, bytes as usize) },
+                "cuMemsetD8",
+            )?;
+            Ok(p)
+        };
+        let d = alloc(&dst_dev)?;
+        let s = alloc(&src_dev)?;
+        // Direct GPU-to-GPU DMA, as symheap's own mappings get; "already enabled" is fine.
+        // SAFETY: both contexts are retained by the Device values held in `self`.
+        let _ = unsafe { sys::cuCtxEnablePeerAccess(dst_dev.ctx.0, 0) };
+        Ok(PeerCopy {
+            src_dev,
+            dst_dev,
+            src: s,
+            dst: d,
+            bytes,
+        })
+    }
+
+    /// Enqueues a copy of `bytes` (at most the allocation) on `stream` (a stream of the source
+    /// device's context).
+    pub fn enqueue(&self, bytes: u64, stream: u64) -> Result<()> {
+        assert!(bytes <= self.bytes);
+        self.src_dev.bind()?;
+        // SAFETY: both buffers hold at least `bytes` bytes and belong to the contexts passed.
+        check(
+            unsafe {
+                sys::cuMemcpyPeerAsync(
+                    self.dst,
+                    self.dst_dev.ctx.0,
+                    self.src,
+                    self.src_dev.ctx.0,
+                    bytes as usize,
+                    stream as sys::CUstream,
+                )
+            },
+            "cuMemcpyPeerAsync",
+        )
+    }
+}
+
+impl Drop for PeerCopy {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new`, freed once, after the caller synchronised its streams.
+        unsafe {
+            let _ = self.src_dev.bind();
+            let _ = sys::cuMemFree_v2(self.src);
+            let _ = self.dst_dev.bind();
+            let _ = sys::cuMemFree_v2(self.dst);
+            let _ = self.src_dev.bind();
+        }
     }
 }

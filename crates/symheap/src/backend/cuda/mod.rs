@@ -10,8 +10,10 @@
 
 mod cache;
 pub(crate) mod driver;
+pub mod nccl;
 pub mod nvrtc;
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,7 +25,7 @@ use crate::element::DType;
 use crate::error::{backend, err, invalid, ErrorKind, Result};
 
 use driver::Arg;
-pub use driver::{Arg as KernelArg, Event};
+pub use driver::{Arg as KernelArg, Event, Graph, PeerCopy};
 
 /// Oldest arch whose memory model (release/acquire at system scope) the kernels rely on.
 const MIN_ARCH: (i32, i32) = (7, 0);
@@ -32,6 +34,7 @@ const MIN_ARCH: (i32, i32) = (7, 0);
 const ERR_WAIT: usize = 0;
 const ERR_BARRIER: usize = 4;
 const ATOMIC_OLD: usize = 8;
+const ERR_COLL: usize = 16;
 
 /// How a stream copy is executed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -85,6 +88,7 @@ pub struct CudaBackend {
     boot: Arc<dyn Bootstrap>,
     state: Mutex<HeapMaps>,
     kernels: Kernels,
+    coll: CollKernels,
     stream: Stream,
     flags: MappedHost,
     /// Serialises users of the internal stream and the mapped host block.
@@ -117,27 +121,28 @@ pub(crate) fn choose_device(explicit: Option<usize>, local_rank: usize) -> Resul
 
 /// Whether a CUDA device is visible (for `SYMHEAP_BACKEND=auto`). Never fails.
 pub fn gpu_visible() -> bool {
-    driver::device_count().map(|n| n > 0).unwrap_or(false)
+    gpu_count() > 0
 }
 
-fn compile_kernels(dev: &Device, driver_version: i32) -> Result<Kernels> {
+/// Number of visible CUDA devices (0 without a driver). Never fails.
+pub fn gpu_count() -> usize {
+    driver::device_count().unwrap_or(0)
+}
+
+/// Compiles (or loads from the cache) one of symheap's kernel sources for `dev`.
+fn build(dev: &Device, driver_version: i32, source: &str, name: &str) -> Result<(Module, String)> {
     let arch = (dev.cc.0 * 10 + dev.cc.1) as u32;
     let nv = nvrtc::version().map_err(|m| err("init", ErrorKind::Unsupported(m)))?;
-    let path = cache::path(&[nvrtc::HEADER, nvrtc::KERNELS], arch, driver_version, nv);
+    let path = cache::path(&[nvrtc::HEADER, source], arch, driver_version, nv);
     let (image, origin) = match cache::load(&path) {
         Some(img) => (img, format!("cached {}", path.display())),
         None => {
-            let img = nvrtc::compile_cubin(
-                nvrtc::KERNELS,
-                "symheap_kernels.cu",
-                arch,
-                &[("symheap.cuh", nvrtc::HEADER)],
-            )
-            .map_err(|log| {
+            let img = nvrtc::compile_cubin(source, name, arch, &[("symheap.cuh", nvrtc::HEADER)])
+                .map_err(|log| {
                 err(
                     "init",
                     ErrorKind::Unsupported(format!(
-                        "NVRTC {}.{} cannot compile symheap's kernels for sm_{arch} ({}): {log}",
+                        "NVRTC {}.{} cannot compile {name} for sm_{arch} ({}): {log}",
                         nv.0, nv.1, dev.name
                     )),
                 )
@@ -157,6 +162,56 @@ fn compile_kernels(dev: &Device, driver_version: i32) -> Result<Kernels> {
             )),
         )
     })?;
+    Ok((module, origin))
+}
+
+/// Names of the collective kernels (coll.cu), looked up once at init.
+const COLL_KERNELS: &[&str] = &["symheap_allgather", "symheap_broadcast", "symheap_alltoall"];
+/// Reduction kernels exist per dtype suffix.
+const COLL_REDUCING: &[&str] = &[
+    "symheap_ar_oneshot",
+    "symheap_ar_twoshot",
+    "symheap_reduce_scatter",
+];
+/// Dtypes the reducing kernels are built for.
+pub const COLL_DTYPES: &[(DType, &str)] = &[
+    (DType::F32, "f32"),
+    (DType::F16, "f16"),
+    (DType::BF16, "bf16"),
+    (DType::I32, "i32"),
+];
+
+/// Whether the GPU reduction kernels handle `d`.
+pub fn coll_supports(d: DType) -> bool {
+    COLL_DTYPES.iter().any(|(t, _)| *t == d)
+}
+
+struct CollKernels {
+    _module: Module,
+    fns: HashMap<String, Function>,
+}
+
+fn compile_coll(dev: &Device, driver_version: i32) -> Result<CollKernels> {
+    let (module, _) = build(dev, driver_version, nvrtc::COLL, "symheap_coll.cu")?;
+    let mut fns = HashMap::new();
+    for k in COLL_KERNELS {
+        fns.insert(k.to_string(), module.function(k)?);
+    }
+    for k in COLL_REDUCING {
+        for (_, sfx) in COLL_DTYPES {
+            let name = format!("{k}_{sfx}");
+            let f = module.function(&name)?;
+            fns.insert(name, f);
+        }
+    }
+    Ok(CollKernels {
+        _module: module,
+        fns,
+    })
+}
+
+fn compile_kernels(dev: &Device, driver_version: i32) -> Result<Kernels> {
+    let (module, origin) = build(dev, driver_version, nvrtc::KERNELS, "symheap_kernels.cu")?;
     Ok(Kernels {
         copy: module.function("symheap_copy")?,
         signal: module.function("symheap_signal")?,
@@ -190,6 +245,7 @@ impl CudaBackend {
             ));
         }
         let kernels = compile_kernels(&dev, driver_version)?;
+        let coll = compile_coll(&dev, driver_version)?;
         let gran = dev.granularity()?;
         let capacity = ceil_to(capacity, gran);
         let world = boot.size();
@@ -224,6 +280,7 @@ impl CudaBackend {
                 maps: Vec::new(),
             }),
             kernels,
+            coll,
             stream,
             flags,
             ops: Mutex::new(()),
@@ -379,6 +436,38 @@ impl CudaBackend {
         )
     }
 
+    /// Launches collective kernel `name` (from coll.cu) with `grid` blocks of 512 threads.
+    pub(crate) fn launch_coll(
+        &self,
+        name: &str,
+        grid: u32,
+        stream: u64,
+        args: &[Arg],
+    ) -> Result<()> {
+        self.bind()?;
+        let f = *self
+            .coll
+            .fns
+            .get(name)
+            .ok_or_else(|| backend("collective", format!("no kernel {name}")))?;
+        driver::launch(f, grid, 512, 0, stream, args)
+    }
+
+    /// The backend's own non-blocking stream (host-level calls run their kernels on it).
+    pub fn internal_stream(&self) -> u64 {
+        self.stream.0
+    }
+
+    /// The mapped word collective kernels raise on a timeout.
+    pub(crate) fn coll_error_word(&self) -> u64 {
+        self.flags.dev + ERR_COLL as u64
+    }
+
+    /// The device-side wait bound, in nanoseconds.
+    pub(crate) fn wait_bound_ns(&self) -> u64 {
+        self.timeout_ns()
+    }
+
     /// Waits for `stream` and reports a device-side wait that timed out since the last check.
     pub fn sync_stream(&self, stream: u64) -> Result<()> {
         self.bind()?;
@@ -392,6 +481,7 @@ impl CudaBackend {
         for (off, what) in [
             (ERR_WAIT, "a signal_wait_until on a stream"),
             (ERR_BARRIER, "a barrier on a stream"),
+            (ERR_COLL, "a collective on a stream"),
         ] {
             if self.flags.read_u32(off) != 0 {
                 self.flags.write_u32(off, 0);

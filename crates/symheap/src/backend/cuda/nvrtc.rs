@@ -30,6 +30,9 @@ pub const HEADER: &str = include_str!(concat!(
 /// The backend's kernels (`kernels.cu`, includes `"symheap.cuh"`) as compiled into the library.
 pub const KERNELS: &str = include_str!("kernels.cu");
 
+/// The collective kernels (all_reduce, all_gather, reduce_scatter, broadcast, alltoall).
+pub const COLL: &str = include_str!("coll.cu");
+
 /// The include name under which [`HEADER`] is passed to NVRTC.
 pub const HEADER_NAME: &str = "symheap.cuh";
 

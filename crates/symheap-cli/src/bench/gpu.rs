@@ -1,0 +1,592 @@
+//! The GPU sweep (`symheap bench` on a machine with GPUs, `symheap bench coll`): symheap against
+//! NCCL in the same processes, on the same buffers, with the same method: the median over trials
+//! of an event-timed loop of K back-to-back operations, divided by K, both launched eagerly and
+//! replayed from a CUDA graph. RMA: put/get bandwidth (SM kernel and copy engine) against a plain
+//! peer-to-peer copy-engine copy, put+signal ping-pong against NCCL send/recv, and the latency of
+//! allocate_symmetric.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use symheap::cuda::nccl::Nccl;
+use symheap::cuda::{Event, Graph, PeerCopy};
+use symheap::{AllReduceAlgo, Cmp, Context, DType, Engine, ReduceOp, SignalOp, SymmetricBuffer};
+
+/// One measured configuration.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct GpuRow {
+    /// `coll`, `rma` or `alloc`.
+    pub group: String,
+    /// Operation and variant (`all_reduce`, `put SM`, ...).
+    pub op: String,
+    /// Element type.
+    pub dtype: String,
+    /// Message size in bytes (NCCL-tests convention: the larger of send and receive buffers).
+    pub bytes: u64,
+    /// Microseconds per op, symheap, CUDA graph replay (None when not measured).
+    pub graph_us: Option<f64>,
+    /// Microseconds per op, symheap, eager launches.
+    pub eager_us: Option<f64>,
+    /// The peer measured in the same run.
+    pub peer: String,
+    /// Peer, graph replay.
+    pub peer_graph_us: Option<f64>,
+    /// Peer, eager.
+    pub peer_eager_us: Option<f64>,
+    /// Bus-bandwidth factor (NCCL-tests): busbw = factor × bytes / time.
+    pub bus_factor: f64,
+    /// Other peers merged in later (e.g. torch SymmetricMemory), name → microseconds.
+    #[serde(default)]
+    pub others: Vec<(String, f64)>,
+}
+
+fn e2s(e: symheap::Error) -> String {
+    e.to_string()
+}
+
+/// Median over `trials` of (time of `k` calls of `f` enqueued on `stream`) / k, in µs.
+fn time_stream(
+    stream: u64,
+    trials: usize,
+    k: usize,
+    mut f: impl FnMut() -> Result<(), String>,
+) -> Result<f64, String> {
+    let (a, b) = (Event::new().map_err(e2s)?, Event::new().map_err(e2s)?);
+    let mut t = Vec::with_capacity(trials);
+    for _ in 0..trials {
+        a.record(stream).map_err(e2s)?;
+        for _ in 0..k {
+            f()?;
+        }
+        b.record(stream).map_err(e2s)?;
+        t.push(a.elapsed_ms(&b).map_err(e2s)? as f64 * 1e3 / k as f64);
+    }
+    t.sort_by(|x, y| x.partial_cmp(y).unwrap());
+    Ok(t[t.len() / 2])
+}
+
+/// The same for a graph of `k` captured calls, replayed once per trial.
+fn time_graph(
+    stream: u64,
+    trials: usize,
+    k: usize,
+    mut f: impl FnMut() -> symheap::Result<()>,
+) -> Result<f64, String> {
+    let g = Graph::capture(stream, || {
+        for _ in 0..k {
+            f()?;
+        }
+        Ok(())
+    })
+    .map_err(e2s)?;
+    g.launch(stream).map_err(e2s)?; // warm-up replay
+    time_stream(stream, trials, 1, || g.launch(stream).map_err(e2s)).map(|t| t / k as f64)
+}
+
+fn k_for(bytes: u64) -> (usize, usize) {
+    match bytes {
+        0..=1_048_576 => (50, 11),
+        1_048_577..=67_108_864 => (20, 7),
+        _ => (3, 5),
+    }
+}
+
+/// Collectives the sweep knows.
+pub const COLL_OPS: &[&str] = &[
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "broadcast",
+    "alltoall",
+];
+
+fn fill(b: &SymmetricBuffer, seed: u64) -> Result<(), String> {
+    // Real data (not zeros): small integers as bf16/f32/i32 bit patterns are all finite.
+    let n = b.len_bytes() as usize / 2;
+    let mut r = fastrand::Rng::with_seed(seed);
+    let v: Vec<u16> = (0..n).map(|_| 0x3c00 + r.u16(0..0x200)).collect();
+    b.write(0, &v).map_err(e2s)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bench_coll(
+    ctx: &Context,
+    nccl: &mut Nccl,
+    s: u64,
+    op: &str,
+    bytes: u64,
+    dtype: DType,
+    algo: AllReduceAlgo,
+    rows: &mut Vec<GpuRow>,
+) -> Result<(), String> {
+    let n = ctx.n_pes() as u64;
+    let el = dtype.size() as u64;
+    // Per-rank send and receive sizes under NCCL-tests' convention for `bytes`.
+    let (send, recv, factor) = match op {
+        "all_reduce" => (bytes, bytes, 2.0 * (n - 1) as f64 / n as f64),
+        "all_gather" => (bytes / n, bytes, (n - 1) as f64 / n as f64),
+        "reduce_scatter" => (bytes, bytes / n, (n - 1) as f64 / n as f64),
+        "broadcast" => (bytes, bytes, 1.0),
+        "alltoall" => (bytes, bytes, (n - 1) as f64 / n as f64),
+        other => return Err(format!("unknown collective {other}")),
+    };
+    let count_send = (send / el) as usize;
+    let count_recv = (recv / el) as usize;
+    let src = ctx.malloc(send.max(256)).map_err(e2s)?;
+    let dst = ctx.malloc(recv.max(256)).map_err(e2s)?;
+    fill(&src, bytes ^ ctx.my_pe() as u64)?;
+    let w = ctx.world_team();
+    let (k, trials) = k_for(bytes);
+    let sym = || -> symheap::Result<()> {
+        match op {
+            "all_reduce" => ctx.all_reduce_on_stream(
+                &w,
+                dst.addr(),
+                src.addr(),
+                count_send,
+                dtype,
+                ReduceOp::Sum,
+                algo,
+                s,
+            ),
+            "all_gather" => {
+                ctx.all_gather_on_stream(&w, dst.addr(), src.addr(), count_send, dtype, s)
+            }
+            "reduce_scatter" => ctx.reduce_scatter_on_stream(
+                &w,
+                dst.addr(),
+                src.addr(),
+                count_recv,
+                dtype,
+                ReduceOp::Sum,
+                s,
+            ),
+            "broadcast" => {
+                ctx.broadcast_on_stream(&w, dst.addr(), src.addr(), count_send, dtype, 0, s)
+            }
+            _ => ctx.alltoall_on_stream(
+                &w,
+                dst.addr(),
+                src.addr(),
+                count_send / n as usize,
+                dtype,
+                s,
+            ),
+        }
+    };
+    let peer = |nc: &mut Nccl| -> symheap::Result<()> {
+        match op {
+            "all_reduce" => {
+                nc.all_reduce(dst.addr(), src.addr(), count_send, dtype, ReduceOp::Sum, s)
+            }
+            "all_gather" => nc.all_gather(dst.addr(), src.addr(), count_send, dtype, s),
+            "reduce_scatter" => {
+                nc.reduce_scatter(dst.addr(), src.addr(), count_recv, dtype, ReduceOp::Sum, s)
+            }
+            "broadcast" => nc.broadcast(dst.addr(), src.addr(), count_send, dtype, 0, s),
+            _ => nc.alltoall(dst.addr(), src.addr(), count_send / n as usize, dtype, s),
+        }
+    };
+    // Warm up both (NCCL sets up its channels lazily).
+    for _ in 0..3 {
+        sym().map_err(e2s)?;
+        peer(nccl).map_err(e2s)?;
+    }
+    ctx.sync_stream(s).map_err(e2s)?;
+    ctx.barrier_all().map_err(e2s)?;
+    let eager = time_stream(s, trials, k, || sym().map_err(e2s))?;
+    ctx.sync_stream(s).map_err(e2s)?;
+    ctx.barrier_all().map_err(e2s)?;
+    let graph = time_graph(s, trials, k, sym)?;
+    ctx.sync_stream(s).map_err(e2s)?;
+    ctx.barrier_all().map_err(e2s)?;
+    let peer_eager = time_stream(s, trials, k, || peer(nccl).map_err(e2s))?;
+    ctx.sync_stream(s).map_err(e2s)?;
+    ctx.barrier_all().map_err(e2s)?;
+    let peer_graph = time_graph(s, trials, k, || peer(nccl))?;
+    ctx.sync_stream(s).map_err(e2s)?;
+    ctx.barrier_all().map_err(e2s)?;
+    let label = match (op, algo) {
+        ("all_reduce", AllReduceAlgo::OneShot) => "all_reduce one-shot".to_string(),
+        ("all_reduce", AllReduceAlgo::TwoShot) => "all_reduce two-shot".to_string(),
+        _ => op.to_string(),
+    };
+    rows.push(GpuRow {
+        group: "coll".into(),
+        op: label,
+        dtype: dtype.name().into(),
+        bytes,
+        graph_us: Some(graph),
+        eager_us: Some(eager),
+        peer: "NCCL".into(),
+        peer_graph_us: Some(peer_graph),
+        peer_eager_us: Some(peer_eager),
+        bus_factor: factor,
+        others: vec![],
+    });
+    Ok(())
+}
+
+fn bench_rma(
+    ctx: &Context,
+    nccl: &mut Nccl,
+    s: u64,
+    sizes: &[u64],
+    rows: &mut Vec<GpuRow>,
+) -> Result<(), String> {
+    let me = ctx.my_pe();
+    let cu = ctx.cuda().ok_or("no CUDA backend")?;
+    let max = *sizes.iter().max().unwrap_or(&4096);
+    let src = ctx.malloc(max).map_err(e2s)?;
+    let dst = ctx.malloc(max).map_err(e2s)?;
+    fill(&src, 7)?;
+    ctx.barrier_all().map_err(e2s)?;
+    if me == 0 {
+        let peer_dev = if cu.device_ordinal() == 0 { 1 } else { 0 };
+        let plain = PeerCopy::new(cu.device_ordinal(), peer_dev, max).map_err(e2s)?;
+        cu.bind().map_err(e2s)?;
+        for &b in sizes {
+            let (k, trials) = k_for(b);
+            let base = time_stream(s, trials, k, || plain.enqueue(b, s).map_err(e2s))?;
+            cu.bind().map_err(e2s)?;
+            for (name, engine, get) in [
+                ("put SM", Engine::Sm, false),
+                ("put copy engine", Engine::CopyEngine, false),
+                ("get SM", Engine::Sm, true),
+                ("get copy engine", Engine::CopyEngine, true),
+            ] {
+                let f = || {
+                    if get {
+                        ctx.get_on_stream_with(dst.addr(), src.addr(), b, 1, s, engine)
+                            .map_err(e2s)
+                    } else {
+                        ctx.put_on_stream_with(dst.addr(), src.addr(), b, 1, s, engine)
+                            .map_err(e2s)
+                    }
+                };
+                let t = time_stream(s, trials, k, f)?;
+                rows.push(GpuRow {
+                    group: "rma".into(),
+                    op: name.into(),
+                    dtype: "bytes".into(),
+                    bytes: b,
+                    eager_us: Some(t),
+                    peer: "plain P2P copy (cuMemcpyPeerAsync)".into(),
+                    peer_eager_us: Some(base),
+                    bus_factor: 1.0,
+                    ..Default::default()
+                });
+            }
+        }
+        ctx.sync_stream(s).map_err(e2s)?;
+        drop(plain);
+        cu.bind().map_err(e2s)?;
+    }
+    ctx.barrier_all().map_err(e2s)?;
+
+    // put+signal ping-pong (8 bytes), PE 0 <-> PE 1, on streams; and NCCL send/recv.
+    let sig = ctx.calloc(1, 8).map_err(e2s)?;
+    let buf = ctx.calloc(1, 8).map_err(e2s)?;
+    let rounds = 2000u64;
+    ctx.barrier_all().map_err(e2s)?;
+    if me < 2 {
+        let other = 1 - me;
+        let (a, b) = (Event::new().map_err(e2s)?, Event::new().map_err(e2s)?);
+        a.record(s).map_err(e2s)?;
+        for i in 1..=rounds {
+            if me == 0 {
+                ctx.put_signal_on_stream(
+                    buf.addr(),
+                    buf.addr(),
+                    8,
+                    sig.addr(),
+                    i,
+                    SignalOp::Set,
+                    other,
+                    s,
+                )
+                .map_err(e2s)?;
+                ctx.signal_wait_until_on_stream(sig.addr(), Cmp::Ge, i, s)
+                    .map_err(e2s)?;
+            } else {
+                ctx.signal_wait_until_on_stream(sig.addr(), Cmp::Ge, i, s)
+                    .map_err(e2s)?;
+                ctx.put_signal_on_stream(
+                    buf.addr(),
+                    buf.addr(),
+                    8,
+                    sig.addr(),
+                    i,
+                    SignalOp::Set,
+                    other,
+                    s,
+                )
+                .map_err(e2s)?;
+            }
+        }
+        b.record(s).map_err(e2s)?;
+        let sym_us = a.elapsed_ms(&b).map_err(e2s)? as f64 * 1e3 / rounds as f64 / 2.0;
+        ctx.sync_stream(s).map_err(e2s)?;
+        let nrounds = 500;
+        let (c, d) = (Event::new().map_err(e2s)?, Event::new().map_err(e2s)?);
+        for _ in 0..5 {
+            nccl.ping_pong(buf.addr(), s).map_err(e2s)?;
+        }
+        c.record(s).map_err(e2s)?;
+        for _ in 0..nrounds {
+            nccl.ping_pong(buf.addr(), s).map_err(e2s)?;
+        }
+        d.record(s).map_err(e2s)?;
+        let nccl_us = c.elapsed_ms(&d).map_err(e2s)? as f64 * 1e3 / nrounds as f64 / 2.0;
+        ctx.sync_stream(s).map_err(e2s)?;
+        if me == 0 {
+            rows.push(GpuRow {
+                group: "rma".into(),
+                op: "put+signal one-way latency (ping-pong / 2)".into(),
+                dtype: "u64".into(),
+                bytes: 8,
+                eager_us: Some(sym_us),
+                peer: "NCCL send/recv ping-pong / 2".into(),
+                peer_eager_us: Some(nccl_us),
+                bus_factor: 0.0,
+                ..Default::default()
+            });
+        }
+    }
+    ctx.barrier_all().map_err(e2s)?;
+
+    // allocate_symmetric latency, 1 MiB (+ release; reclaim happens at collective points).
+    let mut t = Vec::new();
+    for _ in 0..300 {
+        let t0 = std::time::Instant::now();
+        let (b, table) = ctx.allocate_symmetric::<u8>(1 << 20).map_err(e2s)?;
+        t.push(t0.elapsed().as_secs_f64() * 1e6);
+        std::hint::black_box(&table);
+        drop(b);
+    }
+    t.sort_by(|x, y| x.partial_cmp(y).unwrap());
+    if me == 0 {
+        rows.push(GpuRow {
+            group: "alloc".into(),
+            op: "allocate_symmetric 1 MiB (median of 300)".into(),
+            dtype: "u8".into(),
+            bytes: 1 << 20,
+            eager_us: Some(t[t.len() / 2]),
+            peer: "torch SymmetricMemory empty+rendezvous".into(),
+            bus_factor: 0.0,
+            ..Default::default()
+        });
+    }
+    ctx.barrier_all().map_err(e2s)
+}
+
+/// What one benchmark PE runs.
+#[derive(Debug, Clone)]
+pub struct GpuPlan {
+    /// Collectives to sweep.
+    pub ops: Vec<String>,
+    /// Sizes in bytes.
+    pub sizes: Vec<u64>,
+    /// Element type.
+    pub dtype: DType,
+    /// Also the RMA and allocation rows.
+    pub rma: bool,
+}
+
+fn run(ctx: &Context, plan: &GpuPlan) -> Result<Vec<GpuRow>, String> {
+    let cu = ctx
+        .cuda()
+        .ok_or("the GPU benchmark needs the CUDA backend")?;
+    let s = cu.create_stream().map_err(e2s)?;
+    let mut nccl = Nccl::new(ctx).map_err(e2s)?;
+    let mut rows = Vec::new();
+    let total = plan.ops.len() * plan.sizes.len();
+    let mut done = 0;
+    for op in &plan.ops {
+        for &b in &plan.sizes {
+            done += 1;
+            if ctx.my_pe() == 0 {
+                eprint!(
+                    "\rbench: [{done}/{total}] {op} {} {}        ",
+                    plan.dtype,
+                    symheap::ledger::human_bytes(b)
+                );
+            }
+            bench_coll(
+                ctx,
+                &mut nccl,
+                s,
+                op,
+                b,
+                plan.dtype,
+                AllReduceAlgo::Auto,
+                &mut rows,
+            )?;
+        }
+    }
+    if ctx.my_pe() == 0 && total > 0 {
+        eprintln!();
+    }
+    if plan.rma && ctx.n_pes() >= 2 {
+        let sizes: Vec<u64> = (0..=9)
+            .map(|i| 4096u64 << (2 * i))
+            .filter(|&b| b <= 1 << 30)
+            .collect();
+        bench_rma(ctx, &mut nccl, s, &sizes, &mut rows)?;
+    }
+    ctx.sync_stream(s).map_err(e2s)?;
+    drop(nccl);
+    Ok(rows)
+}
+
+/// One PE of the GPU sweep; PE 0 writes the rows to `out`.
+pub fn bench_pe_gpu(plan: &GpuPlan, out: &Path) -> i32 {
+    let ctx = match Context::init() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return 1;
+        }
+    };
+    match run(&ctx, plan) {
+        Ok(rows) => {
+            if ctx.my_pe() == 0 {
+                if let Err(e) = std::fs::write(out, serde_json::to_vec(&rows).unwrap()) {
+                    eprintln!("cannot write {}: {e}", out.display());
+                    return 1;
+                }
+            }
+            match ctx.finalize() {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("{e}");
+                    1
+                }
+            }
+        }
+        Err(e) => {
+            eprintln!("bench PE {}: {e}", ctx.my_pe());
+            1
+        }
+    }
+}
+
+fn us(x: Option<f64>) -> String {
+    x.map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into())
+}
+
+fn ratio(peer: Option<f64>, ours: Option<f64>) -> String {
+    match (peer, ours) {
+        (Some(p), Some(o)) if o > 0.0 => format!("{:.2}x", p / o),
+        _ => "-".into(),
+    }
+}
+
+fn busbw(r: &GpuRow, t: Option<f64>) -> String {
+    match t {
+        Some(t) if r.bus_factor > 0.0 => {
+            format!("{:.1}", r.bus_factor * r.bytes as f64 / (t * 1e-6) / 1e9)
+        }
+        _ => "-".into(),
+    }
+}
+
+/// Prints the tables (markdown).
+pub fn print_tables(title: &str, rows: &[GpuRow]) {
+    println!("\n{title}\n");
+    let coll: Vec<&GpuRow> = rows.iter().filter(|r| r.group == "coll").collect();
+    if !coll.is_empty() {
+        let others: Vec<String> = {
+            let mut v: Vec<String> = coll
+                .iter()
+                .flat_map(|r| r.others.iter().map(|(n, _)| n.clone()))
+                .collect();
+            v.sort();
+            v.dedup();
+            v
+        };
+        print!("| op | dtype | size | symheap graph us | NCCL graph us | NCCL/symheap (graph) | symheap eager us | NCCL eager us | NCCL/symheap (eager) | symheap busbw GB/s | NCCL busbw GB/s |");
+        for o in &others {
+            print!(" {o} us |");
+        }
+        println!();
+        print!("|---|---|---|---|---|---|---|---|---|---|---|");
+        for _ in &others {
+            print!("---|");
+        }
+        println!();
+        for r in &coll {
+            print!(
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                r.op,
+                r.dtype,
+                symheap::ledger::human_bytes(r.bytes),
+                us(r.graph_us),
+                us(r.peer_graph_us),
+                ratio(r.peer_graph_us, r.graph_us),
+                us(r.eager_us),
+                us(r.peer_eager_us),
+                ratio(r.peer_eager_us, r.eager_us),
+                busbw(r, r.graph_us),
+                busbw(r, r.peer_graph_us)
+            );
+            for o in &others {
+                let v = r.others.iter().find(|(n, _)| n == o).map(|(_, v)| *v);
+                print!(" {} |", us(v));
+            }
+            println!();
+        }
+    }
+    let rma: Vec<&GpuRow> = rows.iter().filter(|r| r.group != "coll").collect();
+    if !rma.is_empty() {
+        println!("\n| op | size | symheap us | symheap GB/s | peer | peer us | peer GB/s | peer time / symheap time |");
+        println!("|---|---|---|---|---|---|---|---|");
+        for r in rma {
+            let gbps = |t: Option<f64>| match t {
+                Some(t) if r.bus_factor > 0.0 => {
+                    format!("{:.1}", r.bytes as f64 / (t * 1e-6) / 1e9)
+                }
+                _ => "-".into(),
+            };
+            println!(
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                r.op,
+                symheap::ledger::human_bytes(r.bytes),
+                us(r.eager_us),
+                gbps(r.eager_us),
+                r.peer,
+                us(r.peer_eager_us),
+                gbps(r.peer_eager_us),
+                ratio(r.peer_eager_us, r.eager_us)
+            );
+        }
+    }
+}
+
+/// Merges peer numbers measured by another program in the same run (the torch script): a JSON
+/// list of `{"op", "bytes", "name", "us"}`; rows match on op and size.
+pub fn merge_peers(rows: &mut [GpuRow], path: &Path) -> Result<(), String> {
+    #[derive(Deserialize)]
+    struct Peer {
+        op: String,
+        bytes: u64,
+        name: String,
+        us: f64,
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let peers: Vec<Peer> =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    for p in peers {
+        for r in rows.iter_mut() {
+            if r.bytes == p.bytes && r.op.starts_with(&p.op) {
+                if r.group == "alloc" {
+                    r.peer_eager_us = Some(p.us);
+                    r.peer = p.name.clone();
+                } else if !r.others.iter().any(|(n, _)| *n == p.name) {
+                    r.others.push((p.name.clone(), p.us));
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,46 @@
+"""Draws `symheap bench` JSON rows as a PNG: time per op against size, symheap and its peers,
+one panel per collective (CUDA-graph numbers), plus the RMA bandwidth panel when present.
+Usage: python3 plot.py rows.json out.png"""
+import json
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+rows = json.load(open(sys.argv[1]))
+coll = [r for r in rows if r["group"] == "coll"]
+rma = [r for r in rows if r["group"] == "rma" and r["bus_factor"] > 0]
+ops = sorted({r["op"] for r in coll})
+panels = len(ops) + (1 if rma else 0)
+fig, axes = plt.subplots(1, max(panels, 1), figsize=(5 * max(panels, 1), 4), squeeze=False)
+for ax, op in zip(axes[0], ops):
+    rs = sorted([r for r in coll if r["op"] == op], key=lambda r: r["bytes"])
+    x = [r["bytes"] for r in rs]
+    ax.plot(x, [r["graph_us"] for r in rs], "o-", label="symheap")
+    ax.plot(x, [r["peer_graph_us"] for r in rs], "s--", label="NCCL")
+    names = sorted({n for r in rs for n, _ in r.get("others", [])})
+    for name in names:
+        pts = [(r["bytes"], v) for r in rs for n, v in r.get("others", []) if n == name]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "^:", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_title(f"{op} ({rs[0]['dtype']}), CUDA graph")
+    ax.set_xlabel("bytes")
+    ax.set_ylabel("us per op")
+    ax.legend()
+if rma:
+    ax = axes[0][-1]
+    for op in sorted({r["op"] for r in rma}):
+        rs = sorted([r for r in rma if r["op"] == op], key=lambda r: r["bytes"])
+        ax.plot([r["bytes"] for r in rs], [r["bytes"] / r["eager_us"] / 1e3 for r in rs], "o-", label=op)
+    rs = sorted([r for r in rma if r["op"] == "put SM"], key=lambda r: r["bytes"])
+    ax.plot([r["bytes"] for r in rs], [r["bytes"] / r["peer_eager_us"] / 1e3 for r in rs], "k--", label="plain P2P copy")
+    ax.set_xscale("log", base=2)
+    ax.set_title("put/get bandwidth")
+    ax.set_xlabel("bytes")
+    ax.set_ylabel("GB/s")
+    ax.legend(fontsize=7)
+fig.tight_layout()
+fig.savefig(sys.argv[2], dpi=110)

@@ -1,0 +1,480 @@
+//! Self-test scenarios for the collectives on streams (both backends), their CUDA-graph replay
+//! and their agreement with NCCL (GPU only).
+#![allow(clippy::needless_range_loop, clippy::neg_cmp_op_on_partial_ord)]
+
+use half::{bf16, f16};
+use symheap::cuda::nccl::Nccl;
+use symheap::cuda::Graph;
+use symheap::{AllReduceAlgo, Context, DType, ReduceOp, Team};
+
+use super::ops_scenarios::{close, data, poison, reference, TestElem};
+use super::scenarios::{Outcome, PeArgs};
+
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err(format!($($fmt)+));
+        }
+    };
+}
+
+fn e2s(e: symheap::Error) -> String {
+    e.to_string()
+}
+
+fn stream(ctx: &Context) -> Result<u64, String> {
+    match ctx.cuda() {
+        Some(cu) => cu.create_stream().map_err(e2s),
+        None => Ok(0),
+    }
+}
+
+fn check_vec<T: TestElem>(got: &[T], want: &[f64], scale: &[f64], what: &str) -> Outcome {
+    for i in 0..got.len() {
+        ensure!(
+            close(got[i], want[i], scale[i]),
+            "{what}: element {i} = {}, expected {}",
+            got[i].to_f64(),
+            want[i]
+        );
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn ar_case<T: TestElem>(
+    ctx: &Context,
+    team: &Team,
+    s: u64,
+    a: PeArgs,
+    count: usize,
+    op: ReduceOp,
+    algo: AllReduceAlgo,
+    in_place: bool,
+    tag: u64,
+) -> Outcome {
+    let me = ctx.my_pe();
+    let sz = std::mem::size_of::<T>();
+    let src = ctx.malloc((count * sz) as u64).map_err(e2s)?;
+    let dst = ctx.malloc((count * sz) as u64).map_err(e2s)?;
+    src.write(0, &data::<T>(a.seed, me, tag, count))
+        .map_err(e2s)?;
+    poison(&dst)?;
+    let d = if in_place { &src } else { &dst };
+    ctx.barrier_all().map_err(e2s)?;
+    ctx.all_reduce_on_stream(team, d.addr(), src.addr(), count, T::DTYPE, op, algo, s)
+        .map_err(e2s)?;
+    ctx.sync_stream(s).map_err(e2s)?;
+    let inputs: Vec<Vec<T>> = team
+        .members()
+        .iter()
+        .map(|&p| data::<T>(a.seed, p, tag, count))
+        .collect();
+    let (want, scale) = reference(&inputs, op);
+    let mut got = vec![T::zeroed(); count];
+    d.read(0, &mut got).map_err(e2s)?;
+    check_vec(
+        &got,
+        &want,
+        &scale,
+        &format!(
+            "all_reduce {} {} {algo:?} in_place={in_place} count {count}",
+            op.name(),
+            T::DTYPE
+        ),
+    )?;
+    ctx.barrier_all().map_err(e2s)
+}
+
+fn others<T: TestElem>(
+    ctx: &Context,
+    team: &Team,
+    s: u64,
+    a: PeArgs,
+    count: usize,
+    tag: u64,
+) -> Outcome {
+    let me = ctx.my_pe();
+    let n = team.n_pes();
+    let tme = team.my_pe().unwrap();
+    let sz = std::mem::size_of::<T>();
+    let members = team.members().to_vec();
+    // all_gather, out of place and in place.
+    let src = ctx.malloc((count * sz) as u64).map_err(e2s)?;
+    let dst = ctx.malloc((n * count * sz) as u64).map_err(e2s)?;
+    let mine = data::<T>(a.seed, me, tag, count);
+    let want: Vec<T> = members
+        .iter()
+        .flat_map(|&p| data::<T>(a.seed, p, tag, count))
+        .collect();
+    for in_place in [false, true] {
+        poison(&dst)?;
+        let from = if in_place {
+            dst.write(tme * count, &mine).map_err(e2s)?;
+            dst.addr() + (tme * count * sz) as u64
+        } else {
+            src.write(0, &mine).map_err(e2s)?;
+            src.addr()
+        };
+        ctx.barrier_all().map_err(e2s)?;
+        ctx.all_gather_on_stream(team, dst.addr(), from, count, T::DTYPE, s)
+            .map_err(e2s)?;
+        ctx.sync_stream(s).map_err(e2s)?;
+        ensure!(
+            dst.to_vec::<T>().map_err(e2s)?[..n * count] == want[..],
+            "all_gather {} count {count} in_place={in_place}",
+            T::DTYPE
+        );
+        ctx.barrier_all().map_err(e2s)?;
+    }
+    // reduce_scatter (sum), out of place and in place.
+    let big = ctx.malloc((n * count * sz) as u64).map_err(e2s)?;
+    let out = ctx.malloc((count * sz) as u64).map_err(e2s)?;
+    for in_place in [false, true] {
+        big.write(0, &data::<T>(a.seed, me, tag + 1, n * count))
+            .map_err(e2s)?;
+        poison(&out)?;
+        let dest = if in_place {
+            big.addr() + (tme * count * sz) as u64
+        } else {
+            out.addr()
+        };
+        ctx.barrier_all().map_err(e2s)?;
+        ctx.reduce_scatter_on_stream(team, dest, big.addr(), count, T::DTYPE, ReduceOp::Sum, s)
+            .map_err(e2s)?;
+        ctx.sync_stream(s).map_err(e2s)?;
+        let inputs: Vec<Vec<T>> = members
+            .iter()
+            .map(|&p| {
+                data::<T>(a.seed, p, tag + 1, n * count)[tme * count..(tme + 1) * count].to_vec()
+            })
+            .collect();
+        let (w, sc) = reference(&inputs, ReduceOp::Sum);
+        let mut got = vec![T::zeroed(); count];
+        if in_place {
+            big.read(tme * count, &mut got)
+        } else {
+            out.read(0, &mut got)
+        }
+        .map_err(e2s)?;
+        check_vec(
+            &got,
+            &w,
+            &sc,
+            &format!(
+                "reduce_scatter {} count {count} in_place={in_place}",
+                T::DTYPE
+            ),
+        )?;
+        ctx.barrier_all().map_err(e2s)?;
+    }
+    // broadcast from every root.
+    for root in 0..n {
+        src.write(0, &mine).map_err(e2s)?;
+        let out = ctx.malloc((count * sz) as u64).map_err(e2s)?;
+        poison(&out)?;
+        ctx.barrier_all().map_err(e2s)?;
+        ctx.broadcast_on_stream(team, out.addr(), src.addr(), count, T::DTYPE, root, s)
+            .map_err(e2s)?;
+        ctx.sync_stream(s).map_err(e2s)?;
+        ensure!(
+            out.to_vec::<T>().map_err(e2s)?[..count]
+                == data::<T>(a.seed, members[root], tag, count)[..],
+            "broadcast from {root}"
+        );
+        ctx.barrier_all().map_err(e2s)?;
+    }
+    // alltoall.
+    let s2 = ctx.malloc((n * count * sz) as u64).map_err(e2s)?;
+    let d2 = ctx.malloc((n * count * sz) as u64).map_err(e2s)?;
+    s2.write(0, &data::<T>(a.seed, me, tag + 2, n * count))
+        .map_err(e2s)?;
+    poison(&d2)?;
+    ctx.barrier_all().map_err(e2s)?;
+    ctx.alltoall_on_stream(team, d2.addr(), s2.addr(), count, T::DTYPE, s)
+        .map_err(e2s)?;
+    ctx.sync_stream(s).map_err(e2s)?;
+    let got = d2.to_vec::<T>().map_err(e2s)?;
+    for (j, &p) in members.iter().enumerate() {
+        let theirs = data::<T>(a.seed, p, tag + 2, n * count);
+        ensure!(
+            got[j * count..(j + 1) * count] == theirs[tme * count..(tme + 1) * count],
+            "alltoall block from member {j}"
+        );
+    }
+    ctx.barrier_all().map_err(e2s)
+}
+
+/// Every stream collective, dtype and size class against the sequential reference, on the world
+/// and on a sub-team.
+pub fn coll_stream(ctx: &Context, a: PeArgs) -> Outcome {
+    let s = stream(ctx)?;
+    let world = ctx.world_team();
+    let mut tag = 0;
+    for &count in &[1usize, 7, 1000, 100_003, (1 << 20) + 1] {
+        for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Prod] {
+            if op == ReduceOp::Prod && count > 1000 {
+                continue;
+            }
+            for algo in [AllReduceAlgo::Auto, AllReduceAlgo::TwoShot] {
+                for in_place in [false, true] {
+                    tag += 10;
+                    ar_case::<f32>(ctx, &world, s, a, count, op, algo, in_place, tag)?;
+                    ar_case::<bf16>(ctx, &world, s, a, count, op, algo, in_place, tag)?;
+                    if count <= 100_003 {
+                        ar_case::<f16>(ctx, &world, s, a, count, op, algo, in_place, tag)?;
+                        ar_case::<i32>(ctx, &world, s, a, count, op, algo, in_place, tag)?;
+                    }
+                }
+            }
+        }
+        tag += 10;
+        others::<f32>(ctx, &world, s, a, count.min(300_001), tag)?;
+        others::<bf16>(ctx, &world, s, a, count.min(1001), tag + 5)?;
+    }
+    // A second team with the same members: it runs in its own team slot (its own device flags
+    // and epochs) and, not being the world, always two-shot. Teams with non-members are covered
+    // by the `teams` scenario, whose collectives run these kernels on the CUDA backend.
+    let n = ctx.n_pes();
+    let sub = ctx.team_split_strided(&world, 0, 1, n).map_err(e2s)?;
+    ar_case::<f32>(
+        ctx,
+        &sub,
+        s,
+        a,
+        5000,
+        ReduceOp::Sum,
+        AllReduceAlgo::Auto,
+        false,
+        9001,
+    )?;
+    ar_case::<i32>(
+        ctx,
+        &sub,
+        s,
+        a,
+        77,
+        ReduceOp::Max,
+        AllReduceAlgo::TwoShot,
+        true,
+        9002,
+    )?;
+    others::<i32>(ctx, &sub, s, a, 333, 9003)?;
+    ctx.barrier_all().map_err(e2s)?;
+    ctx.team_destroy(sub).map_err(e2s)?;
+    ctx.barrier_all().map_err(e2s)
+}
+
+/// All_reduces captured in a CUDA graph stay correct over many replays (their barriers' epochs
+/// live on the device): in-place i32 sums grow as S * n^(k-1), exactly.
+pub fn coll_graph(ctx: &Context, _a: PeArgs) -> Outcome {
+    let cu = ctx.cuda().ok_or("this scenario needs the CUDA backend")?;
+    let (me, n) = (ctx.my_pe(), ctx.n_pes());
+    let s = cu.create_stream().map_err(e2s)?;
+    let world = ctx.world_team();
+    let counts = [1000usize, 300_000];
+    let bufs: Vec<_> = counts
+        .iter()
+        .map(|&c| ctx.malloc((c * 4) as u64))
+        .collect::<Result<_, _>>()
+        .map_err(e2s)?;
+    for (b, &c) in bufs.iter().zip(&counts) {
+        b.write(
+            0,
+            &(0..c).map(|i| ((i + me) % 3) as i32).collect::<Vec<_>>(),
+        )
+        .map_err(e2s)?;
+    }
+    ctx.barrier_all().map_err(e2s)?;
+    let per_graph = 4;
+    let graph = Graph::capture(s, || {
+        for _ in 0..per_graph {
+            for (b, &c) in bufs.iter().zip(&counts) {
+                ctx.all_reduce_on_stream(
+                    &world,
+                    b.addr(),
+                    b.addr(),
+                    c,
+                    DType::I32,
+                    ReduceOp::Sum,
+                    AllReduceAlgo::Auto,
+                    s,
+                )?;
+            }
+        }
+        Ok(())
+    })
+    .map_err(e2s)?;
+    let replays = 5;
+    for _ in 0..replays {
+        graph.launch(s).map_err(e2s)?;
+    }
+    ctx.sync_stream(s).map_err(e2s)?;
+    let k = (per_graph * replays) as u32;
+    for (b, &c) in bufs.iter().zip(&counts) {
+        let got = b.to_vec::<i32>().map_err(e2s)?;
+        for i in 0..c {
+            let sum: i32 = (0..n).map(|p| ((i + p) % 3) as i32).sum();
+            let want = sum.wrapping_mul((n as i32).wrapping_pow(k - 1));
+            ensure!(
+                got[i] == want,
+                "count {c} element {i}: {} after {k} replayed all_reduces, expected {want}",
+                got[i]
+            );
+        }
+    }
+    ctx.barrier_all().map_err(e2s)
+}
+
+fn nccl_ar<T: TestElem>(
+    ctx: &Context,
+    nccl: &mut Nccl,
+    s: u64,
+    a: PeArgs,
+    count: usize,
+    op: ReduceOp,
+    tag: u64,
+) -> Outcome {
+    let me = ctx.my_pe();
+    let sz = std::mem::size_of::<T>() as u64;
+    let src = ctx.malloc(count as u64 * sz).map_err(e2s)?;
+    let ours = ctx.malloc(count as u64 * sz).map_err(e2s)?;
+    let theirs = ctx.malloc(count as u64 * sz).map_err(e2s)?;
+    src.write(0, &data::<T>(a.seed, me, tag, count))
+        .map_err(e2s)?;
+    ctx.barrier_all().map_err(e2s)?;
+    ctx.all_reduce_on_stream(
+        &ctx.world_team(),
+        ours.addr(),
+        src.addr(),
+        count,
+        T::DTYPE,
+        op,
+        AllReduceAlgo::Auto,
+        s,
+    )
+    .map_err(e2s)?;
+    nccl.all_reduce(theirs.addr(), src.addr(), count, T::DTYPE, op, s)
+        .map_err(e2s)?;
+    ctx.sync_stream(s).map_err(e2s)?;
+    let x = ours.to_vec::<T>().map_err(e2s)?;
+    let y = theirs.to_vec::<T>().map_err(e2s)?;
+    let n = ctx.n_pes() as f64;
+    for i in 0..count {
+        let (p, q) = (x[i].to_f64(), y[i].to_f64());
+        let tol = if T::TOL == 0.0 {
+            0.0
+        } else {
+            T::TOL * 4.0 * n * q.abs().max(1.0)
+        };
+        ensure!(
+            (p - q).abs() <= tol,
+            "all_reduce {} {} count {count}: element {i} symheap {p} NCCL {q}",
+            op.name(),
+            T::DTYPE
+        );
+    }
+    ctx.barrier_all().map_err(e2s)
+}
+
+fn nccl_rest<T: TestElem>(
+    ctx: &Context,
+    nccl: &mut Nccl,
+    s: u64,
+    a: PeArgs,
+    count: usize,
+    tag: u64,
+) -> Outcome {
+    let (me, n) = (ctx.my_pe(), ctx.n_pes());
+    let sz = std::mem::size_of::<T>() as u64;
+    let nc = (n * count) as u64;
+    let src = ctx.malloc(nc * sz).map_err(e2s)?;
+    let a1 = ctx.malloc(nc * sz).map_err(e2s)?;
+    let b1 = ctx.malloc(nc * sz).map_err(e2s)?;
+    src.write(0, &data::<T>(a.seed, me, tag, n * count))
+        .map_err(e2s)?;
+    let w = ctx.world_team();
+    type Step<'a> = (
+        &'a str,
+        Box<dyn Fn(&Context, &mut Nccl) -> symheap::Result<()> + 'a>,
+    );
+    let steps: Vec<Step> = vec![
+        (
+            "all_gather",
+            Box::new(|c: &Context, nc: &mut Nccl| {
+                c.all_gather_on_stream(&w, a1.addr(), src.addr(), count, T::DTYPE, s)?;
+                nc.all_gather(b1.addr(), src.addr(), count, T::DTYPE, s)
+            }),
+        ),
+        (
+            "reduce_scatter",
+            Box::new(|c: &Context, nc: &mut Nccl| {
+                c.reduce_scatter_on_stream(
+                    &w,
+                    a1.addr(),
+                    src.addr(),
+                    count,
+                    T::DTYPE,
+                    ReduceOp::Max,
+                    s,
+                )?;
+                nc.reduce_scatter(b1.addr(), src.addr(), count, T::DTYPE, ReduceOp::Max, s)
+            }),
+        ),
+        (
+            "broadcast",
+            Box::new(|c: &Context, nc: &mut Nccl| {
+                c.broadcast_on_stream(&w, a1.addr(), src.addr(), count, T::DTYPE, n - 1, s)?;
+                nc.broadcast(b1.addr(), src.addr(), count, T::DTYPE, n - 1, s)
+            }),
+        ),
+        (
+            "alltoall",
+            Box::new(|c: &Context, nc: &mut Nccl| {
+                c.alltoall_on_stream(&w, a1.addr(), src.addr(), count, T::DTYPE, s)?;
+                nc.alltoall(b1.addr(), src.addr(), count, T::DTYPE, s)
+            }),
+        ),
+    ];
+    for (name, step) in steps {
+        poison(&a1)?;
+        poison(&b1)?;
+        ctx.barrier_all().map_err(e2s)?;
+        step(ctx, nccl).map_err(e2s)?;
+        ctx.sync_stream(s).map_err(e2s)?;
+        let len = match name {
+            "reduce_scatter" | "broadcast" => count,
+            _ => n * count,
+        };
+        let x = a1.to_vec::<T>().map_err(e2s)?;
+        let y = b1.to_vec::<T>().map_err(e2s)?;
+        ensure!(
+            x[..len] == y[..len],
+            "{name} {} count {count}: symheap and NCCL differ",
+            T::DTYPE
+        );
+        ctx.barrier_all().map_err(e2s)?;
+    }
+    Ok(())
+}
+
+/// symheap's GPU collectives agree with NCCL on random data for every op, dtype and size class.
+pub fn coll_nccl(ctx: &Context, a: PeArgs) -> Outcome {
+    let cu = ctx.cuda().ok_or("this scenario needs the CUDA backend")?;
+    let s = cu.create_stream().map_err(e2s)?;
+    let mut nccl = Nccl::new(ctx).map_err(e2s)?;
+    let mut tag = 50_000;
+    for &count in &[1usize, 1000, 100_003, (1 << 20) + 1, 1 << 24] {
+        for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max] {
+            tag += 1;
+            nccl_ar::<f32>(ctx, &mut nccl, s, a, count, op, tag)?;
+            nccl_ar::<bf16>(ctx, &mut nccl, s, a, count, op, tag)?;
+            nccl_ar::<f16>(ctx, &mut nccl, s, a, count, op, tag)?;
+            nccl_ar::<i32>(ctx, &mut nccl, s, a, count, op, tag)?;
+        }
+        nccl_rest::<f32>(ctx, &mut nccl, s, a, count.min(1 << 22), tag + 7)?;
+        nccl_rest::<bf16>(ctx, &mut nccl, s, a, count.min(4099), tag + 8)?;
+    }
+    drop(nccl);
+    ctx.barrier_all().map_err(e2s)
+}

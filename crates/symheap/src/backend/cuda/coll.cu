@@ -1,0 +1,1 @@
+// placeholder: the collective kernels land here

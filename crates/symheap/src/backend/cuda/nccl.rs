@@ -1,0 +1,334 @@
+//! NCCL, loaded at run time, as the reference symheap's GPU collectives are checked and
+//! measured against. A communicator is built over symheap's own bootstrap (the unique id goes
+//! through `all_gather_bytes`), so no MPI or torch is needed.
+
+use cudarc::nccl::sys::{self, ncclDataType_t, ncclRedOp_t, ncclResult_t};
+
+use crate::backend::ReduceOp;
+use crate::element::DType;
+use crate::error::{err, ErrorKind, Result};
+use crate::Context;
+
+fn check(r: ncclResult_t, what: &str) -> Result<()> {
+    if r == ncclResult_t::ncclSuccess {
+        return Ok(());
+    }
+    // SAFETY: ncclGetErrorString returns a static NUL-terminated string for any result code.
+    let text = unsafe { std::ffi::CStr::from_ptr(sys::ncclGetErrorString(r)) }
+        .to_string_lossy()
+        .into_owned();
+    Err(err(
+        "nccl",
+        ErrorKind::Backend(format!("{what} failed: {r:?}: {text}")),
+    ))
+}
+
+fn dtype(d: DType) -> Result<ncclDataType_t> {
+    Ok(match d {
+        DType::I8 => ncclDataType_t::ncclInt8,
+        DType::U8 => ncclDataType_t::ncclUint8,
+        DType::I32 => ncclDataType_t::ncclInt32,
+        DType::U32 => ncclDataType_t::ncclUint32,
+        DType::I64 => ncclDataType_t::ncclInt64,
+        DType::U64 => ncclDataType_t::ncclUint64,
+        DType::F16 => ncclDataType_t::ncclFloat16,
+        DType::BF16 => ncclDataType_t::ncclBfloat16,
+        DType::F32 => ncclDataType_t::ncclFloat32,
+        DType::F64 => ncclDataType_t::ncclFloat64,
+        other => {
+            return Err(err(
+                "nccl",
+                ErrorKind::Unsupported(format!("NCCL has no {other}")),
+            ))
+        }
+    })
+}
+
+fn redop(op: ReduceOp) -> ncclRedOp_t {
+    match op {
+        ReduceOp::Sum => ncclRedOp_t::ncclSum,
+        ReduceOp::Prod => ncclRedOp_t::ncclProd,
+        ReduceOp::Min => ncclRedOp_t::ncclMin,
+        ReduceOp::Max => ncclRedOp_t::ncclMax,
+    }
+}
+
+/// An NCCL communicator over all PEs of a symheap context.
+pub struct Nccl {
+    comm: sys::ncclComm_t,
+    n: usize,
+    me: usize,
+}
+
+// SAFETY: an NCCL communicator may be used from any thread as long as calls on it do not
+// overlap; every method takes `&mut self` and `Nccl` is not `Sync`, so they cannot.
+unsafe impl Send for Nccl {}
+
+impl Nccl {
+    /// NCCL's version code (e.g. 22803), or an error if libnccl cannot be loaded.
+    pub fn version() -> Result<i32> {
+        // SAFETY: probing the library has no side effect beyond loading it.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(err(
+                "nccl",
+                ErrorKind::Unsupported("libnccl.so.2 was not found".into()),
+            ));
+        }
+        let mut v = 0;
+        // SAFETY: writes one int.
+        check(unsafe { sys::ncclGetVersion(&mut v) }, "ncclGetVersion")?;
+        Ok(v)
+    }
+
+    /// Collective over the world: creates a communicator on this PE's CUDA device.
+    pub fn new(ctx: &Context) -> Result<Nccl> {
+        Nccl::version()?;
+        let cu = ctx.cuda().ok_or_else(|| {
+            err(
+                "nccl",
+                ErrorKind::Unsupported("NCCL needs the CUDA backend".into()),
+            )
+        })?;
+        cu.bind()?;
+        let mut id = sys::ncclUniqueId { internal: [0; 128] };
+        if ctx.my_pe() == 0 {
+            // SAFETY: writes one unique id.
+            check(unsafe { sys::ncclGetUniqueId(&mut id) }, "ncclGetUniqueId")?;
+        }
+        let mine: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
+        let all = ctx.all_gather_bytes(&mine)?;
+        for (i, b) in all[0].iter().enumerate().take(128) {
+            id.internal[i] = *b as std::ffi::c_char;
+        }
+        let mut comm = std::ptr::null_mut();
+        // SAFETY: every PE passes the same id, its own rank and the world size; the device's
+        // context is current (bound above). Writes one communicator, destroyed in Drop.
+        check(
+            unsafe { sys::ncclCommInitRank(&mut comm, ctx.n_pes() as i32, id, ctx.my_pe() as i32) },
+            "ncclCommInitRank",
+        )?;
+        Ok(Nccl {
+            comm,
+            n: ctx.n_pes(),
+            me: ctx.my_pe(),
+        })
+    }
+
+    /// ncclAllReduce of `count` elements on `stream` (device pointers).
+    pub fn all_reduce(
+        &mut self,
+        dst: u64,
+        src: u64,
+        count: usize,
+        d: DType,
+        op: ReduceOp,
+        stream: u64,
+    ) -> Result<()> {
+        // SAFETY: `src`/`dst` are device buffers of `count` elements of `d` on this device
+        // (the caller's promise, checked by symheap's callers against the heap); the stream
+        // belongs to this device.
+        check(
+            unsafe {
+                sys::ncclAllReduce(
+                    src as *const _,
+                    dst as *mut _,
+                    count,
+                    dtype(d)?,
+                    redop(op),
+                    self.comm,
+                    stream as _,
+                )
+            },
+            "ncclAllReduce",
+        )
+    }
+
+    /// ncclAllGather: `count` elements per PE into `dst` (n × count).
+    pub fn all_gather(
+        &mut self,
+        dst: u64,
+        src: u64,
+        count: usize,
+        d: DType,
+        stream: u64,
+    ) -> Result<()> {
+        // SAFETY: as in `all_reduce`, with dst holding n × count elements.
+        check(
+            unsafe {
+                sys::ncclAllGather(
+                    src as *const _,
+                    dst as *mut _,
+                    count,
+                    dtype(d)?,
+                    self.comm,
+                    stream as _,
+                )
+            },
+            "ncclAllGather",
+        )
+    }
+
+    /// ncclReduceScatter: `src` holds n × count, `dst` gets `count`.
+    pub fn reduce_scatter(
+        &mut self,
+        dst: u64,
+        src: u64,
+        count: usize,
+        d: DType,
+        op: ReduceOp,
+        stream: u64,
+    ) -> Result<()> {
+        // SAFETY: as in `all_reduce`, with src holding n × count elements.
+        check(
+            unsafe {
+                sys::ncclReduceScatter(
+                    src as *const _,
+                    dst as *mut _,
+                    count,
+                    dtype(d)?,
+                    redop(op),
+                    self.comm,
+                    stream as _,
+                )
+            },
+            "ncclReduceScatter",
+        )
+    }
+
+    /// ncclBroadcast of `count` elements from `root`.
+    pub fn broadcast(
+        &mut self,
+        dst: u64,
+        src: u64,
+        count: usize,
+        d: DType,
+        root: usize,
+        stream: u64,
+    ) -> Result<()> {
+        // SAFETY: as in `all_reduce`.
+        check(
+            unsafe {
+                sys::ncclBroadcast(
+                    src as *const _,
+                    dst as *mut _,
+                    count,
+                    dtype(d)?,
+                    root as i32,
+                    self.comm,
+                    stream as _,
+                )
+            },
+            "ncclBroadcast",
+        )
+    }
+
+    /// Alltoall of `count` elements per PE pair, as grouped send/recv.
+    pub fn alltoall(
+        &mut self,
+        dst: u64,
+        src: u64,
+        count: usize,
+        d: DType,
+        stream: u64,
+    ) -> Result<()> {
+        let t = dtype(d)?;
+        let bytes = (count * d.size()) as u64;
+        // SAFETY: group calls only batch the operations inside them.
+        check(unsafe { sys::ncclGroupStart() }, "ncclGroupStart")?;
+        for j in 0..self.n {
+            // SAFETY: src and dst hold n × count elements; block j of each is in range.
+            let r = unsafe {
+                let s = sys::ncclSend(
+                    (src + j as u64 * bytes) as *const _,
+                    count,
+                    t,
+                    j as i32,
+                    self.comm,
+                    stream as _,
+                );
+                if s != ncclResult_t::ncclSuccess {
+                    s
+                } else {
+                    sys::ncclRecv(
+                        (dst + j as u64 * bytes) as *mut _,
+                        count,
+                        t,
+                        j as i32,
+                        self.comm,
+                        stream as _,
+                    )
+                }
+            };
+            if r != ncclResult_t::ncclSuccess {
+                // SAFETY: close the group opened above before reporting.
+                let _ = unsafe { sys::ncclGroupEnd() };
+                return check(r, "ncclSend/ncclRecv");
+            }
+        }
+        // SAFETY: closes the group opened above.
+        check(unsafe { sys::ncclGroupEnd() }, "ncclGroupEnd")
+    }
+
+    /// 8-byte ping-pong step: PE 0 sends to PE 1 and receives back (PE 1 the reverse).
+    pub fn ping_pong(&mut self, buf: u64, stream: u64) -> Result<()> {
+        let peer = if self.me == 0 { 1 } else { 0 };
+        // SAFETY: `buf` holds at least 8 bytes of device memory; the send completes before the
+        // receive on the same stream.
+        unsafe {
+            if self.me == 0 {
+                check(
+                    sys::ncclSend(
+                        buf as *const _,
+                        1,
+                        ncclDataType_t::ncclUint64,
+                        peer,
+                        self.comm,
+                        stream as _,
+                    ),
+                    "ncclSend",
+                )?;
+                check(
+                    sys::ncclRecv(
+                        buf as *mut _,
+                        1,
+                        ncclDataType_t::ncclUint64,
+                        peer,
+                        self.comm,
+                        stream as _,
+                    ),
+                    "ncclRecv",
+                )
+            } else {
+                check(
+                    sys::ncclRecv(
+                        buf as *mut _,
+                        1,
+                        ncclDataType_t::ncclUint64,
+                        peer,
+                        self.comm,
+                        stream as _,
+                    ),
+                    "ncclRecv",
+                )?;
+                check(
+                    sys::ncclSend(
+                        buf as *const _,
+                        1,
+                        ncclDataType_t::ncclUint64,
+                        peer,
+                        self.comm,
+                        stream as _,
+                    ),
+                    "ncclSend",
+                )
+            }
+        }
+    }
+}
+
+impl Drop for Nccl {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once; callers synchronise their streams first.
+        let _ = unsafe { sys::ncclCommDestroy(self.comm) };
+    }
+}
