@@ -28,11 +28,11 @@ run)
   B="$PWD/.carry/bin/symheap"
   PES="${PES:-1,2}"
   declare -a rows
-  step() { # name, command...
-    local name="$1"; shift
+  step() { # name, seconds, command...
+    local name="$1" limit="$2"; shift 2
     local t0=$SECONDS
     echo "=== $name: $*"
-    if "$@" >"$OUTDIR/$name.log" 2>&1; then
+    if timeout -k 10 "$limit" "$@" >"$OUTDIR/$name.log" 2>&1; then
       rows+=("| $name | pass | $((SECONDS - t0)) s |")
     else
       rows+=("| $name | FAIL (see $name.log) | $((SECONDS - t0)) s |")
@@ -44,14 +44,14 @@ run)
   }
   nvidia-smi -L
   nvidia-smi topo -m 2>/dev/null | head -n 6
-  step info env SYMHEAP_BACKEND=cuda "$B" launch -n 2 -- "$B" info
-  [ "${SKIP_SELFTEST:-0}" = 1 ] || step selftest-gpu "$B" selftest --gpu --pes "$PES"
+  step info 60 env SYMHEAP_BACKEND=cuda "$B" launch -n 2 -- "$B" info
+  [ "${SKIP_SELFTEST:-0}" = 1 ] || step selftest-gpu "${SELFTEST_LIMIT:-150}" "$B" selftest --gpu --pes "$PES"
   NGPU=$(nvidia-smi -L | wc -l)
   # The torch SymmetricMemory peer, measured in this same run, merged into symheap's table.
-  step torch-symm-mem torchrun --standalone --nproc-per-node "$NGPU" bench/torch_symm_mem.py "$OUTDIR/torch.json"
+  step torch-symm-mem "${TORCH_LIMIT:-100}" torchrun --standalone --nproc-per-node "$NGPU" bench/torch_symm_mem.py "$OUTDIR/torch.json"
   PEER=()
   [ -s "$OUTDIR/torch.json" ] && PEER=(--peer-json "$OUTDIR/torch.json")
-  step bench-gpu "$B" bench ${BENCH_WHAT:-all} -n "$NGPU" --json "$OUTDIR/bench-gpu.json" --png "$OUTDIR/bench-gpu.png" "${PEER[@]}" ${BENCH_ARGS:-}
+  step bench-gpu "${BENCH_LIMIT:-160}" "$B" bench ${BENCH_WHAT:-all} -n "$NGPU" --json "$OUTDIR/bench-gpu.json" --png "$OUTDIR/bench-gpu.png" "${PEER[@]}" ${BENCH_ARGS:-}
   grep -E "^\|" "$OUTDIR/bench-gpu.log" || true
   echo
   echo "| step | result | time |"

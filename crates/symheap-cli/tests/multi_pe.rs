@@ -209,3 +209,23 @@ fn collective_argument_errors_and_divergence() {
 fn sub_team_divergence_is_named() {
     selftest("team-mismatch");
 }
+
+#[test]
+fn stream_put_and_get_with_each_engine() {
+    selftest("stream-ring");
+}
+
+#[test]
+fn stream_put_signal_producer_consumer() {
+    selftest("stream-signal");
+}
+
+#[test]
+fn stream_barrier_orders_puts() {
+    selftest("stream-barrier");
+}
+
+#[test]
+fn stream_collectives_against_reference() {
+    selftest("coll-stream");
+}

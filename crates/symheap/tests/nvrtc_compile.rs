@@ -1,7 +1,8 @@
 //! CI check of symheap's device code, no GPU needed: NVRTC compiles the backend's kernels, the
-//! CUDA example and a translation unit instantiating every template of `symheap.cuh` for sm_80
-//! and sm_90, and the PTX shows the properties the design relies on (16-byte vector copies,
-//! release/acquire at system scope).
+//! collective kernels (`coll.cu`), the CUDA example and a translation unit instantiating every
+//! template of `symheap.cuh` for sm_80 and sm_90, and the PTX shows the properties the design
+//! relies on (16-byte vector copies, release/acquire at system scope, no atomics on the
+//! collectives' data path, no register spills).
 //!
 //! These tests FAIL when libnvrtc cannot be loaded: run them after `source scripts/nvrtc_env.sh`
 //! (installs `nvidia-cuda-nvrtc==13.0.*` and sets LD_LIBRARY_PATH).
@@ -212,4 +213,321 @@ fn compile_errors_carry_the_nvrtc_log() {
     let err = nvrtc::compile_cubin("__global__ void k() {}", "arch.cu", 1, &[])
         .expect_err("sm_1 does not exist");
     assert!(!err.is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Collective kernels (coll.cu)
+// ---------------------------------------------------------------------------------------------
+
+/// Element-type suffixes of the reduction kernels.
+const COLL_DTYPES: [&str; 4] = ["f32", "f16", "bf16", "i32"];
+
+/// Every extern "C" kernel of coll.cu, as the Rust launcher names them.
+fn coll_kernels() -> Vec<String> {
+    let mut names = Vec::new();
+    for dt in COLL_DTYPES {
+        for kind in ["ar_oneshot", "ar_twoshot", "reduce_scatter"] {
+            names.push(format!("symheap_{kind}_{dt}"));
+        }
+    }
+    for name in ["symheap_allgather", "symheap_broadcast", "symheap_alltoall"] {
+        names.push(name.to_string());
+    }
+    names
+}
+
+/// The parameter list of entry `name` in the PTX (between `.entry name(` and `)`).
+fn entry_params<'a>(ptx: &'a str, name: &str) -> &'a str {
+    let body = entry(ptx, name);
+    let end = body
+        .find(')')
+        .unwrap_or_else(|| panic!("{name}: no parameter list"));
+    &body[..end]
+}
+
+/// coll.cu's PTX for compute_`arch`, compiled once per test binary (NVRTC takes seconds).
+fn coll_ptx(arch: u32) -> &'static str {
+    use std::sync::OnceLock;
+    static PTX: [OnceLock<String>; 2] = [OnceLock::new(), OnceLock::new()];
+    let slot = ARCHS
+        .iter()
+        .position(|&a| a == arch)
+        .unwrap_or_else(|| panic!("arch {arch} not in {ARCHS:?}"));
+    PTX[slot].get_or_init(|| ptx(nvrtc::COLL, "coll.cu", arch))
+}
+
+#[test]
+fn coll_kernels_compile_to_cubin() {
+    for arch in ARCHS {
+        cubin(nvrtc::COLL, "coll.cu", arch);
+    }
+}
+
+#[test]
+fn coll_exports_every_kernel_with_the_team_arguments() {
+    for arch in ARCHS {
+        let p = coll_ptx(arch);
+        for name in coll_kernels() {
+            let params = entry_params(p, &name);
+            // Kernel arguments, then the 8 team arguments (bases, flags, peer_flags, ctl, me, n,
+            // timeout_ns, error): u64 pointers / sizes, s32 ints.
+            let count = params.matches(".param").count();
+            let leading = match name.as_str() {
+                n if n.starts_with("symheap_ar_oneshot_") => 7,
+                n if n.starts_with("symheap_ar_twoshot_") => 4,
+                n if n.starts_with("symheap_reduce_scatter_") => 4,
+                "symheap_broadcast" => 4,
+                _ => 3,
+            };
+            assert_eq!(
+                count,
+                leading + 8,
+                "{name} sm_{arch}: unexpected parameter count in\n{params}"
+            );
+            let kinds: Vec<&str> = params
+                .split(".param")
+                .skip(1)
+                .map(|p| p.split_whitespace().next().unwrap_or(""))
+                .collect();
+            let team = &kinds[leading..];
+            assert_eq!(
+                team,
+                [".u64", ".u64", ".u64", ".u64", ".u32", ".u32", ".u64", ".u64"],
+                "{name}: team arguments"
+            );
+        }
+    }
+}
+
+#[test]
+fn coll_hot_kernels_move_16_byte_vectors() {
+    let p = coll_ptx(90);
+    let mut hot: Vec<String> = Vec::new();
+    for dt in COLL_DTYPES {
+        hot.push(format!("symheap_ar_oneshot_{dt}"));
+        hot.push(format!("symheap_ar_twoshot_{dt}"));
+        hot.push(format!("symheap_reduce_scatter_{dt}"));
+    }
+    hot.push("symheap_allgather".to_string());
+    for name in &hot {
+        let body = entry(p, name);
+        // Loads bypass the SM's non-coherent L1 (.cg): peers store into the memory read.
+        assert_has(
+            body,
+            &format!("{name} vector loads"),
+            &["ld.global.cg.v4.u32"],
+        );
+        assert_has(
+            body,
+            &format!("{name} vector stores"),
+            &["st.global.v4.u32"],
+        );
+    }
+    // Several loads in flight per thread: the unrolled bodies hold >= 8 vector loads (4 per
+    // source for two members).
+    for name in [
+        "symheap_ar_twoshot_bf16",
+        "symheap_ar_twoshot_f32",
+        "symheap_ar_oneshot_bf16",
+    ] {
+        let loads = entry(p, name).matches("ld.global.cg.v4.u32").count();
+        assert!(loads >= 8, "{name}: only {loads} vector loads");
+    }
+    let loads = entry(p, "symheap_allgather")
+        .matches("ld.global.cg.v4.u32")
+        .count();
+    assert!(loads >= 4, "allgather: only {loads} vector loads");
+    // f16 / bf16 are accumulated in f32 and rounded two at a time.
+    for (dt, cvt) in [("bf16", "cvt.rn.bf16x2.f32"), ("f16", "cvt.rn.f16x2.f32")] {
+        for kind in ["ar_oneshot", "ar_twoshot", "reduce_scatter"] {
+            let name = format!("symheap_{kind}_{dt}");
+            assert_has(entry(p, &name), &name, &[cvt]);
+        }
+    }
+    // The one-shot's small-message path: {flag, data} words as 64-bit elements of 16-byte
+    // volatile vectors.
+    for dt in COLL_DTYPES {
+        let name = format!("symheap_ar_oneshot_{dt}");
+        let body = entry(p, &name);
+        assert_has(body, &name, &["st.volatile.global.v2.u64"]);
+        assert_has(body, &name, &["ld.volatile.global.v2.u64"]);
+    }
+}
+
+#[test]
+fn coll_barriers_order_at_system_scope() {
+    let p = coll_ptx(90);
+    for name in coll_kernels() {
+        let body = entry(p, &name);
+        assert_has(
+            body,
+            &format!("{name} arrival"),
+            &["st.release.sys.global.u64"],
+        );
+        assert_has(
+            body,
+            &format!("{name} wait"),
+            &["ld.acquire.sys.global.u64"],
+        );
+        assert_has(body, &format!("{name} timeout"), &["%globaltimer"]);
+        assert_has(
+            body,
+            &format!("{name} error report"),
+            &["st.relaxed.sys.global.u32"],
+        );
+        // The only atomic is the blocks-done counter at exit: none on the data path.
+        let instructions = body.lines().map(|line| {
+            let line = line.trim_start();
+            // Drop a guard predicate (`@%p1 atom...`).
+            match line.strip_prefix('@') {
+                Some(rest) => rest.split_once(' ').map_or("", |(_, i)| i.trim_start()),
+                None => line,
+            }
+        });
+        let atomics: Vec<&str> = instructions
+            .filter(|i| i.starts_with("atom.") || i.starts_with("red."))
+            .collect();
+        let counter = atomics
+            .iter()
+            .filter(|i| i.starts_with("atom.global.add.u64"))
+            .count();
+        let atomics = atomics.len();
+        assert!(
+            counter >= 1 && atomics == counter,
+            "{name}: {atomics} atomics, {counter} of them the exit counter"
+        );
+    }
+}
+
+/// Compiles `source` to CUBIN for `arch` with `--ptxas-options=-v` and returns NVRTC's log
+/// (ptxas' register / spill report). Calls libnvrtc directly: `nvrtc::compile_cubin` keeps the
+/// log only on failure.
+fn ptxas_report(source: &str, name: &str, arch: u32) -> String {
+    use cudarc::nvrtc::sys;
+    use std::ffi::{c_char, CString};
+    use std::ptr;
+
+    require_nvrtc();
+    let src = CString::new(source).expect("source without NUL");
+    let prog_name = CString::new(name).expect("name without NUL");
+    let header = CString::new(nvrtc::HEADER).expect("header without NUL");
+    let header_name = CString::new(nvrtc::HEADER_NAME).expect("header name without NUL");
+    let headers = [header.as_ptr()];
+    let header_names = [header_name.as_ptr()];
+    let options: Vec<CString> = [
+        format!("--gpu-architecture=sm_{arch}"),
+        "-std=c++17".to_string(),
+        "-default-device".to_string(),
+        "--ptxas-options=-v".to_string(),
+    ]
+    .into_iter()
+    .map(|o| CString::new(o).expect("option without NUL"))
+    .collect();
+    let option_ptrs: Vec<*const c_char> = options.iter().map(|o| o.as_ptr()).collect();
+    let mut prog: sys::nvrtcProgram = ptr::null_mut();
+    // SAFETY: every pointer refers to a live NUL-terminated CString of this frame; the header
+    // arrays hold one valid pointer each; `prog` is a valid out-pointer. NVRTC copies the strings.
+    let r = unsafe {
+        sys::nvrtcCreateProgram(
+            &mut prog,
+            src.as_ptr(),
+            prog_name.as_ptr(),
+            1,
+            headers.as_ptr(),
+            header_names.as_ptr(),
+        )
+    };
+    assert_eq!(r, sys::nvrtcResult::NVRTC_SUCCESS, "nvrtcCreateProgram");
+    let n_opts = i32::try_from(option_ptrs.len()).expect("few options");
+    // SAFETY: `prog` was created above; `option_ptrs` holds `n_opts` live C strings.
+    let compiled = unsafe { sys::nvrtcCompileProgram(prog, n_opts, option_ptrs.as_ptr()) };
+    let mut size = 0usize;
+    // SAFETY: `prog` is live; `size` is a valid out-pointer.
+    let r = unsafe { sys::nvrtcGetProgramLogSize(prog, &mut size) };
+    assert_eq!(r, sys::nvrtcResult::NVRTC_SUCCESS, "nvrtcGetProgramLogSize");
+    let mut log = vec![0u8; size.max(1)];
+    // SAFETY: `log` holds at least the `size` bytes NVRTC reported (log and its NUL).
+    let r = unsafe { sys::nvrtcGetProgramLog(prog, log.as_mut_ptr().cast::<c_char>()) };
+    assert_eq!(r, sys::nvrtcResult::NVRTC_SUCCESS, "nvrtcGetProgramLog");
+    // SAFETY: `prog` is live and destroyed exactly once, here.
+    let _ = unsafe { sys::nvrtcDestroyProgram(&mut prog) };
+    let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+    let log = String::from_utf8_lossy(&log[..end]).into_owned();
+    assert_eq!(
+        compiled,
+        sys::nvrtcResult::NVRTC_SUCCESS,
+        "{name} does not compile for sm_{arch}:\n{log}"
+    );
+    log
+}
+
+/// (registers, spill store bytes, spill load bytes, stack frame bytes) per kernel, from ptxas'
+/// verbose report.
+fn ptxas_usage(log: &str) -> Vec<(String, u32, u32, u32, u32)> {
+    let number_before = |line: &str, what: &str| -> u32 {
+        let at = line
+            .find(what)
+            .unwrap_or_else(|| panic!("no `{what}` in `{line}`"));
+        line[..at]
+            .split_whitespace()
+            .last()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no number before `{what}` in `{line}`"))
+    };
+    let mut out = Vec::new();
+    let mut name = String::new();
+    let (mut stack, mut spill_st, mut spill_ld) = (0, 0, 0);
+    for line in log.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            name = rest.split('\'').next().unwrap_or("").to_string();
+        } else if line.contains("bytes stack frame") {
+            stack = number_before(line, "bytes stack frame");
+            spill_st = number_before(line, "bytes spill stores");
+            spill_ld = number_before(line, "bytes spill loads");
+        } else if line.contains("Used") && line.contains("registers") {
+            let regs = number_before(line, "registers");
+            out.push((name.clone(), regs, spill_st, spill_ld, stack));
+        }
+    }
+    out
+}
+
+#[test]
+fn coll_kernels_do_not_spill() {
+    for arch in ARCHS {
+        let log = ptxas_report(nvrtc::COLL, "coll.cu", arch);
+        let usage = ptxas_usage(&log);
+        for name in coll_kernels() {
+            let (_, regs, spill_st, spill_ld, stack) = usage
+                .iter()
+                .find(|u| u.0 == name)
+                .unwrap_or_else(|| panic!("no ptxas report for {name} sm_{arch}:\n{log}"))
+                .clone();
+            println!("sm_{arch} {name}: {regs} registers, stack {stack} B, spills {spill_st}/{spill_ld} B");
+            // __launch_bounds__(1024): at most 64 registers, so 2 blocks of 512 threads per SM.
+            assert!(regs <= 64, "{name} sm_{arch}: {regs} registers");
+            assert_eq!(
+                (spill_st, spill_ld, stack),
+                (0, 0, 0),
+                "{name} sm_{arch}: spills or a stack frame"
+            );
+        }
+    }
+}
+
+#[test]
+fn coll_has_no_toolkit_includes() {
+    for include in [
+        "cuda_runtime",
+        "cuda_fp16",
+        "cuda_bf16",
+        "cuda/std",
+        "stdint",
+    ] {
+        assert!(
+            !nvrtc::COLL.contains(&format!("#include <{include}")),
+            "coll.cu must not include {include}"
+        );
+    }
+    assert!(nvrtc::COLL.contains("#include \"symheap.cuh\""));
 }

@@ -104,7 +104,8 @@ fn fill(b: &SymmetricBuffer, seed: u64) -> Result<(), String> {
     // Real data (not zeros): small integers as bf16/f32/i32 bit patterns are all finite.
     let n = b.len_bytes() as usize / 2;
     let mut r = fastrand::Rng::with_seed(seed);
-    let v: Vec<u16> = (0..n).map(|_| 0x3c00 + r.u16(0..0x200)).collect();
+    let pattern: Vec<u16> = (0..65536).map(|_| 0x3c00 + r.u16(0..0x200)).collect();
+    let v: Vec<u16> = pattern.iter().copied().cycle().take(n).collect();
     b.write(0, &v).map_err(e2s)
 }
 

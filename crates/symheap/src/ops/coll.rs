@@ -158,6 +158,30 @@ fn check_len(inner: &Inner, call: &'static str, what: &str, addr: u64, bytes: us
 }
 
 impl Context {
+    /// A host-level collective on the CUDA backend: the entry barrier and ledger check the host
+    /// path has (so diverging calls fail here, naming the call), then the stream kernel on the
+    /// backend's own stream, waited for.
+    fn on_device(
+        &self,
+        team: &Team,
+        call: &'static str,
+        args: String,
+        launch: impl FnOnce(u64) -> Result<()>,
+    ) -> Result<()> {
+        let cu = self.inner.backend.as_cuda().expect("called on CUDA only");
+        let Some(t) = self.inner.team_inner(team, call)? else {
+            return Ok(());
+        };
+        {
+            let mut st = t.lock();
+            t.ledger().record(call, args);
+            self.inner.team_sync_point(t, &mut st, call, 0)?;
+        }
+        let s = cu.internal_stream();
+        launch(s)?;
+        self.sync_stream(s)
+    }
+
     /// Collective over `team`: every member's `dest` gets `count` elements of `dtype` from
     /// team member `root`'s `src`. Addresses are in this PE's heap; `dest == src` is allowed.
     pub fn broadcast_raw(
@@ -178,6 +202,11 @@ impl Context {
                 format!("root {root} is not a member of a team of {n}"),
             )
             .with_pe(self.my_pe()));
+        }
+        if self.inner.backend.as_cuda().is_some() {
+            return self.on_device(team, CALL, format!("root {root}, {count} x {dtype}"), |s| {
+                self.broadcast_on_stream(team, dest, src, count, dtype, root, s)
+            });
         }
         if team.is_valid() {
             check_len(&self.inner, CALL, "destination", dest, bytes)?;
@@ -209,6 +238,16 @@ impl Context {
     ) -> Result<()> {
         const CALL: &str = "all_gather";
         let bytes = count * dtype.size();
+        if self.inner.backend.as_cuda().is_some() {
+            // The stream form names in place by where this PE's contribution sits.
+            let src = match team.my_pe() {
+                Some(me) if src == dest => dest + (me * bytes) as u64,
+                _ => src,
+            };
+            return self.on_device(team, CALL, format!("{count} x {dtype}"), |s| {
+                self.all_gather_on_stream(team, dest, src, count, dtype, s)
+            });
+        }
         if team.is_valid() {
             check_len(&self.inner, CALL, "destination", dest, bytes * team.n_pes())?;
             check_len(&self.inner, CALL, "source", src, bytes)?;
@@ -242,6 +281,18 @@ impl Context {
     ) -> Result<()> {
         const CALL: &str = "reduce_scatter";
         let bytes = count * dtype.size();
+        if self.inner.backend.as_cuda().is_some() && crate::backend::cuda::coll_supports(dtype) {
+            let dest = match team.my_pe() {
+                Some(me) if src == dest => src + (me * bytes) as u64,
+                _ => dest,
+            };
+            return self.on_device(
+                team,
+                CALL,
+                format!("{} {count} x {dtype}", op.name()),
+                |s| self.reduce_scatter_on_stream(team, dest, src, count, dtype, op, s),
+            );
+        }
         if team.is_valid() {
             check_len(&self.inner, CALL, "source", src, bytes * team.n_pes())?;
             check_len(&self.inner, CALL, "destination", dest, bytes)?;
@@ -276,15 +327,11 @@ impl Context {
     ) -> Result<()> {
         const CALL: &str = "all_reduce";
         let bytes = count * dtype.size();
-        if let Some(cu) = self
-            .inner
-            .backend
-            .as_cuda()
-            .filter(|_| crate::backend::cuda::coll_supports(dtype))
-        {
-            let s = cu.internal_stream();
-            self.all_reduce_on_stream(team, dest, src, count, dtype, op, algo, s)?;
-            return self.sync_stream(s);
+        if self.inner.backend.as_cuda().is_some() && crate::backend::cuda::coll_supports(dtype) {
+            let args = format!("{} {count} x {dtype}", op.name());
+            return self.on_device(team, CALL, args, |s| {
+                self.all_reduce_on_stream(team, dest, src, count, dtype, op, algo, s)
+            });
         }
         if team.is_valid() {
             check_len(&self.inner, CALL, "destination", dest, bytes)?;
@@ -339,6 +386,11 @@ impl Context {
     ) -> Result<()> {
         const CALL: &str = "alltoall";
         let bytes = count * dtype.size();
+        if self.inner.backend.as_cuda().is_some() && !(dest == src && bytes > 0) {
+            return self.on_device(team, CALL, format!("{count} x {dtype}"), |s| {
+                self.alltoall_on_stream(team, dest, src, count, dtype, s)
+            });
+        }
         if team.is_valid() {
             if dest == src && bytes > 0 {
                 return Err(invalid(

@@ -19,8 +19,12 @@ use crate::ops::coll::AllReduceAlgo;
 
 /// Blocks a collective launch may use (the flag areas are sized for it).
 pub const MAX_BLOCKS: u64 = 1024;
-/// Largest all_reduce that runs one-shot through the world scratch (per member slot).
-pub const ONE_SHOT_SLOT: u64 = 512 << 10;
+/// Bytes per member slot of the world's one-shot scratch: the largest one-shot all_reduce.
+/// The kernels' packed small-message path also needs `2 × n × bytes <= slot` for messages up to
+/// 256 KiB, which 4 MiB covers up to 8 PEs.
+pub const ONE_SHOT_SLOT: u64 = 4 << 20;
+/// Auto picks one-shot while `(n - 1) × bytes` (what each PE pushes) stays under this.
+pub const ONE_SHOT_PUSH_MAX: u64 = 4 << 20;
 
 /// Device-resident state of every team slot, and the world's one-shot scratch, in this PE's
 /// heap (CUDA only). Per slot: `flags[2][MAX_BLOCKS][W]`, `ctl[2]` (epoch, blocks done),
@@ -185,11 +189,12 @@ impl Launch<'_> {
     }
 }
 
-/// Blocks for moving `bytes` at about `per_block` bytes each, capped by the SMs.
-fn grid_for(cu: &CudaBackend, bytes: u64, per_block: u64) -> u64 {
-    bytes
-        .div_ceil(per_block)
-        .clamp(1, (cu.sm_count().max(1) as u64 * 8).min(MAX_BLOCKS))
+/// Blocks for moving `bytes` at about `per_block` bytes each, between `min` and `sms_x` times
+/// the SM count (grids are what the kernels were measured fastest with on H200; every member
+/// computes the same grid, which the kernels require).
+fn grid_for(cu: &CudaBackend, bytes: u64, per_block: u64, min: u64, sms_x: u64) -> u64 {
+    let max = (cu.sm_count().max(1) as u64 * sms_x).min(MAX_BLOCKS);
+    bytes.div_ceil(per_block).clamp(min.min(max), max)
 }
 
 impl Context {
@@ -269,21 +274,15 @@ impl Context {
             && team.my_pe() == Some(self.my_pe())
             && team.members().iter().enumerate().all(|(i, &m)| i == m);
         let one_shot = match algo {
-            AllReduceAlgo::OneShot => {
-                if !world || bytes > ONE_SHOT_SLOT {
-                    return Err(invalid(
-                        CALL,
-                        format!(
-                            "one-shot needs the world team and at most {} bytes",
-                            ONE_SHOT_SLOT
-                        ),
-                    )
-                    .with_pe(self.my_pe()));
-                }
-                true
-            }
+            // The algorithm is a request, as on the host backend: one-shot runs through the
+            // world's scratch, so another team or a message larger than a slot goes two-shot.
+            AllReduceAlgo::OneShot => world && bytes <= ONE_SHOT_SLOT,
             AllReduceAlgo::TwoShot => false,
-            AllReduceAlgo::Auto => world && bytes <= ONE_SHOT_SLOT,
+            AllReduceAlgo::Auto => {
+                world
+                    && bytes <= ONE_SHOT_SLOT
+                    && (team.n_pes() as u64 - 1) * bytes <= ONE_SHOT_PUSH_MAX
+            }
         };
         let args = format!(
             "{} {count} x {dtype}, {}",
@@ -295,7 +294,13 @@ impl Context {
         };
         let n = t.members.len() as u64;
         if one_shot {
-            let grid = grid_for(cu, bytes, 16 << 10);
+            // The packed small-message path moves 2 KiB per block best; the flagged path 8 KiB.
+            let packed = bytes <= 256 << 10 && ONE_SHOT_SLOT >= 2 * n * bytes;
+            let grid = if packed {
+                grid_for(cu, bytes, 2 << 10, 1, 2)
+            } else {
+                grid_for(cu, bytes, 8 << 10, 1, 1)
+            };
             l.run(
                 &format!("symheap_ar_oneshot_{sfx}"),
                 grid,
@@ -311,7 +316,7 @@ impl Context {
                 ],
             )
         } else {
-            let grid = grid_for(cu, bytes / n, 32 << 10);
+            let grid = grid_for(cu, bytes, 64 << 10, 16, 2);
             l.run(
                 &format!("symheap_ar_twoshot_{sfx}"),
                 grid,
@@ -359,7 +364,7 @@ impl Context {
         let Some((l, t)) = self.coll_prepare(team, CALL, format!("{count} x {dtype}"))? else {
             return Ok(());
         };
-        let grid = grid_for(cu, bytes * t.members.len() as u64, 64 << 10);
+        let grid = grid_for(cu, bytes * t.members.len() as u64, 16 << 10, 1, 2);
         l.run(
             "symheap_allgather",
             grid,
@@ -407,7 +412,7 @@ impl Context {
         else {
             return Ok(());
         };
-        let grid = grid_for(cu, bytes, 32 << 10);
+        let grid = grid_for(cu, bytes * team.n_pes() as u64, 16 << 10, 1, 2);
         l.run(
             &format!("symheap_reduce_scatter_{sfx}"),
             grid,
@@ -456,7 +461,7 @@ impl Context {
         else {
             return Ok(());
         };
-        let grid = grid_for(cu, bytes, 64 << 10);
+        let grid = grid_for(cu, bytes, 16 << 10, 1, 2);
         l.run(
             "symheap_broadcast",
             grid,
@@ -502,7 +507,7 @@ impl Context {
         let Some((l, _)) = self.coll_prepare(team, CALL, format!("{count} x {dtype}"))? else {
             return Ok(());
         };
-        let grid = grid_for(cu, total, 64 << 10);
+        let grid = grid_for(cu, total, 16 << 10, 1, 2);
         l.run(
             "symheap_alltoall",
             grid,
