@@ -1,0 +1,928 @@
+//! `Context`: init and finalize, rank information, allocation, and every host operation on raw
+//! symmetric addresses (the Python layer turns arrays and tensors into addresses). Every call
+//! that can block (init, finalize, barriers, waits, collectives, copies) runs with the GIL
+//! released.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyFloat};
+use symheap::{AllReduceAlgo, AtomicOp, BackendChoice, Cmp, DType, ReduceOp, SignalOp, Team};
+
+use crate::buffer::{numel, parse_dtype, HeapView, SymmetricBuffer};
+use crate::errors::{to_py, value_error, IntoPyResult};
+use crate::store::{PyBootstrap, Source, Watcher};
+
+/// This PE's handle on the job. Made by `Context.init` (collective); `finalize()` (collective)
+/// leaves the job.
+///
+/// The methods taking addresses work on raw symmetric addresses; `symheap`'s Python functions
+/// take arrays and tensors and call these. Local (non-symmetric) pointers given to the
+/// `*_from_host` / `*_to_host` / `*_on_stream` methods are trusted: pass only pointers of live
+/// arrays of at least `nbytes` bytes.
+#[pyclass(module = "symheap._native", name = "Context", frozen)]
+pub struct PyContext {
+    pub(crate) ctx: Arc<symheap::Context>,
+    finalized: AtomicBool,
+    /// The store watcher thread, when the rendezvous runs over a Python store.
+    watcher: Option<Arc<Watcher>>,
+}
+
+/// A team handle (`Team.INVALID`-like when `is_valid` is false: operations on it do nothing).
+#[pyclass(module = "symheap._native", name = "Team", frozen)]
+pub struct PyTeam {
+    pub(crate) team: Team,
+}
+
+#[pymethods]
+impl PyTeam {
+    /// False for the invalid team non-members get from a split.
+    #[getter]
+    fn is_valid(&self) -> bool {
+        self.team.is_valid()
+    }
+
+    /// This PE's index in the team (None when invalid).
+    fn my_pe(&self) -> Option<usize> {
+        self.team.my_pe()
+    }
+
+    /// Number of members (0 when invalid).
+    fn n_pes(&self) -> usize {
+        self.team.n_pes()
+    }
+
+    /// World ranks of the members, in team order.
+    #[getter]
+    fn members(&self) -> Vec<usize> {
+        self.team.members().to_vec()
+    }
+
+    /// World rank of team member `pe` (None if there is no such member).
+    fn world_pe(&self, pe: usize) -> Option<usize> {
+        self.team.world_pe(pe)
+    }
+
+    /// Team member `pe` of this team as a member index of `dest` (None if not a member).
+    fn translate_pe(&self, pe: usize, dest: &PyTeam) -> Option<usize> {
+        self.team.translate_pe(pe, &dest.team)
+    }
+
+    fn __eq__(&self, other: &PyTeam) -> bool {
+        self.team.same_as(&other.team)
+    }
+
+    fn __hash__(&self) -> u64 {
+        self.team
+            .members()
+            .iter()
+            .fold(self.team.n_pes() as u64, |h, &m| {
+                h.wrapping_mul(1_000_003).wrapping_add(m as u64)
+            })
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Team({}, members={:?})", self.team, self.team.members())
+    }
+}
+
+fn parse_cmp(s: &str) -> PyResult<Cmp> {
+    Cmp::parse(s).ok_or_else(|| {
+        value_error(format!(
+            "unknown comparison {s:?}; use eq, ne, gt, ge, lt, le (or == != > >= < <=)"
+        ))
+    })
+}
+
+fn parse_signal_op(s: &str) -> PyResult<SignalOp> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "set" => Ok(SignalOp::Set),
+        "add" => Ok(SignalOp::Add),
+        _ => Err(value_error(format!(
+            "unknown signal op {s:?}; use \"set\" or \"add\""
+        ))),
+    }
+}
+
+fn parse_reduce(s: &str) -> PyResult<ReduceOp> {
+    ReduceOp::parse(s)
+        .ok_or_else(|| value_error(format!("unknown reduction {s:?}; use sum, min, max, prod")))
+}
+
+fn parse_algo(s: &str) -> PyResult<AllReduceAlgo> {
+    match s
+        .trim()
+        .to_ascii_lowercase()
+        .replace(['-', '_'], "")
+        .as_str()
+    {
+        "auto" => Ok(AllReduceAlgo::Auto),
+        "oneshot" => Ok(AllReduceAlgo::OneShot),
+        "twoshot" => Ok(AllReduceAlgo::TwoShot),
+        _ => Err(value_error(format!(
+            "unknown all_reduce algorithm {s:?}; use auto, one_shot, two_shot"
+        ))),
+    }
+}
+
+fn parse_atomic(s: &str) -> PyResult<AtomicOp> {
+    Ok(match s.trim().to_ascii_lowercase().as_str() {
+        "fetch" | "load" => AtomicOp::Load,
+        "set" | "store" => AtomicOp::Store,
+        "swap" => AtomicOp::Swap,
+        "compare_swap" | "cas" => AtomicOp::CompareSwap,
+        "add" | "fetch_add" => AtomicOp::Add,
+        "and" => AtomicOp::And,
+        "or" => AtomicOp::Or,
+        "xor" => AtomicOp::Xor,
+        _ => {
+            return Err(value_error(format!(
+                "unknown atomic {s:?}; use fetch, set, swap, compare_swap, add, and, or, xor"
+            )))
+        }
+    })
+}
+
+/// The bits of Python number `v` as a `dtype` word (integers wrap modulo the width; values
+/// outside `[-2^(w-1), 2^w)` are rejected).
+fn to_bits(v: &Bound<'_, PyAny>, dtype: DType) -> PyResult<u64> {
+    match dtype {
+        DType::F32 => Ok(v.extract::<f64>()? as f32).map(|f| f.to_bits() as u64),
+        DType::F64 => v.extract::<f64>().map(f64::to_bits),
+        DType::I32 | DType::U32 | DType::I64 | DType::U64 => {
+            let x: i128 = v.extract().map_err(|_| {
+                value_error(format!("atomic operand {v} is not an integer (dtype {dtype})"))
+            })?;
+            let bits = 8 * dtype.size() as u32;
+            let lo = -(1i128 << (bits - 1));
+            let hi = 1i128 << bits;
+            if x < lo || x >= hi {
+                return Err(value_error(format!(
+                    "atomic operand {x} does not fit in {dtype}"
+                )));
+            }
+            let mask = if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
+            Ok((x as u64) & mask)
+        }
+        _ => Err(value_error(format!(
+            "atomics are defined on int32, uint32, int64, uint64 (and fetch/set/swap on float32, float64), not {dtype}"
+        ))),
+    }
+}
+
+fn from_bits(py: Python<'_>, bits: u64, dtype: DType) -> PyResult<Py<PyAny>> {
+    Ok(match dtype {
+        DType::F32 => PyFloat::new(py, f32::from_bits(bits as u32) as f64)
+            .into_any()
+            .unbind(),
+        DType::F64 => PyFloat::new(py, f64::from_bits(bits)).into_any().unbind(),
+        DType::I32 => (bits as u32 as i32).into_pyobject(py)?.into_any().unbind(),
+        DType::U32 => (bits as u32).into_pyobject(py)?.into_any().unbind(),
+        DType::I64 => (bits as i64).into_pyobject(py)?.into_any().unbind(),
+        _ => bits.into_pyobject(py)?.into_any().unbind(),
+    })
+}
+
+fn stream_or(stream: Option<u64>) -> u64 {
+    stream.unwrap_or(0)
+}
+
+impl PyContext {
+    fn c(&self) -> &symheap::Context {
+        &self.ctx
+    }
+
+    fn team_or_world(&self, team: Option<&PyTeam>) -> Team {
+        match team {
+            Some(t) => t.team.clone(),
+            None => self.ctx.world_team(),
+        }
+    }
+}
+
+#[pymethods]
+impl PyContext {
+    /// Collective: joins the job and returns this PE's context.
+    ///
+    /// With no `store`/`comm`, the launcher environment decides (torchrun, `symheap launch`,
+    /// Open MPI, MPICH, Slurm; nothing set = a single PE). `store` is an object with
+    /// `set(key, bytes)`, `get(key) -> bytes` and `wait(keys, timedelta)` (torch.distributed's
+    /// store): the rendezvous runs over it, with `rank` and `world_size` required. `comm` is an
+    /// object with `allgather(obj) -> list` (mpi4py's `MPI.COMM_WORLD`), with `rank` and
+    /// `world_size` taken from it when not given. `backend` is "host", "cuda" or "auto";
+    /// `capacity`/`chunk_size` are bytes; `timeout` is seconds. Releases the GIL while it waits.
+    #[staticmethod]
+    #[pyo3(signature = (*, store = None, comm = None, rank = None, world_size = None, backend = None, capacity = None, chunk_size = None, timeout = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn init(
+        py: Python<'_>,
+        store: Option<Py<PyAny>>,
+        comm: Option<Py<PyAny>>,
+        rank: Option<usize>,
+        world_size: Option<usize>,
+        backend: Option<&str>,
+        capacity: Option<u64>,
+        chunk_size: Option<u64>,
+        timeout: Option<f64>,
+    ) -> PyResult<PyContext> {
+        let mut b = symheap::Context::builder().py()?;
+        if let Some(be) = backend {
+            let choice = match be.trim().to_ascii_lowercase().as_str() {
+                "host" | "cpu" => BackendChoice::Host,
+                "cuda" | "gpu" => BackendChoice::Cuda,
+                "auto" => BackendChoice::Auto,
+                _ => {
+                    return Err(value_error(format!(
+                        "unknown backend {be:?}; use \"host\", \"cuda\" or \"auto\""
+                    )))
+                }
+            };
+            b = b.backend(choice);
+        }
+        if let Some(c) = capacity {
+            b = b.capacity(c);
+        }
+        if let Some(c) = chunk_size {
+            b = b.chunk_size(c);
+        }
+        if let Some(t) = timeout {
+            if !(t.is_finite() && t > 0.0) {
+                return Err(value_error(format!(
+                    "timeout must be a positive number of seconds, not {t}"
+                )));
+            }
+            b = b.timeout(Duration::from_secs_f64(t));
+        }
+        let mut watcher = None;
+        let source = match (store, comm) {
+            (Some(_), Some(_)) => {
+                return Err(value_error("pass either store or comm, not both"));
+            }
+            (Some(s), None) => Some(Source::Store(s)),
+            (None, Some(c)) => Some(Source::Comm(c)),
+            (None, None) => None,
+        };
+        if let Some(src) = source {
+            let fallback = timeout
+                .map(Duration::from_secs_f64)
+                .unwrap_or(symheap::config::DEFAULT_TIMEOUT);
+            let boot = PyBootstrap::new(py, src, rank, world_size, fallback)?;
+            watcher = Some(boot.watcher());
+            b = b.bootstrap(Arc::new(boot));
+        } else if rank.is_some() || world_size.is_some() {
+            return Err(value_error(
+                "rank and world_size are only used with store= or comm=; under a launcher they come from the environment",
+            ));
+        }
+        let ctx = match py.detach(move || b.init()) {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some(w) = watcher {
+                    py.detach(move || w.stop_and_join());
+                }
+                return Err(to_py(e));
+            }
+        };
+        Ok(PyContext {
+            ctx: Arc::new(ctx),
+            finalized: AtomicBool::new(false),
+            watcher,
+        })
+    }
+
+    /// This PE's rank.
+    #[getter]
+    fn my_pe(&self) -> usize {
+        self.c().my_pe()
+    }
+
+    /// Number of PEs.
+    #[getter]
+    fn n_pes(&self) -> usize {
+        self.c().n_pes()
+    }
+
+    /// This PE's index among the PEs of its node.
+    #[getter]
+    fn local_rank(&self) -> usize {
+        self.c().local_rank()
+    }
+
+    /// Number of PEs on this node.
+    #[getter]
+    fn local_size(&self) -> usize {
+        self.c().local_size()
+    }
+
+    /// `"host"` or `"cuda"`.
+    #[getter]
+    fn backend(&self) -> &'static str {
+        self.c().backend_kind().name()
+    }
+
+    /// CUDA device ordinal of this PE (None on the host backend).
+    #[getter]
+    fn device_ordinal(&self) -> Option<usize> {
+        self.c().cuda().map(|c| c.device_ordinal())
+    }
+
+    /// True once `finalize()` was called through this object.
+    #[getter]
+    fn finalized(&self) -> bool {
+        self.finalized.load(Ordering::Acquire)
+    }
+
+    /// Collective: leaves the job. Buffers stay readable in this process, but every later
+    /// symheap call fails. Calling it again does nothing.
+    fn finalize(&self, py: Python<'_>) -> PyResult<()> {
+        if self.finalized.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let ctx = self.ctx.clone();
+        let watcher = self.watcher.clone();
+        py.detach(move || {
+            let r = ctx.finalize();
+            if let Some(w) = watcher {
+                w.stop_and_join();
+            }
+            r
+        })
+        .py()
+    }
+
+    /// Not collective: makes every PE fail with `reason` (they notice within milliseconds).
+    fn abort(&self, py: Python<'_>, reason: &str) {
+        let ctx = self.ctx.clone();
+        let watcher = self.watcher.clone();
+        let reason = reason.to_string();
+        py.detach(move || {
+            ctx.abort(&reason);
+            if let Some(w) = watcher {
+                w.stop_and_join();
+            }
+        })
+    }
+
+    /// The diagnostic banner (version, backend, PEs, heap layout, environment read).
+    fn banner(&self) -> String {
+        self.c().banner()
+    }
+
+    /// Heap occupancy on this PE: `{in_use, mapped, capacity, live_blocks}` (bytes, blocks).
+    fn heap_usage<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let u = self.c().heap_usage();
+        let d = PyDict::new(py);
+        d.set_item("in_use", u.in_use)?;
+        d.set_item("mapped", u.mapped)?;
+        d.set_item("capacity", u.capacity)?;
+        d.set_item("live_blocks", u.live_blocks)?;
+        Ok(d)
+    }
+
+    /// Start of every PE's heap in this process (0 where not directly addressable).
+    fn heap_bases(&self) -> Vec<u64> {
+        self.c().heap_bases()
+    }
+
+    /// PEs whose heaps this process can load from and store to directly.
+    fn direct_peers(&self) -> Vec<usize> {
+        self.c().direct_peers().iter().collect()
+    }
+
+    /// Whether `[addr, addr + nbytes)` lies in this PE's mapped symmetric heap.
+    #[pyo3(signature = (addr, nbytes = 1))]
+    fn is_symmetric(&self, addr: u64, nbytes: u64) -> bool {
+        let c = self.c();
+        match addr.checked_add(nbytes.max(1) - 1) {
+            Some(last) => c.is_symmetric(addr) && c.is_symmetric(last),
+            None => false,
+        }
+    }
+
+    /// Translates `addr` (in PE `src_pe`'s heap) to the same byte of PE `dst_pe`'s heap; None
+    /// when PE `dst_pe` is not directly addressable. Raises for an address outside the heap.
+    fn translate(&self, addr: u64, src_pe: usize, dst_pe: usize) -> PyResult<Option<u64>> {
+        self.c().translate(addr, src_pe, dst_pe).py()
+    }
+
+    /// The peer table of the symmetric address `addr` of this PE:
+    /// `table[r] = translate(addr, my_pe, r)` (0 when PE r is not direct).
+    fn peer_bases_for(&self, addr: u64) -> PyResult<Vec<u64>> {
+        let c = self.c();
+        (0..c.n_pes())
+            .map(|r| c.translate(addr, c.my_pe(), r).map(|a| a.unwrap_or(0)))
+            .collect::<symheap::Result<Vec<u64>>>()
+            .py()
+    }
+
+    /// Collective: allocates an array of `shape` and `dtype` on the symmetric heap (at least one
+    /// byte), aligned to `align`; `zero` clears this PE's copy. Contents are otherwise
+    /// unspecified; a peer may write into it only after a barrier.
+    #[pyo3(signature = (shape, dtype, align = 256, zero = false))]
+    fn allocate(
+        &self,
+        py: Python<'_>,
+        shape: Vec<i64>,
+        dtype: &str,
+        align: u64,
+        zero: bool,
+    ) -> PyResult<SymmetricBuffer> {
+        let dt = parse_dtype(dtype)?;
+        let n = numel(&shape)?;
+        let bytes = n
+            .checked_mul(dt.size() as u64)
+            .ok_or_else(|| value_error(format!("shape {shape:?} is too large")))?;
+        let ctx = self.ctx.clone();
+        let buf = py
+            .detach(move || {
+                let b = ctx.allocate_bytes(bytes.max(1), align)?;
+                if zero {
+                    b.write(0, &vec![0u8; bytes as usize])?;
+                }
+                Ok::<_, symheap::Error>(b)
+            })
+            .py()?;
+        Ok(SymmetricBuffer::new(self.ctx.clone(), buf, shape, dt))
+    }
+
+    /// A `HeapView` of `shape`/`dtype` (strides in elements, row-major when None) at `addr`,
+    /// which must lie in the mapped symmetric heap of a directly reachable PE. The view keeps
+    /// `owner` alive; pass the `SymmetricBuffer` whose memory it shows (not a torch tensor:
+    /// PyTorch crashes when a tensor is released from inside another tensor's DLPack deleter).
+    #[pyo3(signature = (addr, shape, dtype, strides = None, owner = None))]
+    fn view(
+        &self,
+        addr: u64,
+        shape: Vec<i64>,
+        dtype: &str,
+        strides: Option<Vec<i64>>,
+        owner: Option<Py<PyAny>>,
+    ) -> PyResult<HeapView> {
+        HeapView::checked(
+            self.ctx.clone(),
+            addr,
+            shape,
+            strides,
+            parse_dtype(dtype)?,
+            owner,
+        )
+    }
+
+    // ---- RMA --------------------------------------------------------------------------------
+
+    /// Copies `nbytes` of host memory at `src_ptr` into PE `pe`'s copy of the symmetric range at
+    /// `dest`. `src_ptr` is trusted (see the class documentation).
+    fn put_from_host(
+        &self,
+        py: Python<'_>,
+        dest: u64,
+        src_ptr: usize,
+        nbytes: usize,
+        pe: usize,
+    ) -> PyResult<()> {
+        let ctx = self.ctx.clone();
+        py.detach(move || {
+            // SAFETY: the caller passes the pointer of a live host array of at least `nbytes`
+            // bytes (the Python layer takes it from the array itself and holds the array).
+            let src = unsafe { host_slice(src_ptr, nbytes) };
+            ctx.put_bytes(dest, src, pe)
+        })
+        .py()
+    }
+
+    /// Copies PE `pe`'s copy of the symmetric range at `src` into `nbytes` of host memory at
+    /// `dest_ptr` (trusted).
+    fn get_to_host(
+        &self,
+        py: Python<'_>,
+        dest_ptr: usize,
+        src: u64,
+        nbytes: usize,
+        pe: usize,
+    ) -> PyResult<()> {
+        let ctx = self.ctx.clone();
+        py.detach(move || {
+            // SAFETY: as in `put_from_host`, for a writable array.
+            let dst = unsafe { host_slice_mut(dest_ptr, nbytes) };
+            ctx.get_bytes(dst, src, pe)
+        })
+        .py()
+    }
+
+    /// `put_from_host`, then updates PE `pe`'s u64 signal word at symmetric address `sig` with
+    /// `op` ("set"/"add") and `value`: a PE that sees the signal also sees the data.
+    #[allow(clippy::too_many_arguments)]
+    fn put_signal_from_host(
+        &self,
+        py: Python<'_>,
+        dest: u64,
+        src_ptr: usize,
+        nbytes: usize,
+        sig: u64,
+        value: u64,
+        op: &str,
+        pe: usize,
+    ) -> PyResult<()> {
+        let aop = match parse_signal_op(op)? {
+            SignalOp::Set => AtomicOp::Store,
+            SignalOp::Add => AtomicOp::Add,
+        };
+        let ctx = self.ctx.clone();
+        py.detach(move || {
+            // Check the signal word before moving any data.
+            if sig % 8 != 0 {
+                return Err(symheap::Error::new(
+                    Some(ctx.my_pe()),
+                    "put_signal",
+                    symheap::ErrorKind::InvalidArgument(format!(
+                        "signal address {sig:#x} is not 8-byte aligned"
+                    )),
+                ));
+            }
+            ctx.translate(sig, ctx.my_pe(), pe)?;
+            // SAFETY: as in `put_from_host`.
+            let src = unsafe { host_slice(src_ptr, nbytes) };
+            ctx.put_bytes(dest, src, pe)?;
+            ctx.fence()?;
+            ctx.atomic_op(sig, pe, aop, DType::U64, value, 0).map(drop)
+        })
+        .py()
+    }
+
+    /// Enqueues on `stream` (CUDA; completes at once on the host backend, where `src` must be
+    /// symmetric) a put of `nbytes` from local `src` to PE `pe`'s copy of `dest`.
+    #[pyo3(signature = (dest, src, nbytes, pe, stream = None))]
+    fn put_on_stream(
+        &self,
+        py: Python<'_>,
+        dest: u64,
+        src: u64,
+        nbytes: u64,
+        pe: usize,
+        stream: Option<u64>,
+    ) -> PyResult<()> {
+        let ctx = self.ctx.clone();
+        py.detach(move || ctx.put_on_stream(dest, src, nbytes, pe, stream_or(stream)))
+            .py()
+    }
+
+    /// Enqueues a get of `nbytes` from PE `pe`'s copy of symmetric `src` into local `dest`.
+    #[pyo3(signature = (dest, src, nbytes, pe, stream = None))]
+    fn get_on_stream(
+        &self,
+        py: Python<'_>,
+        dest: u64,
+        src: u64,
+        nbytes: u64,
+        pe: usize,
+        stream: Option<u64>,
+    ) -> PyResult<()> {
+        let ctx = self.ctx.clone();
+        py.detach(move || ctx.get_on_stream(dest, src, nbytes, pe, stream_or(stream)))
+            .py()
+    }
+
+    /// Enqueues a put then a signal update (see `put_signal_from_host`).
+    #[pyo3(signature = (dest, src, nbytes, sig, value, op, pe, stream = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn put_signal_on_stream(
+        &self,
+        py: Python<'_>,
+        dest: u64,
+        src: u64,
+        nbytes: u64,
+        sig: u64,
+        value: u64,
+        op: &str,
+        pe: usize,
+        stream: Option<u64>,
+    ) -> PyResult<()> {
+        let op = parse_signal_op(op)?;
+        let ctx = self.ctx.clone();
+        py.detach(move || {
+            ctx.put_signal_on_stream(dest, src, nbytes, sig, value, op, pe, stream_or(stream))
+        })
+        .py()
+    }
+
+    /// Waits (GIL released) until this PE's u64 signal word at `sig` satisfies
+    /// `word CMP value`; returns the word. Fails after SYMHEAP_TIMEOUT or when the job fails.
+    fn signal_wait_until(&self, py: Python<'_>, sig: u64, cmp: &str, value: u64) -> PyResult<u64> {
+        let cmp = parse_cmp(cmp)?;
+        let ctx = self.ctx.clone();
+        py.detach(move || ctx.signal_wait_until_addr(sig, cmp, value))
+            .py()
+    }
+
+    /// Enqueues the signal wait on `stream` (host backend: waits now).
+    #[pyo3(signature = (sig, cmp, value, stream = None))]
+    fn signal_wait_until_on_stream(
+        &self,
+        py: Python<'_>,
+        sig: u64,
+        cmp: &str,
+        value: u64,
+        stream: Option<u64>,
+    ) -> PyResult<()> {
+        let cmp = parse_cmp(cmp)?;
+        let ctx = self.ctx.clone();
+        py.detach(move || ctx.signal_wait_until_on_stream(sig, cmp, value, stream_or(stream)))
+            .py()
+    }
+
+    /// Atomic `op` on PE `pe`'s copy of the `dtype` word at symmetric address `addr`; returns
+    /// the old value. `value` is the operand (the new value for compare_swap), `compare` the
+    /// expected value of compare_swap.
+    #[pyo3(signature = (addr, pe, op, dtype, value = None, compare = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn atomic(
+        &self,
+        py: Python<'_>,
+        addr: u64,
+        pe: usize,
+        op: &str,
+        dtype: &str,
+        value: Option<Bound<'_, PyAny>>,
+        compare: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let op = parse_atomic(op)?;
+        let dt = parse_dtype(dtype)?;
+        let bits = |v: Option<Bound<'_, PyAny>>| -> PyResult<u64> {
+            match v {
+                Some(v) => to_bits(&v, dt),
+                None => Ok(0),
+            }
+        };
+        if value.is_none() && !matches!(op, AtomicOp::Load) {
+            return Err(value_error(format!("atomic {} needs a value", op.name())));
+        }
+        if compare.is_none() && op == AtomicOp::CompareSwap {
+            return Err(value_error("compare_swap needs the compare value"));
+        }
+        let v = bits(value)?;
+        let c = bits(compare)?;
+        let ctx = self.ctx.clone();
+        let old = py
+            .detach(move || ctx.atomic_op(addr, pe, op, dt, v, c))
+            .py()?;
+        from_bits(py, old, dt)
+    }
+
+    /// Completes every put, get and atomic this PE issued.
+    fn quiet(&self) -> PyResult<()> {
+        self.c().quiet().py()
+    }
+
+    /// Orders this PE's puts to each PE.
+    fn fence(&self) -> PyResult<()> {
+        self.c().fence().py()
+    }
+
+    /// Enqueues completion of this PE's stream operations on `stream`.
+    #[pyo3(signature = (stream = None))]
+    fn quiet_on_stream(&self, stream: Option<u64>) -> PyResult<()> {
+        self.c().quiet_on_stream(stream_or(stream)).py()
+    }
+
+    /// Waits (GIL released) for `stream` to finish; reports device-side wait timeouts.
+    #[pyo3(signature = (stream = None))]
+    fn sync_stream(&self, py: Python<'_>, stream: Option<u64>) -> PyResult<()> {
+        let ctx = self.ctx.clone();
+        py.detach(move || ctx.sync_stream(stream_or(stream))).py()
+    }
+
+    // ---- synchronisation and teams ---------------------------------------------------------
+
+    /// Collective over the world (host): returns once every PE called it; memory operations
+    /// before it are visible after it. Also checks the collective ledger and reclaims buffers
+    /// every PE released.
+    fn barrier_all(&self, py: Python<'_>) -> PyResult<()> {
+        let ctx = self.ctx.clone();
+        py.detach(move || ctx.barrier_all()).py()
+    }
+
+    /// Collective over the world: enqueues a barrier on `stream` (CUDA; host barrier on the
+    /// host backend).
+    #[pyo3(signature = (stream = None))]
+    fn barrier_all_on_stream(&self, py: Python<'_>, stream: Option<u64>) -> PyResult<()> {
+        let ctx = self.ctx.clone();
+        py.detach(move || ctx.barrier_all_on_stream(stream_or(stream)))
+            .py()
+    }
+
+    /// Collective over the world: like `barrier_all`.
+    fn sync_all(&self, py: Python<'_>) -> PyResult<()> {
+        let ctx = self.ctx.clone();
+        py.detach(move || ctx.sync_all()).py()
+    }
+
+    /// Collective over `team` (the world when None): a barrier among its members.
+    #[pyo3(signature = (team = None))]
+    fn barrier(&self, py: Python<'_>, team: Option<&PyTeam>) -> PyResult<()> {
+        let (ctx, t) = (self.ctx.clone(), self.team_or_world(team));
+        py.detach(move || ctx.barrier(&t)).py()
+    }
+
+    /// Collective over `team`: synchronises its members.
+    #[pyo3(signature = (team = None))]
+    fn team_sync(&self, py: Python<'_>, team: Option<&PyTeam>) -> PyResult<()> {
+        let (ctx, t) = (self.ctx.clone(), self.team_or_world(team));
+        py.detach(move || ctx.team_sync(&t)).py()
+    }
+
+    /// The team of all PEs.
+    fn world_team(&self) -> PyTeam {
+        PyTeam {
+            team: self.c().world_team(),
+        }
+    }
+
+    /// Collective over `parent`: the team of members `start, start + stride, ...` (`size` of
+    /// them); other members get an invalid team.
+    fn team_split_strided(
+        &self,
+        py: Python<'_>,
+        parent: &PyTeam,
+        start: usize,
+        stride: usize,
+        size: usize,
+    ) -> PyResult<PyTeam> {
+        let (ctx, p) = (self.ctx.clone(), parent.team.clone());
+        let team = py
+            .detach(move || ctx.team_split_strided(&p, start, stride, size))
+            .py()?;
+        Ok(PyTeam { team })
+    }
+
+    /// Collective over `team`: destroys it (a no-op on an invalid team).
+    fn team_destroy(&self, py: Python<'_>, team: &PyTeam) -> PyResult<()> {
+        let (ctx, t) = (self.ctx.clone(), team.team.clone());
+        py.detach(move || ctx.team_destroy(t)).py()
+    }
+
+    // ---- collectives ------------------------------------------------------------------------
+
+    /// Collective over `team`: every member's `dest` gets `count` `dtype` elements from member
+    /// `root`'s `src`. With `stream`, enqueued on it (CUDA).
+    #[pyo3(signature = (team, dest, src, count, dtype, root, stream = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn broadcast(
+        &self,
+        py: Python<'_>,
+        team: Option<&PyTeam>,
+        dest: u64,
+        src: u64,
+        count: usize,
+        dtype: &str,
+        root: usize,
+        stream: Option<u64>,
+    ) -> PyResult<()> {
+        let dt = parse_dtype(dtype)?;
+        let (ctx, t) = (self.ctx.clone(), self.team_or_world(team));
+        py.detach(move || match stream {
+            Some(s) => ctx.broadcast_on_stream(&t, dest, src, count, dt, root, s),
+            None => ctx.broadcast_raw(&t, dest, src, count, dt, root),
+        })
+        .py()
+    }
+
+    /// Collective over `team`: member j's `count` elements at `src` land at `dest + j*count`.
+    #[pyo3(signature = (team, dest, src, count, dtype, stream = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn all_gather(
+        &self,
+        py: Python<'_>,
+        team: Option<&PyTeam>,
+        dest: u64,
+        src: u64,
+        count: usize,
+        dtype: &str,
+        stream: Option<u64>,
+    ) -> PyResult<()> {
+        let dt = parse_dtype(dtype)?;
+        let (ctx, t) = (self.ctx.clone(), self.team_or_world(team));
+        py.detach(move || match stream {
+            Some(s) => ctx.all_gather_on_stream(&t, dest, src, count, dt, s),
+            None => ctx.all_gather_raw(&t, dest, src, count, dt),
+        })
+        .py()
+    }
+
+    /// Collective over `team`: `src` holds `n*count` elements; member j's `dest` gets the
+    /// reduction of every member's block j.
+    #[pyo3(signature = (team, dest, src, count, dtype, op, stream = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_scatter(
+        &self,
+        py: Python<'_>,
+        team: Option<&PyTeam>,
+        dest: u64,
+        src: u64,
+        count: usize,
+        dtype: &str,
+        op: &str,
+        stream: Option<u64>,
+    ) -> PyResult<()> {
+        let dt = parse_dtype(dtype)?;
+        let op = parse_reduce(op)?;
+        let (ctx, t) = (self.ctx.clone(), self.team_or_world(team));
+        py.detach(move || match stream {
+            Some(s) => ctx.reduce_scatter_on_stream(&t, dest, src, count, dt, op, s),
+            None => ctx.reduce_scatter_raw(&t, dest, src, count, dt, op),
+        })
+        .py()
+    }
+
+    /// Collective over `team`: every member's `dest` gets the reduction of all members' `src`
+    /// (`dest == src` allowed).
+    #[pyo3(signature = (team, dest, src, count, dtype, op, algo = "auto", stream = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn all_reduce(
+        &self,
+        py: Python<'_>,
+        team: Option<&PyTeam>,
+        dest: u64,
+        src: u64,
+        count: usize,
+        dtype: &str,
+        op: &str,
+        algo: &str,
+        stream: Option<u64>,
+    ) -> PyResult<()> {
+        let dt = parse_dtype(dtype)?;
+        let op = parse_reduce(op)?;
+        let algo = parse_algo(algo)?;
+        let (ctx, t) = (self.ctx.clone(), self.team_or_world(team));
+        py.detach(move || match stream {
+            Some(s) => ctx.all_reduce_on_stream(&t, dest, src, count, dt, op, algo, s),
+            None => ctx.all_reduce_raw(&t, dest, src, count, dt, op, algo),
+        })
+        .py()
+    }
+
+    /// Collective over `team`: member i's block j lands at member j's `dest + i*count`.
+    #[pyo3(signature = (team, dest, src, count, dtype, stream = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn alltoall(
+        &self,
+        py: Python<'_>,
+        team: Option<&PyTeam>,
+        dest: u64,
+        src: u64,
+        count: usize,
+        dtype: &str,
+        stream: Option<u64>,
+    ) -> PyResult<()> {
+        let dt = parse_dtype(dtype)?;
+        let (ctx, t) = (self.ctx.clone(), self.team_or_world(team));
+        py.detach(move || match stream {
+            Some(s) => ctx.alltoall_on_stream(&t, dest, src, count, dt, s),
+            None => ctx.alltoall_raw(&t, dest, src, count, dt),
+        })
+        .py()
+    }
+
+    /// Collective over the world: every PE contributes `data`, every PE gets all contributions
+    /// in rank order (small control data: seeds, sizes).
+    fn all_gather_bytes<'py>(
+        &self,
+        py: Python<'py>,
+        data: &[u8],
+    ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let ctx = self.ctx.clone();
+        let data = data.to_vec();
+        let parts = py.detach(move || ctx.all_gather_bytes(&data)).py()?;
+        Ok(parts.iter().map(|p| PyBytes::new(py, p)).collect())
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Context(pe={}, n_pes={}, backend={})",
+            self.c().my_pe(),
+            self.c().n_pes(),
+            self.c().backend_kind().name()
+        )
+    }
+}
+
+/// # Safety
+/// `ptr` must point to `len` readable bytes that stay valid and unmodified for `'a`.
+unsafe fn host_slice<'a>(ptr: usize, len: usize) -> &'a [u8] {
+    if len == 0 {
+        return &[];
+    }
+    // SAFETY: guaranteed by the caller.
+    unsafe { std::slice::from_raw_parts(ptr as *const u8, len) }
+}
+
+/// # Safety
+/// `ptr` must point to `len` writable bytes that nothing else accesses for `'a`.
+unsafe fn host_slice_mut<'a>(ptr: usize, len: usize) -> &'a mut [u8] {
+    if len == 0 {
+        return &mut [];
+    }
+    // SAFETY: guaranteed by the caller.
+    unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) }
+}

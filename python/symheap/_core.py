@@ -1,0 +1,480 @@
+"""The global context, and how arrays and tensors are turned into addresses.
+
+One symheap context exists per process at a time (like NVSHMEM): :func:`init` makes it,
+:func:`finalize` ends it, and every other function uses it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import weakref
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import _native
+from ._native import (
+    SymheapError,
+    SymheapValueError,
+    SymmetricBuffer,
+)
+
+_ctx: Optional["Context"] = None
+_atexit_registered = False
+# Live allocations by address (weak references), to find the allocation of any pointer.
+_allocations: Dict[int, "weakref.ref[SymmetricBuffer]"] = {}
+
+_LAUNCHER_VARS = (
+    ("RANK", "WORLD_SIZE"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("PMI_RANK", "PMI_SIZE"),
+    ("SLURM_PROCID", "SLURM_STEP_ID"),
+)
+
+
+class Context:
+    """This PE's symheap context (returned by :func:`init`); a context manager.
+
+    ``with symheap.init() as ctx:`` finalizes on leaving the block (collective), or, when the
+    block raises, aborts the job so the other PEs fail at once instead of waiting. Attribute
+    access falls through to the ``symheap`` module functions (``ctx.put(...)``,
+    ``ctx.barrier_all()``), which all use this context.
+    """
+
+    def __init__(self, native: _native.Context) -> None:
+        self.native = native
+
+    def my_pe(self) -> int:
+        """This PE's rank."""
+        return self.native.my_pe
+
+    def n_pes(self) -> int:
+        """Number of PEs."""
+        return self.native.n_pes
+
+    def local_rank(self) -> int:
+        """This PE's index among the PEs of its node."""
+        return self.native.local_rank
+
+    def backend(self) -> str:
+        """``"host"`` or ``"cuda"``."""
+        return self.native.backend
+
+    def finalize(self) -> None:
+        """Collective: leaves the job (see :func:`symheap.finalize`)."""
+        finalize()
+
+    def abort(self, reason: str) -> None:
+        """Not collective: makes every PE fail with ``reason``."""
+        self.native.abort(reason)
+
+    def __enter__(self) -> "Context":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        global _ctx
+        if exc_type is None:
+            finalize()
+            return
+        if not self.native.finalized:
+            self.native.abort(f"PE {self.native.my_pe} raised {exc_type.__name__}: {exc}")
+        if _ctx is self:
+            _ctx = None
+
+    def __getattr__(self, name: str) -> Any:
+        import symheap
+
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return getattr(symheap, name)
+        except AttributeError:
+            raise AttributeError(f"symheap.Context has no attribute {name!r}") from None
+
+    def __repr__(self) -> str:
+        return f"<symheap.Context pe={self.native.my_pe} n_pes={self.native.n_pes} backend={self.native.backend}>"
+
+
+def _launcher_env() -> bool:
+    return any(a in os.environ and b in os.environ for a, b in _LAUNCHER_VARS)
+
+
+def init(
+    *,
+    store: Any = None,
+    comm: Any = None,
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+    backend: Optional[str] = None,
+    device: Optional[int] = None,
+    capacity: Optional[int] = None,
+    chunk_size: Optional[int] = None,
+    timeout: Optional[float] = None,
+) -> Context:
+    """**Collective**: joins the job and makes the global context; returns it.
+
+    Where the PEs come from, first match wins:
+
+    1. ``store=`` (an object with ``set/get/wait``, e.g. torch.distributed's store) with
+       ``rank=`` and ``world_size=``, or ``comm=`` (an mpi4py communicator);
+    2. an initialised ``torch.distributed``: its default store drives the rendezvous;
+    3. the launcher environment (``symheap launch`` / ``python -m symheap.launch``, torchrun,
+       Open MPI, MPICH, Slurm);
+    4. ``mpi4py.MPI`` already imported with more than one process: ``MPI.COMM_WORLD``;
+    5. nothing: a single PE.
+
+    ``backend`` is ``"host"``, ``"cuda"`` or ``"auto"`` (default ``SYMHEAP_BACKEND``);
+    ``device`` the CUDA ordinal (default ``SYMHEAP_DEVICE``, else ``LOCAL_RANK`` mod the GPU
+    count); ``capacity``/``chunk_size`` bytes; ``timeout`` seconds for every wait. Runs with the
+    GIL released. Raises :class:`SymheapError` if a context already exists.
+
+    A context left open at interpreter exit is finalized then (collectively), or, when the
+    process dies of an unhandled exception, the job is aborted so the other PEs fail at once.
+    ``sys.exit()`` with a failure status goes through the same collective finalize: prefer
+    ``with symheap.init():`` or an explicit :func:`finalize` / :func:`abort`.
+    Over a store, a PE that dies without a word is noticed only by the others' timeouts.
+    """
+    global _ctx, _atexit_registered
+    if _ctx is not None:
+        raise SymheapError("symheap is already initialised in this process; call symheap.finalize() first")
+    if store is None and comm is None:
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            store = dist.distributed_c10d._get_default_store()
+            rank = dist.get_rank() if rank is None else rank
+            world_size = dist.get_world_size() if world_size is None else world_size
+        elif not _launcher_env() and "mpi4py.MPI" in sys.modules:
+            mpi = sys.modules["mpi4py.MPI"]
+            if mpi.Is_initialized() and mpi.COMM_WORLD.Get_size() > 1:
+                comm = mpi.COMM_WORLD
+    if device is not None:
+        os.environ["SYMHEAP_DEVICE"] = str(int(device))
+    native = _native.Context.init(
+        store=store,
+        comm=comm,
+        rank=rank,
+        world_size=world_size,
+        backend=backend,
+        capacity=capacity,
+        chunk_size=chunk_size,
+        timeout=timeout,
+    )
+    _ctx = Context(native)
+    if not _atexit_registered:
+        atexit.register(_at_exit)
+        _atexit_registered = True
+    return _ctx
+
+
+def finalize() -> None:
+    """**Collective**: leaves the job. Arrays and tensors stay readable in this process, but
+    every later symheap call raises. Does nothing when not initialised."""
+    global _ctx
+    ctx = _ctx
+    if ctx is None:
+        return
+    _ctx = None
+    ctx.native.finalize()
+
+
+def is_initialized() -> bool:
+    """Whether a context exists (between :func:`init` and :func:`finalize`)."""
+    return _ctx is not None
+
+
+def context() -> Context:
+    """The global context; raises :class:`SymheapError` before :func:`init`."""
+    if _ctx is None:
+        raise SymheapError("symheap is not initialised: call symheap.init() first")
+    return _ctx
+
+
+def native() -> _native.Context:
+    """The native context object of the global context."""
+    return context().native
+
+
+def _at_exit() -> None:
+    """At interpreter exit: finalize a context left open, or abort the job when the process is
+    dying of an unhandled exception (so the other PEs fail at once instead of waiting)."""
+    global _ctx
+    ctx = _ctx
+    if ctx is None or ctx.native.finalized:
+        return
+    _ctx = None
+    if getattr(sys, "last_value", None) is not None or getattr(sys, "last_exc", None) is not None:
+        ctx.native.abort(f"PE {ctx.native.my_pe} exited with an unhandled exception")
+        return
+    try:
+        ctx.native.finalize()
+    except SymheapError:
+        pass
+
+
+# ---- allocations ---------------------------------------------------------------------------
+
+
+def _forget(addr: int, ref: "weakref.ref[SymmetricBuffer]") -> None:
+    if _allocations.get(addr) is ref:
+        del _allocations[addr]
+
+
+def allocate(shape: Tuple[int, ...], dtype: str, *, zero: bool = False, align: int = 256) -> SymmetricBuffer:
+    """**Collective**: a :class:`SymmetricBuffer` of ``shape``/``dtype`` (a symheap dtype name).
+    Contents are unspecified unless ``zero``; a peer may write into it only after a barrier."""
+    shape = tuple(int(s) for s in shape)
+    buf = native().allocate(list(shape), dtype, align=align, zero=zero)
+    addr = buf.addr
+
+    def forget(r: "weakref.ref[SymmetricBuffer]") -> None:
+        _forget(addr, r)
+
+    _allocations[addr] = weakref.ref(buf, forget)
+    return buf
+
+
+def allocation_of(addr: int) -> Optional[SymmetricBuffer]:
+    """The live allocation (of the Python layer) that holds address ``addr``, if any."""
+    for base, ref in list(_allocations.items()):
+        buf = ref()
+        if buf is None or buf.freed:
+            continue
+        if base <= addr < base + max(buf.nbytes, 1):
+            return buf
+    return None
+
+
+# ---- arrays and tensors --------------------------------------------------------------------
+
+_NUMPY_NAMES = {
+    "uint8",
+    "int8",
+    "uint16",
+    "int16",
+    "uint32",
+    "int32",
+    "uint64",
+    "int64",
+    "float16",
+    "float32",
+    "float64",
+}
+
+
+@dataclass
+class Arr:
+    """What symheap needs to know about an array or tensor."""
+
+    obj: Any
+    kind: str  # "numpy", "torch", "buffer"
+    ptr: int
+    nbytes: int
+    numel: int
+    dtype: str  # symheap dtype name
+    shape: Tuple[int, ...]
+    strides: Tuple[int, ...]  # in elements
+    device: str  # "cpu" or "cuda"
+    device_index: Optional[int]
+    contiguous: bool
+    writable: bool
+
+    @property
+    def itemsize(self) -> int:
+        return _native.dtype_size(self.dtype)
+
+
+def _torch() -> Any:
+    return sys.modules.get("torch")
+
+
+def is_tensor(x: Any) -> bool:
+    """True for a torch.Tensor (without importing torch)."""
+    t = _torch()
+    return t is not None and isinstance(x, t.Tensor)
+
+
+def is_ndarray(x: Any) -> bool:
+    """True for a numpy.ndarray (without importing numpy)."""
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(x, np.ndarray)
+
+
+def torch_dtype_name(dt: Any) -> str:
+    """``torch.float32`` -> ``float32``; raises for dtypes symheap does not move."""
+    name = str(dt).replace("torch.", "")
+    try:
+        return _native.dtype_name(name)
+    except SymheapValueError:
+        raise SymheapValueError(
+            f"dtype {dt} is not supported by symheap (supported: {', '.join(_native.DTYPES)})"
+        ) from None
+
+
+def numpy_dtype_name(dt: Any) -> str:
+    """``numpy.dtype('float32')`` -> ``float32``; raises for dtypes symheap does not move."""
+    name = getattr(dt, "name", str(dt))
+    if name not in _NUMPY_NAMES or not getattr(dt, "isnative", True):
+        raise SymheapValueError(
+            f"dtype {dt} is not supported by symheap (supported: native-endian {', '.join(sorted(_NUMPY_NAMES))})"
+        )
+    return name
+
+
+def describe(x: Any, what: str = "argument") -> Arr:
+    """An :class:`Arr` for a numpy array, a torch tensor or a SymmetricBuffer."""
+    if is_ndarray(x):
+        dtype = numpy_dtype_name(x.dtype)
+        item = x.dtype.itemsize
+        if any(s % item for s in x.strides):
+            raise SymheapValueError(f"{what}: strides {x.strides} are not multiples of the item size")
+        return Arr(
+            obj=x,
+            kind="numpy",
+            ptr=int(x.__array_interface__["data"][0]),
+            nbytes=int(x.nbytes),
+            numel=int(x.size),
+            dtype=dtype,
+            shape=tuple(x.shape),
+            strides=tuple(s // item for s in x.strides),
+            device="cpu",
+            device_index=None,
+            contiguous=bool(x.flags.c_contiguous),
+            writable=bool(x.flags.writeable),
+        )
+    if is_tensor(x):
+        dtype = torch_dtype_name(x.dtype)
+        return Arr(
+            obj=x,
+            kind="torch",
+            ptr=int(x.data_ptr()),
+            nbytes=int(x.numel() * x.element_size()),
+            numel=int(x.numel()),
+            dtype=dtype,
+            shape=tuple(x.shape),
+            strides=tuple(x.stride()),
+            device=x.device.type,
+            device_index=x.device.index,
+            contiguous=bool(x.is_contiguous()),
+            writable=True,
+        )
+    if isinstance(x, SymmetricBuffer):
+        shape = tuple(x.shape)
+        strides = []
+        acc = 1
+        for n in reversed(shape):
+            strides.append(acc)
+            acc *= max(n, 1)
+        numel = 1
+        for n in shape:
+            numel *= n
+        dev = x.device
+        return Arr(
+            obj=x,
+            kind="buffer",
+            ptr=x.addr,
+            nbytes=x.nbytes,
+            numel=numel,
+            dtype=x.dtype,
+            shape=shape,
+            strides=tuple(reversed(strides)),
+            device="cuda" if dev.startswith("cuda") else "cpu",
+            device_index=int(dev.split(":")[1]) if dev.startswith("cuda") else None,
+            contiguous=True,
+            writable=True,
+        )
+    raise TypeError(
+        f"{what}: expected a numpy.ndarray, a torch.Tensor or a symheap.SymmetricBuffer, not {type(x).__name__}"
+    )
+
+
+def symmetric(x: Any, what: str) -> Arr:
+    """:func:`describe`, checking that ``x`` is contiguous and lies in this PE's symmetric heap."""
+    a = describe(x, what)
+    if not a.contiguous:
+        raise SymheapValueError(f"{what} must be contiguous")
+    ctx = native()
+    if a.device == "cuda" and ctx.backend != "cuda":
+        raise SymheapValueError(f"{what} is a CUDA tensor, but symheap runs on the host backend")
+    if a.device == "cpu" and ctx.backend == "cuda" and a.kind != "buffer":
+        raise SymheapValueError(f"{what} is host memory, but symmetric memory is on cuda:{ctx.device_ordinal}")
+    if not ctx.is_symmetric(a.ptr, max(a.nbytes, 1)):
+        raise SymheapValueError(
+            f"{what} (at {a.ptr:#x}, {a.nbytes} bytes) is not in this PE's symmetric heap; "
+            "allocate it with symheap (empty/zeros/... or as_symmetric)"
+        )
+    return a
+
+
+def local(x: Any, what: str) -> Arr:
+    """:func:`describe` for a local source/destination (any memory), checking contiguity."""
+    a = describe(x, what)
+    if not a.contiguous:
+        raise SymheapValueError(f"{what} must be contiguous")
+    ctx = native()
+    if a.device == "cuda" and ctx.backend != "cuda":
+        raise SymheapValueError(f"{what} is a CUDA tensor, but symheap runs on the host backend")
+    return a
+
+
+def check_pe(pe: int) -> int:
+    """``pe`` as an int in range (raises :class:`SymheapValueError`)."""
+    n = native().n_pes
+    if isinstance(pe, bool) or not isinstance(pe, int):
+        try:
+            pe = int(pe.__index__())
+        except Exception:
+            raise SymheapValueError(f"PE must be an integer, not {type(pe).__name__}") from None
+    if not 0 <= pe < n:
+        raise SymheapValueError(f"PE {pe} is out of range (n_pes = {n})")
+    return pe
+
+
+def default_stream(a: Arr, stream: Optional[int]) -> Optional[int]:
+    """The stream a CUDA operation on ``a`` goes on: ``stream`` if given, else torch's current
+    stream of the tensor's device; None (run on the host) on the host backend."""
+    if native().backend != "cuda":
+        return None
+    if stream is not None:
+        return int(getattr(stream, "cuda_stream", stream))
+    t = _torch()
+    if t is not None and t.cuda.is_available():
+        dev = a.device_index if a.device_index is not None else native().device_ordinal
+        return int(t.cuda.current_stream(dev).cuda_stream)
+    return 0
+
+
+def world_stream(stream: Optional[int]) -> Optional[int]:
+    """Like :func:`default_stream` for calls with no tensor (barriers)."""
+    if native().backend != "cuda":
+        return None
+    if stream is not None:
+        return int(getattr(stream, "cuda_stream", stream))
+    t = _torch()
+    if t is not None and t.cuda.is_available():
+        return int(t.cuda.current_stream(native().device_ordinal).cuda_stream)
+    return 0
+
+
+@dataclass
+class SymmetricAddressMap:
+    """The richer descriptor of an allocation: its peer table plus the direct mask.
+
+    ``peer_bases[r]`` is PE r's copy of the allocation in this process (0 when not directly
+    addressable), ``peer_bases[local_rank] == allocation_base``; ``direct[r]`` says whether PE r
+    is load/store-addressable from here.
+    """
+
+    local_rank: int
+    allocation_base: int
+    allocation_bytes: int
+    peer_bases: Any
+    direct: List[bool]
+
+    def translate(self, ptr: int, src_pe: int, dst_pe: int) -> Optional[int]:
+        """``peer_bases[dst_pe] + (ptr - peer_bases[src_pe])``; None when either is not direct."""
+        f = int(self.peer_bases[src_pe])
+        t = int(self.peer_bases[dst_pe])
+        if f == 0 or t == 0:
+            return None
+        return t + (int(ptr) - f)

@@ -1,0 +1,258 @@
+"""Type stubs of the extension module ``symheap._native`` (Rust, PyO3, abi3).
+
+Calls marked *collective* must be made by every PE (of the team) in the same order with the same
+arguments. Local pointers passed to ``*_from_host`` / ``*_to_host`` / ``*_on_stream`` are trusted:
+the ``symheap`` package takes them from live arrays; symmetric addresses are checked.
+"""
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+__version__: str
+DTYPES: List[str]
+
+class SymheapError(Exception):
+    """Base of every symheap failure."""
+
+    kind: Optional[str]
+    pe: Optional[int]
+    call: Optional[str]
+    missing: Tuple[int, ...]
+
+class SymheapValueError(SymheapError, ValueError): ...
+class SymheapMemoryError(SymheapError, MemoryError): ...
+class SymheapTimeoutError(SymheapError, TimeoutError): ...
+class SymheapPeerError(SymheapError): ...
+class SymheapMismatchError(SymheapError): ...
+class SymheapUnsupportedError(SymheapError): ...
+
+def dtype_size(name: str) -> int:
+    """Bytes per element of a dtype name."""
+
+def dtype_name(name: str) -> str:
+    """The canonical name of a dtype (``f32`` -> ``float32``)."""
+
+def launch(
+    n: int,
+    program: str,
+    args: Sequence[str] = ...,
+    env: Sequence[Tuple[str, str]] = ...,
+    grace: float = 3.0,
+    prefix_output: bool = True,
+) -> int:
+    """Starts ``n`` PEs of ``program args...`` like ``symheap launch``; returns its exit status."""
+
+class Team:
+    """A team handle; ``is_valid`` is False for non-members of a split."""
+
+    @property
+    def is_valid(self) -> bool: ...
+    @property
+    def members(self) -> List[int]: ...
+    def my_pe(self) -> Optional[int]: ...
+    def n_pes(self) -> int: ...
+    def world_pe(self, pe: int) -> Optional[int]: ...
+    def translate_pe(self, pe: int, dest: "Team") -> Optional[int]: ...
+
+class SymmetricBuffer:
+    """One symmetric allocation of this PE, exported by DLPack and the array interfaces."""
+
+    @property
+    def addr(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def shape(self) -> Tuple[int, ...]: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def itemsize(self) -> int: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def freed(self) -> bool: ...
+    @property
+    def peer_bases_addr(self) -> int: ...
+    @property
+    def __array_interface__(self) -> Dict[str, Any]: ...
+    @property
+    def __cuda_array_interface__(self) -> Dict[str, Any]: ...
+    def peer_bases(self) -> List[int]: ...
+    def peer_bases_view(self) -> "HeapView": ...
+    def address_map(self) -> Dict[str, Any]: ...
+    def tobytes(self) -> bytes: ...
+    def write_bytes(self, data: bytes, offset: int = 0) -> None: ...
+    def free(self) -> None: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: Optional[Tuple[int, int]] = None,
+        dl_device: Optional[Tuple[int, int]] = None,
+        copy: Optional[bool] = None,
+    ) -> Any: ...
+    def __dlpack_device__(self) -> Tuple[int, int]: ...
+    def __len__(self) -> int: ...
+
+class HeapView:
+    """A view of symmetric memory (this PE's or a direct peer's) that keeps its owner alive."""
+
+    @property
+    def addr(self) -> int: ...
+    @property
+    def shape(self) -> Tuple[int, ...]: ...
+    @property
+    def strides(self) -> Tuple[int, ...]: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def owner(self) -> Any: ...
+    @property
+    def __array_interface__(self) -> Dict[str, Any]: ...
+    @property
+    def __cuda_array_interface__(self) -> Dict[str, Any]: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: Optional[Tuple[int, int]] = None,
+        dl_device: Optional[Tuple[int, int]] = None,
+        copy: Optional[bool] = None,
+    ) -> Any: ...
+    def __dlpack_device__(self) -> Tuple[int, int]: ...
+
+class Context:
+    """This PE's handle on the job."""
+
+    @staticmethod
+    def init(
+        *,
+        store: Any = None,
+        comm: Any = None,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        backend: Optional[str] = None,
+        capacity: Optional[int] = None,
+        chunk_size: Optional[int] = None,
+        timeout: Optional[float] = None,
+    ) -> "Context":
+        """Collective: joins the job."""
+    @property
+    def my_pe(self) -> int: ...
+    @property
+    def n_pes(self) -> int: ...
+    @property
+    def local_rank(self) -> int: ...
+    @property
+    def local_size(self) -> int: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def device_ordinal(self) -> Optional[int]: ...
+    @property
+    def finalized(self) -> bool: ...
+    def finalize(self) -> None:
+        """Collective: leaves the job."""
+    def abort(self, reason: str) -> None: ...
+    def banner(self) -> str: ...
+    def heap_usage(self) -> Dict[str, int]: ...
+    def heap_bases(self) -> List[int]: ...
+    def direct_peers(self) -> List[int]: ...
+    def is_symmetric(self, addr: int, nbytes: int = 1) -> bool: ...
+    def translate(self, addr: int, src_pe: int, dst_pe: int) -> Optional[int]: ...
+    def peer_bases_for(self, addr: int) -> List[int]: ...
+    def allocate(self, shape: Sequence[int], dtype: str, align: int = 256, zero: bool = False) -> SymmetricBuffer:
+        """Collective: a symmetric allocation."""
+    def view(
+        self,
+        addr: int,
+        shape: Sequence[int],
+        dtype: str,
+        strides: Optional[Sequence[int]] = None,
+        owner: Any = None,
+    ) -> HeapView: ...
+    def put_from_host(self, dest: int, src_ptr: int, nbytes: int, pe: int) -> None: ...
+    def get_to_host(self, dest_ptr: int, src: int, nbytes: int, pe: int) -> None: ...
+    def put_signal_from_host(
+        self, dest: int, src_ptr: int, nbytes: int, sig: int, value: int, op: str, pe: int
+    ) -> None: ...
+    def put_on_stream(self, dest: int, src: int, nbytes: int, pe: int, stream: Optional[int] = None) -> None: ...
+    def get_on_stream(self, dest: int, src: int, nbytes: int, pe: int, stream: Optional[int] = None) -> None: ...
+    def put_signal_on_stream(
+        self,
+        dest: int,
+        src: int,
+        nbytes: int,
+        sig: int,
+        value: int,
+        op: str,
+        pe: int,
+        stream: Optional[int] = None,
+    ) -> None: ...
+    def signal_wait_until(self, sig: int, cmp: str, value: int) -> int: ...
+    def signal_wait_until_on_stream(self, sig: int, cmp: str, value: int, stream: Optional[int] = None) -> None: ...
+    def atomic(self, addr: int, pe: int, op: str, dtype: str, value: Any = None, compare: Any = None) -> Any: ...
+    def quiet(self) -> None: ...
+    def fence(self) -> None: ...
+    def quiet_on_stream(self, stream: Optional[int] = None) -> None: ...
+    def sync_stream(self, stream: Optional[int] = None) -> None: ...
+    def barrier_all(self) -> None:
+        """Collective over the world."""
+    def barrier_all_on_stream(self, stream: Optional[int] = None) -> None:
+        """Collective over the world, enqueued on a stream."""
+    def sync_all(self) -> None:
+        """Collective over the world."""
+    def barrier(self, team: Optional[Team] = None) -> None:
+        """Collective over the team."""
+    def team_sync(self, team: Optional[Team] = None) -> None:
+        """Collective over the team."""
+    def world_team(self) -> Team: ...
+    def team_split_strided(self, parent: Team, start: int, stride: int, size: int) -> Team:
+        """Collective over the parent team."""
+    def team_destroy(self, team: Team) -> None:
+        """Collective over the team."""
+    def broadcast(
+        self,
+        team: Optional[Team],
+        dest: int,
+        src: int,
+        count: int,
+        dtype: str,
+        root: int,
+        stream: Optional[int] = None,
+    ) -> None:
+        """Collective over the team."""
+    def all_gather(
+        self, team: Optional[Team], dest: int, src: int, count: int, dtype: str, stream: Optional[int] = None
+    ) -> None:
+        """Collective over the team."""
+    def reduce_scatter(
+        self,
+        team: Optional[Team],
+        dest: int,
+        src: int,
+        count: int,
+        dtype: str,
+        op: str,
+        stream: Optional[int] = None,
+    ) -> None:
+        """Collective over the team."""
+    def all_reduce(
+        self,
+        team: Optional[Team],
+        dest: int,
+        src: int,
+        count: int,
+        dtype: str,
+        op: str,
+        algo: str = "auto",
+        stream: Optional[int] = None,
+    ) -> None:
+        """Collective over the team."""
+    def alltoall(
+        self, team: Optional[Team], dest: int, src: int, count: int, dtype: str, stream: Optional[int] = None
+    ) -> None:
+        """Collective over the team."""
+    def all_gather_bytes(self, data: bytes) -> List[bytes]:
+        """Collective over the world."""

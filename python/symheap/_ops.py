@@ -1,0 +1,449 @@
+"""Host RMA, atomics, signals, synchronisation, teams and collectives on arrays and tensors.
+
+Every function takes numpy arrays (host backend), torch tensors (CPU tensors on the host
+backend, CUDA tensors on the CUDA backend) or SymmetricBuffers. Symmetric arguments must lie in
+this PE's symmetric heap (allocated by symheap); local ones can be any contiguous memory of the
+backend's kind. On the CUDA backend, operations on CUDA tensors are enqueued on ``stream``
+(default: torch's current stream); on the host backend ``stream`` is ignored and every call
+completes before it returns. On CUDA, the calls that touch device memory from the host (atomics,
+``signal_fetch``, puts from / gets into host memory, reductions of dtypes the GPU kernels do not
+cover, ``barrier(team)``) first wait for the current stream, so they see the work enqueued before
+them; ``barrier_all``, RMA between CUDA tensors, signals and collectives stay on the stream and
+never block the host.
+
+Local (non-symmetric) sources and destinations may be host memory (NumPy arrays, CPU tensors)
+on either backend.
+
+Collective calls (marked **Collective**) must be made by every PE of the team, in the same
+order, with the same arguments; symheap detects a mismatch and raises
+:class:`SymheapMismatchError` on every PE instead of hanging.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+from ._core import Arr, check_pe, default_stream, local, native, symmetric, world_stream
+from ._native import SymheapValueError, Team
+
+StreamLike = Any
+
+
+def _same(a: Arr, b: Arr, what: str) -> None:
+    if a.dtype != b.dtype:
+        raise SymheapValueError(f"{what}: dtypes differ ({a.dtype} and {b.dtype})")
+
+
+def _on_device(a: Arr) -> bool:
+    return a.device == "cuda"
+
+
+def _host_sync() -> None:
+    """On CUDA, a host-side access to device memory (atomics, host-memory puts/gets) is not
+    ordered with the user's stream: finish the current stream first."""
+    s = world_stream(None)
+    if s is not None:
+        native().sync_stream(s)
+
+
+# ---- RMA -----------------------------------------------------------------------------------
+
+
+def put(dest: Any, src: Any, pe: int, *, stream: StreamLike = None) -> None:
+    """Copies local ``src`` into PE ``pe``'s copy of symmetric ``dest`` (same dtype and number
+    of elements). Returns when ``src`` may be reused; the data is delivered by the next
+    :func:`quiet`, barrier or signal. Not collective."""
+    d = symmetric(dest, "put destination")
+    s = local(src, "put source")
+    _same(d, s, "put")
+    if d.numel != s.numel:
+        raise SymheapValueError(f"put: destination has {d.numel} elements, source {s.numel}")
+    pe = check_pe(pe)
+    if _on_device(s):
+        native().put_on_stream(d.ptr, s.ptr, s.nbytes, pe, default_stream(s, stream))
+    else:
+        _host_sync()
+        native().put_from_host(d.ptr, s.ptr, s.nbytes, pe)
+
+
+def get(dest: Any, src: Any, pe: int, *, stream: StreamLike = None) -> None:
+    """Copies PE ``pe``'s copy of symmetric ``src`` into local ``dest`` (same dtype and number
+    of elements). On the host backend, or into host memory, it returns when the data is in
+    ``dest``; into a CUDA tensor it is enqueued on ``stream``. Not collective."""
+    s = symmetric(src, "get source")
+    d = local(dest, "get destination")
+    _same(d, s, "get")
+    if d.numel != s.numel:
+        raise SymheapValueError(f"get: destination has {d.numel} elements, source {s.numel}")
+    if not d.writable:
+        raise SymheapValueError("get destination is read-only")
+    pe = check_pe(pe)
+    if _on_device(d):
+        native().get_on_stream(d.ptr, s.ptr, d.nbytes, pe, default_stream(d, stream))
+    else:
+        _host_sync()
+        native().get_to_host(d.ptr, s.ptr, d.nbytes, pe)
+
+
+def put_nbi(dest: Any, src: Any, pe: int, *, stream: StreamLike = None) -> None:
+    """Non-blocking :func:`put`: complete it with :func:`quiet`."""
+    put(dest, src, pe, stream=stream)
+
+
+def get_nbi(dest: Any, src: Any, pe: int, *, stream: StreamLike = None) -> None:
+    """Non-blocking :func:`get`: ``dest`` is valid after :func:`quiet`."""
+    get(dest, src, pe, stream=stream)
+
+
+def quiet(*, stream: StreamLike = None) -> None:
+    """Completes every put, get and atomic this PE issued (on CUDA, also the stream operations
+    enqueued on ``stream``). Not collective."""
+    native().quiet()
+    s = world_stream(stream)
+    if s is not None:
+        native().quiet_on_stream(s)
+
+
+def fence() -> None:
+    """Orders this PE's puts to each PE: earlier ones arrive before later ones. Not collective."""
+    native().fence()
+
+
+def sync_stream(stream: StreamLike = None) -> None:
+    """Waits for ``stream`` (default: the current stream) and reports device-side wait timeouts
+    (CUDA; does nothing on the host backend). Not collective."""
+    s = world_stream(stream)
+    if s is not None:
+        native().sync_stream(s)
+
+
+# ---- signals -------------------------------------------------------------------------------
+
+
+def _word(sig: Any, index: int, what: str) -> int:
+    a = symmetric(sig, what)
+    if a.dtype not in ("uint64", "int64"):
+        raise SymheapValueError(f"{what} must be a uint64 or int64 array, not {a.dtype}")
+    if not 0 <= int(index) < a.numel:
+        raise SymheapValueError(f"{what} index {index} is out of range ({a.numel} words)")
+    return a.ptr + 8 * int(index)
+
+
+def put_signal(
+    dest: Any,
+    src: Any,
+    signal: Any,
+    value: int,
+    pe: int,
+    *,
+    op: str = "set",
+    sig_index: int = 0,
+    stream: StreamLike = None,
+) -> None:
+    """Puts ``src`` into PE ``pe``'s ``dest``, then updates PE ``pe``'s signal word
+    ``signal[sig_index]`` (a symmetric uint64/int64 array) with ``op`` (``"set"`` or ``"add"``)
+    and ``value``: a PE that sees the signal change also sees the data. Not collective."""
+    d = symmetric(dest, "put_signal destination")
+    s = local(src, "put_signal source")
+    _same(d, s, "put_signal")
+    if d.numel != s.numel:
+        raise SymheapValueError(f"put_signal: destination has {d.numel} elements, source {s.numel}")
+    sig = _word(signal, sig_index, "signal")
+    pe = check_pe(pe)
+    if int(value) < 0:
+        raise SymheapValueError("signal values are unsigned 64-bit integers")
+    if _on_device(s):
+        native().put_signal_on_stream(d.ptr, s.ptr, s.nbytes, sig, int(value), op, pe, default_stream(s, stream))
+    else:
+        _host_sync()
+        native().put_signal_from_host(d.ptr, s.ptr, s.nbytes, sig, int(value), op, pe)
+
+
+def signal_wait_until(signal: Any, cmp: str, value: int, *, index: int = 0, stream: StreamLike = None) -> Optional[int]:
+    """Waits until this PE's ``signal[index]`` satisfies ``word CMP value`` (``cmp`` one of
+    eq ne gt ge lt le, or == != > >= < <=). Host backend: blocks (GIL released) and returns the
+    word; fails after SYMHEAP_TIMEOUT or when the job fails. CUDA tensor: the wait is enqueued on
+    ``stream`` and None is returned (later work on the stream sees the data). Not collective."""
+    a = symmetric(signal, "signal")
+    addr = _word(signal, index, "signal")
+    if int(value) < 0:
+        raise SymheapValueError("signal values are unsigned 64-bit integers")
+    if _on_device(a):
+        native().signal_wait_until_on_stream(addr, cmp, int(value), default_stream(a, stream))
+        return None
+    return native().signal_wait_until(addr, cmp, int(value))
+
+
+def signal_fetch(signal: Any, index: int = 0) -> int:
+    """Reads this PE's ``signal[index]`` atomically. Not collective."""
+    addr = _word(signal, index, "signal")
+    me = native().my_pe
+    _host_sync()
+    return int(native().atomic(addr, me, "fetch", "uint64"))
+
+
+# ---- atomics -------------------------------------------------------------------------------
+
+
+def _atomic(op: str, dest: Any, pe: int, index: int, value: Any = None, compare: Any = None) -> Any:
+    a = symmetric(dest, f"atomic_{op} destination")
+    if not 0 <= int(index) < a.numel:
+        raise SymheapValueError(f"atomic index {index} is out of range ({a.numel} elements)")
+    pe = check_pe(pe)
+    _host_sync()
+    return native().atomic(a.ptr + int(index) * a.itemsize, pe, op, a.dtype, value, compare)
+
+
+def atomic_fetch(dest: Any, pe: int, *, index: int = 0) -> Any:
+    """Reads PE ``pe``'s ``dest[index]`` atomically (int32/uint32/int64/uint64/float32/float64).
+    Not collective (as every atomic)."""
+    return _atomic("fetch", dest, pe, index)
+
+
+def atomic_set(dest: Any, value: Any, pe: int, *, index: int = 0) -> None:
+    """Writes ``value`` to PE ``pe``'s ``dest[index]`` atomically."""
+    _atomic("set", dest, pe, index, value)
+
+
+def atomic_swap(dest: Any, value: Any, pe: int, *, index: int = 0) -> Any:
+    """Writes ``value``, returns the old value."""
+    return _atomic("swap", dest, pe, index, value)
+
+
+def atomic_compare_swap(dest: Any, cond: Any, value: Any, pe: int, *, index: int = 0) -> Any:
+    """Writes ``value`` if the element equals ``cond``; returns the old value (integers)."""
+    return _atomic("compare_swap", dest, pe, index, value, cond)
+
+
+def atomic_fetch_add(dest: Any, value: Any, pe: int, *, index: int = 0) -> Any:
+    """Adds ``value`` (wrapping), returns the old value (integers)."""
+    return _atomic("add", dest, pe, index, value)
+
+
+def atomic_add(dest: Any, value: Any, pe: int, *, index: int = 0) -> None:
+    """Adds ``value`` (wrapping) (integers)."""
+    _atomic("add", dest, pe, index, value)
+
+
+def atomic_fetch_inc(dest: Any, pe: int, *, index: int = 0) -> Any:
+    """Adds one, returns the old value (integers)."""
+    return _atomic("add", dest, pe, index, 1)
+
+
+def atomic_inc(dest: Any, pe: int, *, index: int = 0) -> None:
+    """Adds one (integers)."""
+    _atomic("add", dest, pe, index, 1)
+
+
+def atomic_fetch_and(dest: Any, value: int, pe: int, *, index: int = 0) -> int:
+    """Bitwise and, returns the old value (uint32/uint64)."""
+    return _atomic("and", dest, pe, index, value)
+
+
+def atomic_and(dest: Any, value: int, pe: int, *, index: int = 0) -> None:
+    """Bitwise and (uint32/uint64)."""
+    _atomic("and", dest, pe, index, value)
+
+
+def atomic_fetch_or(dest: Any, value: int, pe: int, *, index: int = 0) -> int:
+    """Bitwise or, returns the old value (uint32/uint64)."""
+    return _atomic("or", dest, pe, index, value)
+
+
+def atomic_or(dest: Any, value: int, pe: int, *, index: int = 0) -> None:
+    """Bitwise or (uint32/uint64)."""
+    _atomic("or", dest, pe, index, value)
+
+
+def atomic_fetch_xor(dest: Any, value: int, pe: int, *, index: int = 0) -> int:
+    """Bitwise xor, returns the old value (uint32/uint64)."""
+    return _atomic("xor", dest, pe, index, value)
+
+
+def atomic_xor(dest: Any, value: int, pe: int, *, index: int = 0) -> None:
+    """Bitwise xor (uint32/uint64)."""
+    _atomic("xor", dest, pe, index, value)
+
+
+# ---- synchronisation and teams -------------------------------------------------------------
+
+
+def barrier_all(*, stream: StreamLike = None) -> None:
+    """**Collective** over the world: returns once every PE called it; memory operations issued
+    before it on any PE are visible after it on every PE. Host backend: also the point where the
+    collective ledger is checked and buffers released on every PE are reclaimed. CUDA backend:
+    enqueued on ``stream`` (default: the current stream), capturable in a CUDA graph; use
+    :func:`host_barrier` for the host-side point."""
+    s = world_stream(stream)
+    if s is None:
+        native().barrier_all()
+    else:
+        native().barrier_all_on_stream(s)
+
+
+def host_barrier() -> None:
+    """**Collective** over the world: the host barrier (ledger check, reclaim of released
+    buffers) on any backend. On CUDA it does not wait for stream work: synchronise first."""
+    native().barrier_all()
+
+
+def sync_all() -> None:
+    """**Collective** over the world: like :func:`host_barrier` (OpenSHMEM's ``sync_all``)."""
+    native().sync_all()
+
+
+def team_world() -> Team:
+    """The team of all PEs."""
+    return native().world_team()
+
+
+def barrier(team: Optional[Team] = None, *, stream: StreamLike = None) -> None:
+    """**Collective** over ``team`` (the world when None): a barrier among its members; a no-op
+    on an invalid team. On CUDA the current stream is synchronised first, then the members
+    meet on the host."""
+    s = world_stream(stream)
+    if s is not None:
+        native().sync_stream(s)
+    native().barrier(team)
+
+
+def team_sync(team: Optional[Team] = None) -> None:
+    """**Collective** over ``team``: synchronises its members."""
+    native().team_sync(team)
+
+
+def team_split_strided(parent: Optional[Team], start: int, stride: int, size: int) -> Team:
+    """**Collective** over ``parent`` (the world when None): a new team of the members
+    ``start, start + stride, ...`` (``size`` of them). Other members of ``parent`` get an
+    invalid team (``team.is_valid`` is False); operations on it do nothing. At most 32 teams
+    exist at once."""
+    return native().team_split_strided(parent if parent is not None else team_world(), start, stride, size)
+
+
+def team_destroy(team: Team) -> None:
+    """**Collective** over ``team``: destroys it (a no-op on an invalid team)."""
+    native().team_destroy(team)
+
+
+def team_my_pe(team: Team) -> Optional[int]:
+    """This PE's index in ``team`` (None when not a member)."""
+    return team.my_pe()
+
+
+def team_n_pes(team: Team) -> int:
+    """Number of members of ``team``."""
+    return team.n_pes()
+
+
+def team_translate_pe(src_team: Team, pe: int, dest_team: Team) -> Optional[int]:
+    """Member ``pe`` of ``src_team`` as a member index of ``dest_team`` (None if not a member)."""
+    return src_team.translate_pe(pe, dest_team)
+
+
+# ---- collectives ---------------------------------------------------------------------------
+
+
+def _team_size(team: Optional[Team]) -> int:
+    return native().n_pes if team is None else team.n_pes()
+
+
+# Reductions the CUDA kernels run; other dtypes take the host-driven path, which is not
+# ordered with the user's stream.
+_DEVICE_REDUCE_DTYPES = ("float32", "float16", "bfloat16", "int32")
+
+
+def _coll_stream(a: Arr, stream: StreamLike, reduces: bool = False) -> Optional[int]:
+    if not _on_device(a):
+        return None
+    if reduces and a.dtype not in _DEVICE_REDUCE_DTYPES:
+        _host_sync()
+    return default_stream(a, stream)
+
+
+def broadcast(
+    dest: Any, src: Any = None, root: int = 0, team: Optional[Team] = None, *, stream: StreamLike = None
+) -> None:
+    """**Collective** over ``team``: every member's ``dest`` gets member ``root``'s ``src``
+    (``src`` None: ``dest`` itself, in place). Both symmetric, same dtype and size."""
+    d = symmetric(dest, "broadcast destination")
+    s = d if src is None else symmetric(src, "broadcast source")
+    _same(d, s, "broadcast")
+    if d.numel != s.numel:
+        raise SymheapValueError(f"broadcast: destination has {d.numel} elements, source {s.numel}")
+    n = _team_size(team)
+    if team is None or team.is_valid:
+        if not 0 <= int(root) < n:
+            raise SymheapValueError(f"broadcast root {root} is not a member of a team of {n}")
+    native().broadcast(team, d.ptr, s.ptr, d.numel, d.dtype, int(root), _coll_stream(d, stream))
+
+
+def all_gather(dest: Any, src: Any, team: Optional[Team] = None, *, stream: StreamLike = None) -> None:
+    """**Collective** over ``team``: member j's ``src`` lands in block j of every member's
+    ``dest`` (``dest`` holds ``n * src.numel`` elements; first dimension of ``n`` blocks or
+    flat)."""
+    d = symmetric(dest, "all_gather destination")
+    s = symmetric(src, "all_gather source")
+    _same(d, s, "all_gather")
+    n = _team_size(team)
+    if team is not None and not team.is_valid:
+        return
+    if d.numel != n * s.numel:
+        raise SymheapValueError(f"all_gather: destination must hold {n} x {s.numel} elements, it holds {d.numel}")
+    native().all_gather(team, d.ptr, s.ptr, s.numel, s.dtype, _coll_stream(d, stream))
+
+
+def reduce_scatter(
+    dest: Any, src: Any, op: str = "sum", team: Optional[Team] = None, *, stream: StreamLike = None
+) -> None:
+    """**Collective** over ``team``: ``src`` holds ``n`` blocks of ``dest.numel`` elements;
+    member j's ``dest`` gets the reduction (sum, min, max, prod) of every member's block j."""
+    d = symmetric(dest, "reduce_scatter destination")
+    s = symmetric(src, "reduce_scatter source")
+    _same(d, s, "reduce_scatter")
+    n = _team_size(team)
+    if team is not None and not team.is_valid:
+        return
+    if s.numel != n * d.numel:
+        raise SymheapValueError(f"reduce_scatter: source must hold {n} x {d.numel} elements, it holds {s.numel}")
+    native().reduce_scatter(team, d.ptr, s.ptr, d.numel, d.dtype, op, _coll_stream(d, stream, True))
+
+
+def all_reduce(
+    dest: Any,
+    src: Any = None,
+    op: str = "sum",
+    team: Optional[Team] = None,
+    *,
+    algo: str = "auto",
+    stream: StreamLike = None,
+) -> None:
+    """**Collective** over ``team``: every member's ``dest`` gets the element-wise reduction
+    (sum, min, max, prod) of all members' ``src`` (``src`` None: in place on ``dest``).
+    ``algo``: auto, one_shot, two_shot."""
+    d = symmetric(dest, "all_reduce destination")
+    s = d if src is None else symmetric(src, "all_reduce source")
+    _same(d, s, "all_reduce")
+    if d.numel != s.numel:
+        raise SymheapValueError(f"all_reduce: destination has {d.numel} elements, source {s.numel}")
+    native().all_reduce(team, d.ptr, s.ptr, d.numel, d.dtype, op, algo, _coll_stream(d, stream, True))
+
+
+def alltoall(dest: Any, src: Any, team: Optional[Team] = None, *, stream: StreamLike = None) -> None:
+    """**Collective** over ``team``: block j of member i's ``src`` lands in block i of member
+    j's ``dest`` (both hold ``n`` equal blocks; not in place)."""
+    d = symmetric(dest, "alltoall destination")
+    s = symmetric(src, "alltoall source")
+    _same(d, s, "alltoall")
+    n = _team_size(team)
+    if team is not None and not team.is_valid:
+        return
+    if d.numel != s.numel or s.numel % n:
+        raise SymheapValueError(
+            f"alltoall: source and destination must hold {n} equal blocks ({s.numel} and {d.numel} elements)"
+        )
+    native().alltoall(team, d.ptr, s.ptr, s.numel // n, s.dtype, _coll_stream(d, stream))
+
+
+def all_gather_object_bytes(data: bytes) -> List[bytes]:
+    """**Collective** over the world: every PE's ``data``, in rank order (small control data)."""
+    return native().all_gather_bytes(bytes(data))

@@ -1,0 +1,84 @@
+"""Shared helpers: run PE scripts under ``python -m symheap.launch`` and check their output."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, Optional, Sequence
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+PE_CASES = HERE / "pe_cases.py"
+
+# Variables a launcher sets: the tests start their own jobs, so none may leak in from outside.
+LAUNCHER_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "SYMHEAP_TOKEN",
+    "SYMHEAP_LAUNCHER",
+    "TORCHELASTIC_RUN_ID",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "SLURM_PROCID",
+    "SLURM_STEP_ID",
+)
+
+
+def clean_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    env.setdefault("SYMHEAP_TIMEOUT", "30")
+    env.setdefault("SYMHEAP_HEAP_CAPACITY", "1G")
+    env.setdefault("SYMHEAP_BACKEND", "host")
+    env.update(extra or {})
+    return env
+
+
+def launch(
+    n: int,
+    argv: Sequence[str],
+    env: Optional[Dict[str, str]] = None,
+    timeout: float = 180,
+    launcher_args: Sequence[str] = ("--grace", "2"),
+) -> subprocess.CompletedProcess:
+    """Runs ``python -m symheap.launch -n N ... -- argv`` and returns the finished process."""
+    cmd = [sys.executable, "-m", "symheap.launch", "-n", str(n), *launcher_args, "--", *argv]
+    return subprocess.run(cmd, cwd=ROOT, env=clean_env(env), capture_output=True, text=True, timeout=timeout)
+
+
+def run_cases(n: int, *cases: str, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+    """Runs PE cases of pe_cases.py at ``n`` PEs and asserts every PE passed every case."""
+    p = launch(n, [sys.executable, str(PE_CASES), *cases], env=env)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, f"exit status {p.returncode}\n{out}"
+    for case in cases:
+        for r in range(n):
+            assert f"[PE {r}] PASS {case}" in p.stdout, f"PE {r} did not pass {case}\n{out}"
+    return p
+
+
+@pytest.fixture
+def torch_module():
+    """torch, or a skip when it is not installed."""
+    try:
+        import torch
+    except ImportError:
+        pytest.skip("torch is not installed")
+    return torch
+
+
+@pytest.fixture
+def cuda_gpus(torch_module) -> int:
+    """The number of visible CUDA GPUs, or a skip when there is none."""
+    if not torch_module.cuda.is_available():
+        pytest.skip("no CUDA device")
+    return torch_module.cuda.device_count()

@@ -1,0 +1,54 @@
+"""Multi-PE tests on the host backend with NumPy, at 1, 2 and 4 PEs: each test launches the PEs
+(python -m symheap.launch) on a case of pe_cases.py and checks every PE's PASS line."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import run_cases
+
+PES = [1, 2, 4]
+
+CASES = [
+    "init_finalize",  # init/finalize, rank info, the context manager
+    "contract",  # allocate_symmetric contract, views, cross-allocation translation
+    "rma_ring",  # put/get (and _nbi) around a ring, several dtypes
+    "atomics",  # counter, compare_swap, bitwise, float set/fetch/swap, wrap-around
+    "signals",  # put_signal producer/consumer, signal_wait_until, set and add
+    "barrier",  # barrier_all / sync_all / barrier(team) ordering
+    "teams",  # split_strided, translate_pe, team collectives, destroy
+    "collectives",  # all_reduce / all_gather / broadcast / alltoall / reduce_scatter vs NumPy
+    "errors",  # each typed exception for bad arguments; the context still works after
+    "gc",  # release on garbage collection and free(); heap usage returns to start
+    "dlpack",  # DLPack round trip (numpy.from_dlpack), array interface, peer views
+]
+
+
+@pytest.mark.parametrize("n", PES)
+@pytest.mark.parametrize("case", CASES)
+def test_case(case: str, n: int) -> None:
+    run_cases(n, case)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_collective_mismatch_is_detected(n: int) -> None:
+    """PEs calling broadcast with different roots all get SymheapMismatchError."""
+    run_cases(n, "mismatch")
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_timeout(n: int) -> None:
+    """A wait nobody satisfies raises SymheapTimeoutError after SYMHEAP_TIMEOUT; the others
+    fail too instead of hanging."""
+    run_cases(n, "timeout", env={"SYMHEAP_TIMEOUT": "1"})
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_abort_reaches_every_pe(n: int) -> None:
+    """abort() on one PE makes the others' waits raise SymheapPeerError at once."""
+    run_cases(n, "peer_abort")
+
+
+def test_peer_exit_is_noticed() -> None:
+    """A PE that exits without finalize makes the others raise SymheapPeerError naming it."""
+    run_cases(2, "peer_exit")

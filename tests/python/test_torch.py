@@ -1,0 +1,24 @@
+"""The PyTorch front. Skipped (in fixtures, with the reason) when torch or CUDA is missing."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import run_cases
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_torch_cpu_tensors(torch_module, n: int) -> None:
+    """CPU tensors on the host backend: contract, factories, RMA, collectives, atomics, release."""
+    run_cases(n, "torch", "torch_coll")
+
+
+def test_init_from_torch_distributed(torch_module) -> None:
+    """init() with torch.distributed initialised (gloo) runs the rendezvous over its store."""
+    run_cases(2, "torch_dist")
+
+
+def test_cuda_tensors(cuda_gpus: int) -> None:
+    """CUDA tensors on the CUDA backend, one PE per GPU (up to 2)."""
+    n = min(cuda_gpus, 2)
+    run_cases(n, "torch", "torch_coll", env={"SYMHEAP_BACKEND": "cuda"})
