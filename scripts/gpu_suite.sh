@@ -17,7 +17,11 @@ build)
   cargo build --release --locked -p symheap-cli
   mkdir -p .carry/bin
   cp target/release/symheap .carry/bin/
-  ls -la .carry/bin
+  # The abi3 wheel, for the Python/torch tests on the GPU machine's Python 3.12.
+  rm -rf .carry/wheels && mkdir -p .carry/wheels
+  python3 -m pip install -q maturin >/dev/null 2>&1 || true
+  maturin build --release --locked -o .carry/wheels
+  ls -la .carry/bin .carry/wheels
   ;;
 run)
   # Never NVLink multicast on shared machines.
@@ -47,6 +51,12 @@ run)
   step info 60 env SYMHEAP_BACKEND=cuda "$B" launch -n 2 -- "$B" info
   [ "${SKIP_SELFTEST:-0}" = 1 ] || step selftest-gpu "${SELFTEST_LIMIT:-150}" "$B" selftest --gpu --pes "$PES"
   NGPU=$(nvidia-smi -L | wc -l)
+  # The Python package's torch and CUDA tests (the GPU machine has torch; CI does not).
+  if ls .carry/wheels/symheap-*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/symheap-py .carry/wheels/symheap-*.whl
+    export PYTHONPATH="/tmp/symheap-py${PYTHONPATH:+:$PYTHONPATH}"
+    step python-torch "${PYTEST_LIMIT:-120}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider test_torch.py"
+  fi
   # The torch SymmetricMemory peer, measured in this same run, merged into symheap's table.
   step torch-symm-mem "${TORCH_LIMIT:-100}" torchrun --standalone --nproc-per-node "$NGPU" bench/torch_symm_mem.py "$OUTDIR/torch.json"
   PEER=()

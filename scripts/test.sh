@@ -5,6 +5,13 @@ cd "$(dirname "$0")/.."
 # NVRTC from PyPI, so every CUDA kernel and the device header compile in the tests (no GPU needed).
 # shellcheck source=nvrtc_env.sh
 source scripts/nvrtc_env.sh
+# Open MPI, so the tests can check that programs run unchanged under mpirun.
+if ! command -v mpirun >/dev/null; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get install -y -q openmpi-bin >/dev/null || {
+    $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q openmpi-bin >/dev/null
+  }
+fi
 cargo test --workspace --locked
 
 # The Python package (crates/symheap-py + python/symheap): build the abi3 wheel, install it in a

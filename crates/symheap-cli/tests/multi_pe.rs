@@ -229,3 +229,50 @@ fn stream_barrier_orders_puts() {
 fn stream_collectives_against_reference() {
     selftest("coll-stream");
 }
+
+/// Programs run unchanged under Open MPI's mpirun (rank, size and a rendezvous derived from
+/// the job id come from OMPI_COMM_WORLD_*). scripts/test.sh installs Open MPI.
+#[test]
+fn launched_by_mpirun_unchanged() {
+    let Ok(probe) = Command::new("mpirun").arg("--version").output() else {
+        panic!("mpirun not found: install Open MPI (scripts/test.sh does: apt-get install openmpi-bin)");
+    };
+    assert!(probe.status.success());
+    for scenario in ["contract", "ring", "teams"] {
+        let mut cmd = Command::new("mpirun");
+        cmd.args(["--oversubscribe", "-n", "2"]);
+        if running_as_root() {
+            cmd.arg("--allow-run-as-root");
+        }
+        let out = cmd
+            .arg(SYMHEAP)
+            .args(["selftest-pe", scenario, "--seed"])
+            .arg(seed().to_string())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{scenario} under mpirun: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for pe in 0..2 {
+            assert!(
+                stdout.contains(&format!("SELFTEST-PASS {scenario} PE {pe}")),
+                "{stdout}"
+            );
+        }
+    }
+}
+
+/// mpirun refuses root unless told; CI runs as root.
+fn running_as_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
+}

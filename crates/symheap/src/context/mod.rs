@@ -214,22 +214,13 @@ impl ContextBuilder {
     }
 }
 
-/// Every PE must run with the same heap geometry, or the heap is not symmetric.
-fn agree_on_settings(boot: &dyn Bootstrap, cfg: &Config) -> Result<()> {
-    let mine = format!(
-        "capacity {} | chunk size {} | backend {:?}",
-        human_bytes(cfg.capacity),
-        human_bytes(cfg.chunk_size),
-        cfg.backend
-    );
-    let all = boot.all_gather("init settings", mine.as_bytes())?;
-    if let Some((r, other)) = all
-        .iter()
-        .enumerate()
-        .find(|(_, s)| s.as_slice() != mine.as_bytes())
-    {
+/// Collective at init: every PE describes a setting in `mine`; if any PE's description differs
+/// from PE 0's, every PE fails with both named (`what` says what differs and how to fix it).
+fn agree(boot: &dyn Bootstrap, label: &str, what: &str, mine: &str) -> Result<()> {
+    let all = boot.all_gather(label, mine.as_bytes())?;
+    if let Some((r, other)) = all.iter().enumerate().find(|(_, s)| *s != &all[0]) {
         let msg = format!(
-            "PEs run with different heap settings (SYMHEAP_HEAP_CAPACITY, SYMHEAP_CHUNK_SIZE, SYMHEAP_BACKEND): PE 0 has {}, PE {r} has {}",
+            "{what}: PE 0 has {}, PE {r} has {}",
             String::from_utf8_lossy(&all[0]),
             String::from_utf8_lossy(other)
         );
@@ -238,6 +229,22 @@ fn agree_on_settings(boot: &dyn Bootstrap, cfg: &Config) -> Result<()> {
         return Err(err("init", ErrorKind::CollectiveMismatch(msg)));
     }
     Ok(())
+}
+
+/// Every PE must run with the same heap geometry, or the heap is not symmetric.
+fn agree_on_settings(boot: &dyn Bootstrap, cfg: &Config) -> Result<()> {
+    let mine = format!(
+        "capacity {} | chunk size {} | backend {:?}",
+        human_bytes(cfg.capacity),
+        human_bytes(cfg.chunk_size),
+        cfg.backend
+    );
+    agree(
+        boot,
+        "init settings",
+        "PEs run with different heap settings (SYMHEAP_HEAP_CAPACITY, SYMHEAP_CHUNK_SIZE, SYMHEAP_BACKEND)",
+        &mine,
+    )
 }
 
 /// Every PE must have picked the same backend with the same granularity and capacity (under
@@ -249,22 +256,12 @@ fn agree_on_backend(boot: &dyn Bootstrap, be: &dyn Backend) -> Result<()> {
         human_bytes(be.granularity()),
         human_bytes(be.capacity())
     );
-    let all = boot.all_gather("init backend", mine.as_bytes())?;
-    if let Some((r, other)) = all
-        .iter()
-        .enumerate()
-        .find(|(_, s)| s.as_slice() != mine.as_bytes())
-    {
-        let msg = format!(
-            "PEs chose different backends: PE 0 has {}, PE {r} has {} (set SYMHEAP_BACKEND)",
-            String::from_utf8_lossy(&all[0]),
-            String::from_utf8_lossy(other)
-        );
-        boot.health()
-            .fail(ErrorKind::CollectiveMismatch(msg.clone()));
-        return Err(err("init", ErrorKind::CollectiveMismatch(msg)));
-    }
-    Ok(())
+    agree(
+        boot,
+        "init backend",
+        "PEs chose different backends (set SYMHEAP_BACKEND)",
+        &mine,
+    )
 }
 
 impl Inner {
