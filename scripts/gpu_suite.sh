@@ -49,7 +49,7 @@ run)
   nvidia-smi -L
   nvidia-smi topo -m 2>/dev/null | head -n 6
   step info 60 env SYMHEAP_BACKEND=cuda "$B" launch -n 2 -- "$B" info
-  [ "${SKIP_SELFTEST:-0}" = 1 ] || step selftest-gpu "${SELFTEST_LIMIT:-150}" "$B" selftest --gpu --pes "$PES"
+  [ "${SKIP_SELFTEST:-0}" = 1 ] || step selftest-gpu "${SELFTEST_LIMIT:-150}" env SYMHEAP_TIMEOUT=30 "$B" selftest --gpu --pes "$PES"
   NGPU=$(nvidia-smi -L | wc -l)
   # The Python package's torch and CUDA tests (the GPU machine has torch; CI does not).
   if ls .carry/wheels/symheap-*.whl >/dev/null 2>&1; then
@@ -61,7 +61,7 @@ run)
   step torch-symm-mem "${TORCH_LIMIT:-100}" torchrun --standalone --nproc-per-node "$NGPU" bench/torch_symm_mem.py "$OUTDIR/torch.json"
   PEER=()
   [ -s "$OUTDIR/torch.json" ] && PEER=(--peer-json "$OUTDIR/torch.json")
-  step bench-gpu "${BENCH_LIMIT:-160}" "$B" bench ${BENCH_WHAT:-all} -n "$NGPU" --json "$OUTDIR/bench-gpu.json" --png "$OUTDIR/bench-gpu.png" "${PEER[@]}" ${BENCH_ARGS:-}
+  step bench-gpu "${BENCH_LIMIT:-160}" env SYMHEAP_TIMEOUT=30 "$B" bench ${BENCH_WHAT:-all} -n "$NGPU" --json "$OUTDIR/bench-gpu.json" --png "$OUTDIR/bench-gpu.png" "${PEER[@]}" ${BENCH_ARGS:-}
   grep -E "^\|" "$OUTDIR/bench-gpu.log" || true
   echo
   echo "| step | result | time |"

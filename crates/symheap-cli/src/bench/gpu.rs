@@ -400,6 +400,16 @@ fn run(ctx: &Context, plan: &GpuPlan) -> Result<Vec<GpuRow>, String> {
         .ok_or("the GPU benchmark needs the CUDA backend")?;
     let s = cu.create_stream().map_err(e2s)?;
     let mut nccl = Nccl::new(ctx).map_err(e2s)?;
+    // Progress goes to logs as whole lines (a `\r` line would be lost if the job is killed).
+    use std::io::IsTerminal;
+    let tty = std::io::stderr().is_terminal();
+    let end = if tty { "\r" } else { "\n" };
+    if ctx.my_pe() == 0 {
+        eprint!(
+            "bench: NCCL {} communicator ready{end}",
+            Nccl::version().unwrap_or(0)
+        );
+    }
     let mut rows = Vec::new();
     let total = plan.ops.len() * plan.sizes.len();
     let mut done = 0;
@@ -425,7 +435,7 @@ fn run(ctx: &Context, plan: &GpuPlan) -> Result<Vec<GpuRow>, String> {
             )?;
         }
     }
-    if ctx.my_pe() == 0 && total > 0 {
+    if ctx.my_pe() == 0 && total > 0 && tty {
         eprintln!();
     }
     if plan.rma && ctx.n_pes() >= 2 {
