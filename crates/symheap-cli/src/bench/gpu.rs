@@ -9,7 +9,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use symheap::cuda::nccl::Nccl;
-use symheap::cuda::{Event, Graph, PeerCopy};
+use symheap::cuda::{DeviceBuffer, Event, Graph, PeerCopy};
 use symheap::{AllReduceAlgo, Cmp, Context, DType, Engine, ReduceOp, SignalOp, SymmetricBuffer};
 
 /// One measured configuration.
@@ -38,6 +38,13 @@ pub struct GpuRow {
     /// Other peers merged in later (e.g. torch SymmetricMemory), name → microseconds.
     #[serde(default)]
     pub others: Vec<(String, f64)>,
+}
+
+/// SYMHEAP_BENCH_TRACE=1: a line per stage on stderr, to find where a run stalls.
+fn trace(ctx: &Context, what: &str) {
+    if std::env::var_os("SYMHEAP_BENCH_TRACE").is_some() {
+        eprintln!("bench PE {}: {what}", ctx.my_pe());
+    }
 }
 
 fn e2s(e: symheap::Error) -> String {
@@ -136,6 +143,12 @@ fn bench_coll(
     let src = ctx.malloc(send.max(256)).map_err(e2s)?;
     let dst = ctx.malloc(recv.max(256)).map_err(e2s)?;
     fill(&src, bytes ^ ctx.my_pe() as u64)?;
+    // NCCL gets ordinary cuMemAlloc buffers with the same contents, as its users give it (and
+    // NCCL 2.28's graph-time registration of VMM memory hangs graph-captured alltoall of
+    // 64 MiB on symheap's heap; see BENCHMARKS.md).
+    let nsrc = DeviceBuffer::copy_of(src.addr(), src.len_bytes()).map_err(e2s)?;
+    let ndst = DeviceBuffer::copy_of(dst.addr(), dst.len_bytes()).map_err(e2s)?;
+    let (psrc, pdst) = (nsrc.addr(), ndst.addr());
     let w = ctx.world_team();
     let (k, trials) = k_for(bytes);
     let sym = || -> symheap::Result<()> {
@@ -177,17 +190,15 @@ fn bench_coll(
     };
     let peer = |nc: &mut Nccl| -> symheap::Result<()> {
         match op {
-            "all_reduce" => {
-                nc.all_reduce(dst.addr(), src.addr(), count_send, dtype, ReduceOp::Sum, s)
-            }
-            "all_gather" => nc.all_gather(dst.addr(), src.addr(), count_send, dtype, s),
-            "reduce_scatter" => {
-                nc.reduce_scatter(dst.addr(), src.addr(), count_recv, dtype, ReduceOp::Sum, s)
-            }
-            "broadcast" => nc.broadcast(dst.addr(), src.addr(), count_send, dtype, 0, s),
-            _ => nc.alltoall(dst.addr(), src.addr(), count_send / n as usize, dtype, s),
+            "all_reduce" => nc.all_reduce(pdst, psrc, count_send, dtype, ReduceOp::Sum, s),
+            "all_gather" => nc.all_gather(pdst, psrc, count_send, dtype, s),
+            "reduce_scatter" => nc.reduce_scatter(pdst, psrc, count_recv, dtype, ReduceOp::Sum, s),
+            "broadcast" => nc.broadcast(pdst, psrc, count_send, dtype, 0, s),
+            _ => nc.alltoall(pdst, psrc, count_send / n as usize, dtype, s),
         }
     };
+    let phase = |what: &str| trace(ctx, &format!("{op} {bytes} B: {what}"));
+    phase("warm-up");
     // Warm up both (NCCL sets up its channels lazily).
     for _ in 0..3 {
         sym().map_err(e2s)?;
@@ -195,15 +206,19 @@ fn bench_coll(
     }
     ctx.sync_stream(s).map_err(e2s)?;
     ctx.barrier_all().map_err(e2s)?;
+    phase("symheap eager");
     let eager = time_stream(s, trials, k, || sym().map_err(e2s))?;
     ctx.sync_stream(s).map_err(e2s)?;
     ctx.barrier_all().map_err(e2s)?;
+    phase("symheap graph");
     let graph = time_graph(s, trials, k, sym)?;
     ctx.sync_stream(s).map_err(e2s)?;
     ctx.barrier_all().map_err(e2s)?;
+    phase("NCCL eager");
     let peer_eager = time_stream(s, trials, k, || peer(nccl).map_err(e2s))?;
     ctx.sync_stream(s).map_err(e2s)?;
     ctx.barrier_all().map_err(e2s)?;
+    phase("NCCL graph");
     let peer_graph = time_graph(s, trials, k, || peer(nccl))?;
     ctx.sync_stream(s).map_err(e2s)?;
     ctx.barrier_all().map_err(e2s)?;
@@ -285,6 +300,7 @@ fn bench_rma(
     }
     ctx.barrier_all().map_err(e2s)?;
 
+    trace(ctx, "RMA bandwidth done");
     // put+signal ping-pong (8 bytes), PE 0 <-> PE 1, on streams; and NCCL send/recv.
     let sig = ctx.calloc(1, 8).map_err(e2s)?;
     let buf = ctx.calloc(1, 8).map_err(e2s)?;
@@ -356,6 +372,7 @@ fn bench_rma(
     }
     ctx.barrier_all().map_err(e2s)?;
 
+    trace(ctx, "ping-pong done");
     // allocate_symmetric latency, 1 MiB (+ release; reclaim happens at collective points).
     let mut t = Vec::new();
     for _ in 0..300 {
@@ -417,8 +434,9 @@ fn run(ctx: &Context, plan: &GpuPlan) -> Result<Vec<GpuRow>, String> {
         for &b in &plan.sizes {
             done += 1;
             if ctx.my_pe() == 0 {
+                let lead = if tty { "\r" } else { "" };
                 eprint!(
-                    "\rbench: [{done}/{total}] {op} {} {}        ",
+                    "{lead}bench: [{done}/{total}] {op} {} {}        {end}",
                     plan.dtype,
                     symheap::ledger::human_bytes(b)
                 );
@@ -438,6 +456,8 @@ fn run(ctx: &Context, plan: &GpuPlan) -> Result<Vec<GpuRow>, String> {
     if ctx.my_pe() == 0 && total > 0 && tty {
         eprintln!();
     }
+    let note = |what: &str| trace(ctx, what);
+    note("collectives done");
     if plan.rma && ctx.n_pes() >= 2 {
         let sizes: Vec<u64> = (0..=9)
             .map(|i| 4096u64 << (2 * i))
@@ -445,8 +465,10 @@ fn run(ctx: &Context, plan: &GpuPlan) -> Result<Vec<GpuRow>, String> {
             .collect();
         bench_rma(ctx, &mut nccl, s, &sizes, &mut rows)?;
     }
+    note("RMA done");
     ctx.sync_stream(s).map_err(e2s)?;
     drop(nccl);
+    note("NCCL communicator destroyed");
     Ok(rows)
 }
 

@@ -29,6 +29,21 @@ fn stream(ctx: &Context) -> Result<u64, String> {
     }
 }
 
+/// Launches one collective case and waits for it; errors name the case. With
+/// SYMHEAP_SELFTEST_TRACE set each case is printed before it starts (to find a faulting kernel).
+fn launch_case(
+    ctx: &Context,
+    s: u64,
+    what: &str,
+    f: impl FnOnce() -> symheap::Result<()>,
+) -> Outcome {
+    if std::env::var_os("SYMHEAP_SELFTEST_TRACE").is_some() {
+        eprintln!("case: {what}");
+    }
+    f().map_err(|e| format!("{what}: {e}"))?;
+    ctx.sync_stream(s).map_err(|e| format!("{what}: {e}"))
+}
+
 fn check_vec<T: TestElem>(got: &[T], want: &[f64], scale: &[f64], what: &str) -> Outcome {
     for i in 0..got.len() {
         ensure!(
@@ -62,9 +77,15 @@ fn ar_case<T: TestElem>(
     poison(&dst)?;
     let d = if in_place { &src } else { &dst };
     ctx.barrier_all().map_err(e2s)?;
-    ctx.all_reduce_on_stream(team, d.addr(), src.addr(), count, T::DTYPE, op, algo, s)
-        .map_err(e2s)?;
-    ctx.sync_stream(s).map_err(e2s)?;
+    let what = format!(
+        "all_reduce {} {} {algo:?} in_place={in_place} count {count} on {} PEs",
+        op.name(),
+        T::DTYPE,
+        team.n_pes()
+    );
+    launch_case(ctx, s, &what, || {
+        ctx.all_reduce_on_stream(team, d.addr(), src.addr(), count, T::DTYPE, op, algo, s)
+    })?;
     let inputs: Vec<Vec<T>> = team
         .members()
         .iter()
@@ -73,16 +94,7 @@ fn ar_case<T: TestElem>(
     let (want, scale) = reference(&inputs, op);
     let mut got = vec![T::zeroed(); count];
     d.read(0, &mut got).map_err(e2s)?;
-    check_vec(
-        &got,
-        &want,
-        &scale,
-        &format!(
-            "all_reduce {} {} {algo:?} in_place={in_place} count {count}",
-            op.name(),
-            T::DTYPE
-        ),
-    )?;
+    check_vec(&got, &want, &scale, &what)?;
     ctx.barrier_all().map_err(e2s)
 }
 
@@ -117,9 +129,10 @@ fn others<T: TestElem>(
             src.addr()
         };
         ctx.barrier_all().map_err(e2s)?;
-        ctx.all_gather_on_stream(team, dst.addr(), from, count, T::DTYPE, s)
-            .map_err(e2s)?;
-        ctx.sync_stream(s).map_err(e2s)?;
+        let what = format!("all_gather {} count {count} in_place={in_place}", T::DTYPE);
+        launch_case(ctx, s, &what, || {
+            ctx.all_gather_on_stream(team, dst.addr(), from, count, T::DTYPE, s)
+        })?;
         ensure!(
             dst.to_vec::<T>().map_err(e2s)?[..n * count] == want[..],
             "all_gather {} count {count} in_place={in_place}",
@@ -140,9 +153,13 @@ fn others<T: TestElem>(
             out.addr()
         };
         ctx.barrier_all().map_err(e2s)?;
-        ctx.reduce_scatter_on_stream(team, dest, big.addr(), count, T::DTYPE, ReduceOp::Sum, s)
-            .map_err(e2s)?;
-        ctx.sync_stream(s).map_err(e2s)?;
+        let what = format!(
+            "reduce_scatter {} count {count} in_place={in_place}",
+            T::DTYPE
+        );
+        launch_case(ctx, s, &what, || {
+            ctx.reduce_scatter_on_stream(team, dest, big.addr(), count, T::DTYPE, ReduceOp::Sum, s)
+        })?;
         let inputs: Vec<Vec<T>> = members
             .iter()
             .map(|&p| {
@@ -174,9 +191,10 @@ fn others<T: TestElem>(
         let out = ctx.malloc((count * sz) as u64).map_err(e2s)?;
         poison(&out)?;
         ctx.barrier_all().map_err(e2s)?;
-        ctx.broadcast_on_stream(team, out.addr(), src.addr(), count, T::DTYPE, root, s)
-            .map_err(e2s)?;
-        ctx.sync_stream(s).map_err(e2s)?;
+        let what = format!("broadcast {} count {count} root {root}", T::DTYPE);
+        launch_case(ctx, s, &what, || {
+            ctx.broadcast_on_stream(team, out.addr(), src.addr(), count, T::DTYPE, root, s)
+        })?;
         ensure!(
             out.to_vec::<T>().map_err(e2s)?[..count]
                 == data::<T>(a.seed, members[root], tag, count)[..],
@@ -191,9 +209,10 @@ fn others<T: TestElem>(
         .map_err(e2s)?;
     poison(&d2)?;
     ctx.barrier_all().map_err(e2s)?;
-    ctx.alltoall_on_stream(team, d2.addr(), s2.addr(), count, T::DTYPE, s)
-        .map_err(e2s)?;
-    ctx.sync_stream(s).map_err(e2s)?;
+    let what = format!("alltoall {} count {count}", T::DTYPE);
+    launch_case(ctx, s, &what, || {
+        ctx.alltoall_on_stream(team, d2.addr(), s2.addr(), count, T::DTYPE, s)
+    })?;
     let got = d2.to_vec::<T>().map_err(e2s)?;
     for (j, &p) in members.iter().enumerate() {
         let theirs = data::<T>(a.seed, p, tag + 2, n * count);

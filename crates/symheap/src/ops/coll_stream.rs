@@ -270,9 +270,9 @@ impl Context {
         }
         self.check_range(CALL, dest, bytes)?;
         self.check_range(CALL, src, bytes)?;
-        let world = team.n_pes() == self.n_pes()
-            && team.my_pe() == Some(self.my_pe())
-            && team.members().iter().enumerate().all(|(i, &m)| i == m);
+        // The world team itself, not a team with the same members: the one-shot scratch and its
+        // LL flags follow the world slot's epochs, so another slot must not use them.
+        let world = team.0.as_ref().is_some_and(|t| t.slot == 0);
         let one_shot = match algo {
             // The algorithm is a request, as on the host backend: one-shot runs through the
             // world's scratch, so another team or a message larger than a slot goes two-shot.

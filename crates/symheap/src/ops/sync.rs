@@ -374,9 +374,11 @@ impl Context {
             "team {slot} (start {start}, stride {stride}, size {size} of {})",
             p.name
         );
-        Ok(Team(Some(Arc::new(TeamInner::new(
-            slot, members, me, name,
-        )))))
+        let inner = Arc::new(TeamInner::new(slot, members, me, name));
+        // This PE's copy of the slot's member tables for the collective kernels; peers only
+        // write our (zeroed) flags, so no further agreement is needed before the first launch.
+        self.inner.init_device_team(&inner)?;
+        Ok(Team(Some(inner)))
     }
 
     /// Collective over `team`: destroys it, freeing its slot. A no-op on INVALID; the world team

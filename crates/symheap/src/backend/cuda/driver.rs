@@ -779,3 +779,54 @@ impl Drop for PeerCopy {
         }
     }
 }
+
+/// An ordinary `cuMemAlloc` buffer on the device whose context is current: what an NCCL user
+/// passes to NCCL. The benchmarks give the NCCL peer these, not symheap's heap, so NCCL runs on
+/// the memory it is normally run on.
+pub struct DeviceBuffer {
+    ptr: u64,
+    bytes: u64,
+}
+
+impl DeviceBuffer {
+    /// Allocates `bytes` (at least 1) in the current context and copies `copy_from` (a device
+    /// address of at least `bytes` readable bytes in the same context) into it.
+    pub fn copy_of(copy_from: u64, bytes: u64) -> Result<DeviceBuffer> {
+        let mut p = 0;
+        // SAFETY: writes one device pointer to `bytes` bytes, freed in Drop.
+        check(
+            unsafe { sys::cuMemAlloc_v2(&mut p, bytes.max(1) as usize) },
+            "cuMemAlloc",
+        )?;
+        let b = DeviceBuffer {
+            ptr: p,
+            bytes: bytes.max(1),
+        };
+        // SAFETY: both ranges hold `bytes` bytes of this context's device memory (the caller's
+        // promise for `copy_from`); the copy is synchronous with respect to the host.
+        check(
+            unsafe { sys::cuMemcpyDtoD_v2(p, copy_from, bytes as usize) },
+            "cuMemcpyDtoD",
+        )?;
+        Ok(b)
+    }
+
+    /// Device address.
+    pub fn addr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Size in bytes.
+    pub fn len_bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `copy_of`, freed once; callers synchronise their streams first.
+        unsafe {
+            let _ = sys::cuMemFree_v2(self.ptr);
+        }
+    }
+}

@@ -25,7 +25,7 @@ use crate::element::DType;
 use crate::error::{backend, err, invalid, ErrorKind, Result};
 
 use driver::Arg;
-pub use driver::{Arg as KernelArg, Event, Graph, PeerCopy};
+pub use driver::{Arg as KernelArg, DeviceBuffer, Event, Graph, PeerCopy};
 
 /// Oldest arch whose memory model (release/acquire at system scope) the kernels rely on.
 const MIN_ARCH: (i32, i32) = (7, 0);
