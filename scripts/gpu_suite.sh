@@ -56,6 +56,11 @@ run)
     python3 -m pip install -q --no-index --no-deps --target /tmp/symheap-py .carry/wheels/symheap-*.whl
     export PYTHONPATH="/tmp/symheap-py${PYTHONPATH:+:$PYTHONPATH}"
     step python-torch "${PYTEST_LIMIT:-120}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider test_torch.py"
+    # Providers (native heap, NVSHMEM, torch SymmetricMemory) under one Triton and one CUDA C++
+    # kernel, and the Triton device library's compile and hint checks.
+    step python-providers "${PROVIDERS_LIMIT:-300}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs test_providers_gpu.py test_providers.py test_triton_compile.py"
+    step triton-hint 60 python3 scripts/triton_hint_check.py
+    cat "$OUTDIR/triton-hint.log"
   fi
   # The torch SymmetricMemory peer, measured in this same run, merged into symheap's table.
   step torch-symm-mem "${TORCH_LIMIT:-100}" torchrun --standalone --nproc-per-node "$NGPU" bench/torch_symm_mem.py "$OUTDIR/torch.json"

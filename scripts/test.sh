@@ -15,12 +15,14 @@ fi
 cargo test --workspace --locked
 
 # The Python package (crates/symheap-py + python/symheap): build the abi3 wheel, install it in a
-# fresh venv with NumPy and pytest, and run the multi-PE tests on the host backend (torch/GPU
-# tests skip when torch is absent). The dev profile reuses the build `cargo test` just made.
+# fresh venv with NumPy, pytest and Triton, and run the multi-PE tests on the host backend
+# (torch/GPU tests skip when torch is absent). Triton (a ~190 MB wheel, ~10 s to install) lets
+# test_triton_compile.py compile every symheap.triton function for sm_90 without a GPU (~15 s).
+# The dev profile reuses the build `cargo test` just made.
 PYVENV=target/py-venv
 rm -rf "$PYVENV" target/py-wheels
 python3 -m venv "$PYVENV"
-"$PYVENV/bin/pip" install -q --disable-pip-version-check maturin numpy pytest
+"$PYVENV/bin/pip" install -q --disable-pip-version-check maturin numpy pytest "triton==3.6.0"
 "$PYVENV/bin/maturin" build --profile dev --locked -o target/py-wheels
 "$PYVENV/bin/pip" install -q --disable-pip-version-check --no-deps target/py-wheels/symheap-*.whl
 (cd tests/python && "../../$PYVENV/bin/python" -m pytest -q -p no:cacheprovider .)

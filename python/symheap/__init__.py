@@ -12,19 +12,21 @@ directly. The contract is a pointer plus a peer table::
         symheap.put(x, local, (symheap.my_pe() + 1) % symheap.n_pes())
 
 Allocation fronts: :mod:`symheap.torch` (tensors) and :mod:`symheap.numpy` (arrays, host
-backend). Data operations (put/get, atomics, signals, barriers, teams, collectives) are the
-functions of this module and take arrays, tensors or :class:`SymmetricBuffer`. Functions
-documented as **Collective** must be called by every PE (of the team) in the same order with the
-same arguments; a mismatch raises :class:`SymheapMismatchError` on every PE. Errors are typed:
-:class:`SymheapError` and its subclasses. Launch PEs with ``python -m symheap.launch -n N
-script.py``, torchrun, mpirun or srun.
+backend); :mod:`symheap.providers` puts symheap's heap, NVSHMEM and torch SymmetricMemory
+behind one interface. Device side: :mod:`symheap.triton` (Triton) and ``symheap.cuh`` (CUDA
+C++, in :func:`get_include`). Data operations (put/get, atomics, signals, barriers, teams,
+collectives) are the functions of this module and take arrays, tensors or
+:class:`SymmetricBuffer`. Functions documented as **Collective** must be called by every PE (of
+the team) in the same order with the same arguments; a mismatch raises
+:class:`SymheapMismatchError` on every PE. Errors are typed: :class:`SymheapError` and its
+subclasses. Launch PEs with ``python -m symheap.launch -n N script.py``, torchrun, mpirun or srun.
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict, List
 
-from . import _core, _peers
+from . import _core, _peers, providers
 from ._core import (
     Context,
     SymmetricAddressMap,
@@ -92,6 +94,16 @@ from ._ops import (
     team_translate_pe,
     team_world,
 )
+from .providers import SymheapProviderError
+
+
+def get_include() -> str:
+    """The directory holding ``symheap.cuh``, symheap's device-side CUDA C++ header, shipped in
+    the package: compile kernels with ``-I`` that directory (nvcc, NVRTC, CuPy's
+    ``RawKernel(..., options=("--include-path=" + symheap.get_include(),))``)."""
+    import os
+
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
 
 
 def my_pe() -> int:
@@ -187,7 +199,7 @@ def free(x: Any) -> None:
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("numpy", "torch"):
+    if name in ("numpy", "torch", "triton"):
         import importlib
 
         return importlib.import_module(f"{__name__}.{name}")
@@ -202,6 +214,7 @@ __all__ = [
     "SymheapMemoryError",
     "SymheapMismatchError",
     "SymheapPeerError",
+    "SymheapProviderError",
     "SymheapTimeoutError",
     "SymheapUnsupportedError",
     "SymheapValueError",
@@ -239,6 +252,7 @@ __all__ = [
     "finalize",
     "free",
     "get",
+    "get_include",
     "get_nbi",
     "get_peer_array",
     "get_peer_bases",
@@ -255,6 +269,7 @@ __all__ = [
     "n_pes",
     "put",
     "put_nbi",
+    "providers",
     "put_signal",
     "quiet",
     "reduce_scatter",

@@ -256,3 +256,37 @@ class Context:
         """Collective over the team."""
     def all_gather_bytes(self, data: bytes) -> List[bytes]:
         """Collective over the world."""
+
+class NvshmemProvider:
+    """NVSHMEM 3.x as an allocator satisfying symheap's contract (CUDA backend only).
+
+    Loads ``libnvshmem_host.so.3`` from ``lib``, else ``$SYMHEAP_NVSHMEM_LIB``, else the
+    ``nvidia-nvshmem-cu13`` package on ``sys.path``, else the loader's search path, and
+    initialises NVSHMEM over the context's bootstrap. The constructor, ``allocate``, ``free``,
+    ``barrier`` and ``finalize`` are collective: every PE calls them in the same order. ``free``
+    is explicit (``nvshmem_free`` is a collective barrier, unsafe to run from a garbage
+    collector). After ``finalize`` every other call raises ``SymheapError``.
+    """
+
+    def __init__(self, ctx: Context, lib: Optional[str] = None) -> None:
+        """Collective over the world. Raises SymheapUnsupportedError when NVSHMEM cannot be
+        loaded (naming every place searched) or the context is not on the CUDA backend."""
+    def allocate(self, nbytes: int) -> Tuple[int, int, int, List[int], List[bool]]:
+        """Collective: ``(addr, nbytes, table_addr, peer_bases, direct)``; ``peer_bases[my_pe]
+        == addr``, 0/False for PEs not directly addressable; ``table_addr`` is a device int64
+        array holding ``peer_bases``."""
+    def free(self, addr: int) -> None:
+        """Collective: frees the allocation starting at ``addr``."""
+    def barrier(self) -> None:
+        """Collective: symheap barrier (ledger-checked), then nvshmem_barrier_all."""
+    def my_pe(self) -> int: ...
+    def n_pes(self) -> int: ...
+    def device(self) -> int:
+        """CUDA device ordinal."""
+    def lib_path(self) -> str: ...
+    def peer_offsets(self) -> List[int]:
+        """``peer_bases[r] - addr`` for every PE, the same for every allocation (0 where not
+        direct)."""
+    def finalize(self) -> None:
+        """Collective: frees every allocation and finalises NVSHMEM; a second call does
+        nothing, any other later call raises."""

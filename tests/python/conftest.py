@@ -13,6 +13,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 PE_CASES = HERE / "pe_cases.py"
+PROVIDER_CASES = HERE / "provider_cases.py"
 
 # Variables a launcher sets: the tests start their own jobs, so none may leak in from outside.
 LAUNCHER_VARS = (
@@ -55,9 +56,12 @@ def launch(
     return subprocess.run(cmd, cwd=ROOT, env=clean_env(env), capture_output=True, text=True, timeout=timeout)
 
 
-def run_cases(n: int, *cases: str, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
-    """Runs PE cases of pe_cases.py at ``n`` PEs and asserts every PE passed every case."""
-    p = launch(n, [sys.executable, str(PE_CASES), *cases], env=env)
+def run_cases(
+    n: int, *cases: str, env: Optional[Dict[str, str]] = None, script: Path = PE_CASES, timeout: float = 180
+) -> subprocess.CompletedProcess:
+    """Runs PE cases of ``script`` (pe_cases.py, or provider_cases.py) at ``n`` PEs and asserts
+    every PE passed every case."""
+    p = launch(n, [sys.executable, str(script), *cases], env=env, timeout=timeout)
     out = p.stdout + p.stderr
     assert p.returncode == 0, f"exit status {p.returncode}\n{out}"
     for case in cases:

@@ -66,6 +66,11 @@ fn timeout_names_the_late_pe() {
 }
 
 #[test]
+fn provider_trait_contract_on_the_native_heap() {
+    selftest("provider-native");
+}
+
+#[test]
 fn example_writes_into_every_peer_under_the_launcher() {
     // The example is built by `cargo test` (examples are compiled with the tests) next to the
     // symheap binary's directory.

@@ -2,14 +2,15 @@
 //!
 //! It exposes the Rust runtime on raw symmetric addresses: `Context` (init, rank information,
 //! allocation, RMA, atomics, signals, barriers, teams, collectives), `SymmetricBuffer` and
-//! `HeapView` (memory exported through DLPack and the array interfaces), `launch`, and the
-//! exception classes. The `symheap` Python package builds the array/tensor API on top.
+//! `HeapView` (memory exported through DLPack and the array interfaces), `NvshmemProvider`
+//! (NVSHMEM as an allocator satisfying the contract), `launch`, and the exception classes. The `symheap` Python package builds the array/tensor API on top.
 
 mod buffer;
 mod context;
 mod dlpack;
 mod errors;
 mod launch;
+mod provider;
 mod store;
 
 use pyo3::prelude::*;
@@ -40,6 +41,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<context::PyTeam>()?;
     m.add_class::<buffer::SymmetricBuffer>()?;
     m.add_class::<buffer::HeapView>()?;
+    m.add_class::<provider::PyNvshmem>()?;
     m.add_function(wrap_pyfunction!(launch::launch, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_size, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_name, m)?)?;

@@ -100,6 +100,10 @@ pub const SYMHEAP_VARIABLES: &[(&str, &str)] = &[
         "override the node identity (default hostname + boot id)",
     ),
     ("SYMHEAP_RUNTIME_DIR", "where node-local sockets live"),
+    (
+        "SYMHEAP_NVSHMEM_LIB",
+        "libnvshmem_host.so.3 (or its directory) for the NVSHMEM provider",
+    ),
 ];
 
 impl Config {

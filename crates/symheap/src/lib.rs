@@ -27,6 +27,7 @@ pub mod heap;
 pub mod launch;
 pub mod ledger;
 pub mod ops;
+pub mod provider;
 pub mod table;
 
 pub use backend::cuda;
@@ -37,4 +38,5 @@ pub use context::{Context, ContextBuilder, HeapUsage, PeerView, SymmetricBuffer}
 pub use element::{DType, Element};
 pub use error::{Error, ErrorKind, Result};
 pub use ops::{AllReduceAlgo, AtomicBitwise, AtomicElement, AtomicInt, Cmp, SignalOp, Team};
+pub use provider::{Allocation, NativeHeap, Nvshmem, NvshmemLibrary, Provider};
 pub use table::{translate, PeerMask, SymmetricAddressMap};

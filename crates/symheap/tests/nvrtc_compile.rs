@@ -1,5 +1,5 @@
 //! CI check of symheap's device code, no GPU needed: NVRTC compiles the backend's kernels, the
-//! collective kernels (`coll.cu`), the CUDA example and a translation unit instantiating every
+//! collective kernels (`coll.cu`), the CUDA examples and a translation unit instantiating every
 //! template of `symheap.cuh` for sm_80 and sm_90, and the PTX shows the properties the design
 //! relies on (16-byte vector copies, release/acquire at system scope, no atomics on the
 //! collectives' data path, no register spills).
@@ -13,6 +13,10 @@ const ARCHS: [u32; 2] = [80, 90];
 const RING_PUT: &str = include_str!(concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../examples/cuda/ring_put.cu"
+));
+const PROVIDER_MIX: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../examples/cuda/provider_mix.cu"
 ));
 const INSTANTIATE_ALL: &str = include_str!("cuda/instantiate_all.cu");
 
@@ -99,6 +103,15 @@ fn ring_put_example_compiles() {
         &["red.release.sys.global.add.u64"],
     );
     assert_has(body, "ring_put's wait", &["ld.acquire.sys.global.u64"]);
+}
+
+#[test]
+fn provider_mix_example_compiles() {
+    // The kernel the `providers` GPU scenario runs over native-heap and NVSHMEM buffers.
+    for arch in ARCHS {
+        cubin(PROVIDER_MIX, "provider_mix.cu", arch);
+    }
+    entry(&ptx(PROVIDER_MIX, "provider_mix.cu", 90), "provider_mix");
 }
 
 #[test]

@@ -5,6 +5,7 @@
 mod coll_scenarios;
 mod gpu_scenarios;
 mod ops_scenarios;
+mod provider_scenarios;
 mod scenarios;
 mod stream_scenarios;
 
@@ -275,6 +276,26 @@ pub const SCENARIOS: &[Scenario] = &[
         victims: false,
         gpu: true,
         run: gpu_scenarios::example_kernel,
+    },
+    Scenario {
+        name: "provider-native",
+        about: "the contract through the Provider trait on the native heap; NVSHMEM refused clearly",
+        min_pes: 1,
+        env: &[],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: false,
+        run: provider_scenarios::provider_native,
+    },
+    Scenario {
+        name: "providers",
+        about: "one kernel over native-heap and NVSHMEM buffers (each, and mixed), cross-allocation tables",
+        min_pes: 1,
+        env: &[],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: true,
+        run: provider_scenarios::providers,
     },
     Scenario {
         name: "coll-stream",

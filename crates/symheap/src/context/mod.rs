@@ -324,6 +324,23 @@ impl Inner {
         Ok(payloads)
     }
 
+    /// A host collective point for `call`: records `call(args)` in the world ledger, then
+    /// exchanges ledgers (failing every PE, with the first differing call named, when they
+    /// diverged), reclaims what every PE released, and gathers `payload` from every PE (an
+    /// empty payload may come back as an empty vector). Every PE must reach it, in the same
+    /// order as its other collective calls; a PE that does not is named by the timeout error.
+    pub(crate) fn collective(
+        &self,
+        call: &'static str,
+        args: String,
+        payload: &[u8],
+    ) -> Result<Vec<Vec<u8>>> {
+        self.check(call)?;
+        let mut st = self.lock_heap();
+        self.record(call, args);
+        self.sync_point(&mut st, call, payload)
+    }
+
     /// The heap size to grow to so that a block ending at `need_end` fits: whole chunks when
     /// they fit under the capacity, the exact need otherwise. None when even that does not fit.
     fn grow_target(&self, mapped: u64, need_end: u64) -> Option<u64> {
@@ -765,21 +782,16 @@ impl Context {
     /// on any PE are visible after it on every PE. Also a point where the ledger is checked and
     /// released buffers are reclaimed.
     pub fn barrier_all(&self) -> Result<()> {
-        const CALL: &str = "barrier_all";
-        self.inner.check(CALL)?;
-        let mut st = self.inner.lock_heap();
-        self.inner.record(CALL, String::new());
-        self.inner.sync_point(&mut st, CALL, &[]).map(|_| ())
+        self.inner
+            .collective("barrier_all", String::new(), &[])
+            .map(|_| ())
     }
 
     /// Collective: every PE contributes `data`, every PE gets all contributions in rank order.
     /// A host-side exchange for small control data (seeds, sizes), ledger-checked.
     pub fn all_gather_bytes(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
-        const CALL: &str = "all_gather_bytes";
-        self.inner.check(CALL)?;
-        let mut st = self.inner.lock_heap();
-        self.inner.record(CALL, format!("{} bytes", data.len()));
-        self.inner.sync_point(&mut st, CALL, data)
+        self.inner
+            .collective("all_gather_bytes", format!("{} bytes", data.len()), data)
     }
 
     /// Heap occupancy on this PE (the same on every PE at collective points).

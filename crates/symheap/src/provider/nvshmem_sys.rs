@@ -1,0 +1,622 @@
+//! The NVSHMEM 3.x host library, loaded at run time: the C types symheap passes to it (mirrored
+//! from the NVSHMEM 3.4.5 headers), the entry points it calls, where the library is looked for,
+//! and [`Session`], the safe handle on an initialised NVSHMEM.
+//!
+//! Every `unsafe` block of the NVSHMEM provider is in this file and says why it holds.
+//!
+//! Why no link-time dependency: NVSHMEM is optional (a pip wheel, `nvidia-nvshmem-cu13`, or a
+//! system package). Loading it with `dlopen` keeps symheap buildable and usable without it, and
+//! a missing library becomes an error naming every place searched.
+//!
+//! Why the library is never unloaded: NVSHMEM starts threads and registers exit handlers while
+//! initialising; unloading its code under them would crash. A process loads it at most once.
+
+use std::collections::HashSet;
+use std::ffi::{c_int, c_uint, c_void, OsStr};
+use std::mem::ManuallyDrop;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+/// The host library's file name (the loader name of the 3.x ABI).
+pub(crate) const LIB_NAME: &str = "libnvshmem_host.so.3";
+
+/// The environment variable naming the library (a file, or the directory holding it).
+pub(crate) const ENV_LIB: &str = "SYMHEAP_NVSHMEM_LIB";
+
+/// `NVSHMEMX_INIT_WITH_UNIQUEID` (host/nvshmemx_api.h, `enum flags`).
+pub(crate) const INIT_WITH_UNIQUEID: c_uint = 1 << 3;
+
+/// `UNIQUEID_PADDING` (bootstrap_device_host/nvshmem_uniqueid.h).
+const UNIQUEID_PADDING: usize = 124;
+
+/// `NVSHMEM_STATUS_IS_INITIALIZED` (device_host_transport/nvshmem_constants.h): bootstrapped
+/// *and* set up on a GPU. `NVSHMEM_STATUS_LIMITED_MPG` and `_FULL_MPG` (3, 4) are above it.
+pub(crate) const STATUS_IS_INITIALIZED: c_int = 2;
+
+/// `INIT_ARGS_PADDING` (device_host/nvshmem_types.h).
+const INIT_ARGS_PADDING: usize = 96;
+
+/// The struct version word NVSHMEM's initializer macros write: `(1 << 16) + sizeof(T)`.
+const fn version_of<T>() -> c_int {
+    (1 << 16) + std::mem::size_of::<T>() as c_int
+}
+
+/// `nvshmemx_uniqueid_v1` (bootstrap_device_host/nvshmem_uniqueid.h): 128 bytes, align 4.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct UniqueId {
+    pub(crate) version: c_int,
+    pub(crate) internal: [u8; UNIQUEID_PADDING],
+}
+
+/// `nvshmemx_uniqueid_args_v1`: 24 bytes, align 8.
+#[repr(C)]
+pub(crate) struct UniqueIdArgs {
+    pub(crate) version: c_int,
+    pub(crate) id: *mut UniqueId,
+    pub(crate) myrank: c_int,
+    pub(crate) nranks: c_int,
+}
+
+/// `nvshmemx_init_args_v1` (device_host/nvshmem_types.h): 128 bytes, align 8.
+#[repr(C)]
+pub(crate) struct InitArgs {
+    pub(crate) version: c_int,
+    pub(crate) uid_args: UniqueIdArgs,
+    pub(crate) content: [u8; INIT_ARGS_PADDING],
+}
+
+/// `nvshmemx_init_attr_v1`: 144 bytes, align 8.
+#[repr(C)]
+pub(crate) struct InitAttr {
+    pub(crate) version: c_int,
+    pub(crate) mpi_comm: *mut c_void,
+    pub(crate) args: InitArgs,
+}
+
+/// Size of a unique id on the wire between PEs.
+pub(crate) const UNIQUEID_BYTES: usize = std::mem::size_of::<UniqueId>();
+
+impl UniqueId {
+    /// `NVSHMEMX_UNIQUEID_INITIALIZER`.
+    pub(crate) fn new() -> UniqueId {
+        UniqueId {
+            version: version_of::<UniqueId>(),
+            internal: [0; UNIQUEID_PADDING],
+        }
+    }
+
+    /// The id as bytes (native layout), for sending to the other PEs.
+    pub(crate) fn to_bytes(self) -> [u8; UNIQUEID_BYTES] {
+        let mut out = [0u8; UNIQUEID_BYTES];
+        out[..4].copy_from_slice(&self.version.to_ne_bytes());
+        out[4..].copy_from_slice(&self.internal);
+        out
+    }
+
+    /// The id PE 0 sent.
+    pub(crate) fn from_bytes(b: &[u8; UNIQUEID_BYTES]) -> UniqueId {
+        let mut internal = [0u8; UNIQUEID_PADDING];
+        internal.copy_from_slice(&b[4..]);
+        UniqueId {
+            version: c_int::from_ne_bytes([b[0], b[1], b[2], b[3]]),
+            internal,
+        }
+    }
+}
+
+impl InitAttr {
+    /// `NVSHMEMX_INIT_ATTR_INITIALIZER`.
+    pub(crate) fn new() -> InitAttr {
+        InitAttr {
+            version: version_of::<InitAttr>(),
+            mpi_comm: std::ptr::null_mut(),
+            args: InitArgs {
+                version: version_of::<InitArgs>(),
+                uid_args: UniqueIdArgs {
+                    version: version_of::<UniqueIdArgs>(),
+                    id: std::ptr::null_mut(),
+                    myrank: -1,
+                    nranks: -1,
+                },
+                content: [0; INIT_ARGS_PADDING],
+            },
+        }
+    }
+}
+
+type GetUniqueId = unsafe extern "C" fn(*mut UniqueId) -> c_int;
+type SetAttrUniqueIdArgs =
+    unsafe extern "C" fn(c_int, c_int, *const UniqueId, *mut InitAttr) -> c_int;
+type HostlibInitAttr = unsafe extern "C" fn(c_uint, *mut InitAttr) -> c_int;
+type VoidFn = unsafe extern "C" fn();
+type IntFn = unsafe extern "C" fn() -> c_int;
+type Malloc = unsafe extern "C" fn(usize) -> *mut c_void;
+type Free = unsafe extern "C" fn(*mut c_void);
+type Ptr = unsafe extern "C" fn(*const c_void, c_int) -> *mut c_void;
+type VersionInfo = unsafe extern "C" fn(*mut c_int, *mut c_int, *mut c_int);
+
+/// The loaded library and the entry points symheap uses.
+pub(crate) struct Api {
+    /// Where it was loaded from (as given to the loader).
+    pub(crate) path: PathBuf,
+    /// (major, minor, patch) from `nvshmemx_vendor_get_version_info`.
+    pub(crate) version: (i32, i32, i32),
+    get_uniqueid: GetUniqueId,
+    set_attr_uniqueid_args: SetAttrUniqueIdArgs,
+    hostlib_init_attr: HostlibInitAttr,
+    hostlib_finalize: VoidFn,
+    init_status: IntFn,
+    my_pe: IntFn,
+    n_pes: IntFn,
+    malloc: Malloc,
+    free: Free,
+    ptr: Ptr,
+    barrier_all: VoidFn,
+    _lib: ManuallyDrop<libloading::Library>,
+}
+
+/// A loader error with its cause (libloading's own text is only "dlopen failed").
+fn with_source(e: &libloading::Error) -> String {
+    match std::error::Error::source(e) {
+        Some(s) => format!("{e}: {s}"),
+        None => e.to_string(),
+    }
+}
+
+/// The entry points resolved from `lib`, or which one is missing.
+fn resolve(lib: libloading::Library, path: &Path) -> Result<Api, String> {
+    // Never closed, even when it turns out unusable: its initialisers have run (NVSHMEM
+    // registers exit handlers), so unloading its code could crash at exit.
+    let lib = ManuallyDrop::new(lib);
+    macro_rules! sym {
+        ($name:literal, $ty:ty) => {{
+            // SAFETY: the symbol is declared in NVSHMEM 3.x's host headers with exactly the
+            // signature `$ty` (host/nvshmem_api.h, host/nvshmemx_api.h,
+            // host/nvshmem_coll_api.h). The function pointer is copied out of the `Symbol`;
+            // it stays valid because the library is never unloaded (`Api` is leaked).
+            let s = unsafe { lib.get::<$ty>(concat!($name, "\0").as_bytes()) };
+            *s.map_err(|e| format!("lacks {} ({}); is it NVSHMEM 3.x?", $name, with_source(&e)))?
+        }};
+    }
+    let version_info = sym!("nvshmemx_vendor_get_version_info", VersionInfo);
+    let (mut major, mut minor, mut patch) = (0, 0, 0);
+    // SAFETY: writes three ints; callable before initialisation (it reports compile-time
+    // constants of the library).
+    unsafe { version_info(&mut major, &mut minor, &mut patch) };
+    if major != 3 {
+        return Err(format!(
+            "is NVSHMEM {major}.{minor}.{patch}; symheap needs NVSHMEM 3.x (its init structures are versioned)"
+        ));
+    }
+    Ok(Api {
+        path: path.to_path_buf(),
+        version: (major, minor, patch),
+        get_uniqueid: sym!("nvshmemx_get_uniqueid", GetUniqueId),
+        set_attr_uniqueid_args: sym!("nvshmemx_set_attr_uniqueid_args", SetAttrUniqueIdArgs),
+        hostlib_init_attr: sym!("nvshmemx_hostlib_init_attr", HostlibInitAttr),
+        hostlib_finalize: sym!("nvshmemx_hostlib_finalize", VoidFn),
+        init_status: sym!("nvshmemx_init_status", IntFn),
+        my_pe: sym!("nvshmem_my_pe", IntFn),
+        n_pes: sym!("nvshmem_n_pes", IntFn),
+        malloc: sym!("nvshmem_malloc", Malloc),
+        free: sym!("nvshmem_free", Free),
+        ptr: sym!("nvshmem_ptr", Ptr),
+        barrier_all: sym!("nvshmem_barrier_all", VoidFn),
+        _lib: lib,
+    })
+}
+
+/// One place the library is looked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Candidate {
+    /// A file path, or the bare `LIB_NAME` for the loader's own search.
+    pub(crate) path: PathBuf,
+    /// Where the candidate came from, for the error message.
+    pub(crate) origin: &'static str,
+    /// Only a file path: skipped (reported as absent) when the file does not exist.
+    pub(crate) is_file: bool,
+}
+
+fn as_file(p: &Path) -> PathBuf {
+    if p.is_dir() {
+        p.join(LIB_NAME)
+    } else {
+        p.to_path_buf()
+    }
+}
+
+/// Where to look, in order: `explicit` alone when given, else `$SYMHEAP_NVSHMEM_LIB` alone
+/// when set (a file or a directory holding it; neither falls back, so a wrong setting is an
+/// error rather than a surprise), else the `nvidia-nvshmem-cu13` wheel's library folder under
+/// every Python search directory in `site_dirs`, else the loader's own search path.
+pub(crate) fn candidates(
+    explicit: Option<&Path>,
+    env: Option<&OsStr>,
+    site_dirs: &[PathBuf],
+) -> Vec<Candidate> {
+    if let Some(p) = explicit {
+        return vec![Candidate {
+            path: as_file(p),
+            origin: "the path given",
+            is_file: true,
+        }];
+    }
+    if let Some(v) = env.filter(|v| !v.is_empty()) {
+        return vec![Candidate {
+            path: as_file(Path::new(v)),
+            origin: ENV_LIB,
+            is_file: true,
+        }];
+    }
+    let mut out: Vec<Candidate> = Vec::new();
+    for d in site_dirs {
+        let path = d.join("nvidia").join("nvshmem").join("lib").join(LIB_NAME);
+        if !out.iter().any(|c| c.path == path) {
+            out.push(Candidate {
+                path,
+                origin: "the nvidia-nvshmem-cu13 Python package",
+                is_file: true,
+            });
+        }
+    }
+    out.push(Candidate {
+        path: PathBuf::from(LIB_NAME),
+        origin: "the dynamic loader's search path",
+        is_file: false,
+    });
+    out
+}
+
+/// The search directories of the `python3` on PATH (`sys.path`), where pip puts
+/// `nvidia/nvshmem/lib`. Empty (with the reason) when there is no usable python3.
+pub(crate) fn python_sys_path() -> (Vec<PathBuf>, Option<String>) {
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import sys\nfor p in sys.path:\n    if p: print(p)"])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output();
+    match out {
+        Ok(o) if o.status.success() => (
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(PathBuf::from)
+                .collect(),
+            None,
+        ),
+        Ok(o) => (
+            Vec::new(),
+            Some(format!("python3 could not list sys.path ({})", o.status)),
+        ),
+        Err(e) => (
+            Vec::new(),
+            Some(format!("no python3 to ask for its site-packages ({e})")),
+        ),
+    }
+}
+
+/// The library this process loaded (never unloaded).
+static LOADED: Mutex<Option<&'static Api>> = Mutex::new(None);
+
+/// Loads the first loadable candidate. On failure the message names every candidate and why
+/// it was not used; `note` (e.g. why there were no Python directories) is appended.
+pub(crate) fn load(cands: &[Candidate], note: Option<&str>) -> Result<&'static Api, String> {
+    let mut loaded = LOADED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(api) = *loaded {
+        // One NVSHMEM per process: a request for another file is an error, not a second copy.
+        let wants_other = cands.len() == 1
+            && cands[0].is_file
+            && std::fs::canonicalize(&cands[0].path).ok() != std::fs::canonicalize(&api.path).ok();
+        if wants_other {
+            return Err(format!(
+                "this process already loaded NVSHMEM from {}; it cannot load a second copy from {}",
+                api.path.display(),
+                cands[0].path.display()
+            ));
+        }
+        return Ok(api);
+    }
+    let mut tried = Vec::new();
+    for c in cands {
+        if c.is_file && !c.path.is_file() {
+            tried.push(format!("{} ({}): no such file", c.path.display(), c.origin));
+            continue;
+        }
+        // SAFETY: loading runs the library's static initialisers, which only set up NVSHMEM's
+        // own globals (no NVSHMEM call is made until `Session::init`). The file is what the
+        // user or the NVSHMEM wheel names as NVSHMEM's host library.
+        let lib = match unsafe { libloading::Library::new(&c.path) } {
+            Ok(l) => l,
+            Err(e) => {
+                tried.push(format!(
+                    "{} ({}): {}",
+                    c.path.display(),
+                    c.origin,
+                    with_source(&e)
+                ));
+                continue;
+            }
+        };
+        match resolve(lib, &c.path) {
+            Ok(api) => {
+                let api: &'static Api = Box::leak(Box::new(api));
+                *loaded = Some(api);
+                return Ok(api);
+            }
+            Err(why) => tried.push(format!("{} ({}): {why}", c.path.display(), c.origin)),
+        }
+    }
+    let mut msg = format!(
+        "cannot load the NVSHMEM host library {LIB_NAME}; looked in: {}",
+        tried.join("; ")
+    );
+    if let Some(n) = note {
+        msg.push_str(&format!(" ({n})"));
+    }
+    msg.push_str(&format!(
+        ". Set {ENV_LIB} to the library (or its directory), or `pip install nvidia-nvshmem-cu13` (found through the Python search path)"
+    ));
+    Err(msg)
+}
+
+/// Whether this process has an initialised NVSHMEM (NVSHMEM is a per-process singleton).
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+
+/// PE 0's side of the unique-id exchange: a fresh id (needs no initialisation).
+pub(crate) fn unique_id(api: &'static Api) -> Result<[u8; UNIQUEID_BYTES], String> {
+    let mut id = UniqueId::new();
+    // SAFETY: `id` is an initialised `nvshmemx_uniqueid_t` (version set as the header's
+    // initializer does); NVSHMEM writes at most its 128 bytes.
+    let rc = unsafe { (api.get_uniqueid)(&mut id) };
+    if rc != 0 {
+        return Err(format!(
+            "nvshmemx_get_uniqueid failed with status {rc} (no usable network interface for NVSHMEM's bootstrap? set NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME)"
+        ));
+    }
+    Ok(id.to_bytes())
+}
+
+/// An initialised NVSHMEM: the only way to call NVSHMEM's data-path entry points, so none of
+/// them can run before initialisation or after finalisation. Every call is collective except
+/// `ptr`, `my_pe` and `n_pes`; NVSHMEM itself never times out, so callers make every PE agree
+/// (through symheap's ledger-checked collective points) before each collective call.
+///
+/// Dropping a `Session` without [`finalize`](Self::finalize) leaves NVSHMEM initialised (its
+/// finalisation is a collective barrier, which a destructor must not start on its own).
+pub(crate) struct Session {
+    api: &'static Api,
+    n: usize,
+    /// Pointers returned by `malloc` and not yet freed: `free` accepts only these.
+    live: HashSet<u64>,
+}
+
+impl Session {
+    /// Collective over every PE (the `nranks` PEs given the same `uid`): `nvshmemx_hostlib_init_attr`
+    /// with the unique id. The CUDA device to use must be current on the calling thread.
+    pub(crate) fn init(
+        api: &'static Api,
+        rank: usize,
+        nranks: usize,
+        uid: &[u8; UNIQUEID_BYTES],
+    ) -> Result<Session, String> {
+        if ACTIVE.swap(true, Ordering::AcqRel) {
+            return Err(
+                "NVSHMEM is already initialised in this process (one Nvshmem provider per process)"
+                    .into(),
+            );
+        }
+        let fail = |m: String| {
+            ACTIVE.store(false, Ordering::Release);
+            m
+        };
+        let (Ok(rank_c), Ok(n_c)) = (c_int::try_from(rank), c_int::try_from(nranks)) else {
+            return Err(fail(format!("{nranks} PEs do not fit NVSHMEM's int ranks")));
+        };
+        let id = UniqueId::from_bytes(uid);
+        let mut attr = InitAttr::new();
+        // SAFETY: `id` and `attr` are initialised as the header's initializer macros do;
+        // NVSHMEM stores a pointer to `id` in `attr`, and both outlive the init call below,
+        // the only user of that pointer.
+        let rc = unsafe { (api.set_attr_uniqueid_args)(rank_c, n_c, &id, &mut attr) };
+        if rc != 0 {
+            return Err(fail(format!(
+                "nvshmemx_set_attr_uniqueid_args failed with status {rc}"
+            )));
+        }
+        // SAFETY: `attr` was filled in by `nvshmemx_set_attr_uniqueid_args` and points at `id`,
+        // both alive for the call; ACTIVE guarantees no other initialised NVSHMEM in this
+        // process.
+        let rc = unsafe { (api.hostlib_init_attr)(INIT_WITH_UNIQUEID, &mut attr) };
+        if rc != 0 {
+            return Err(fail(format!(
+                "nvshmemx_hostlib_init_attr failed with status {rc} (NVSHMEM_DEBUG=WARN shows why)"
+            )));
+        }
+        let s = Session {
+            api,
+            n: nranks,
+            live: HashSet::new(),
+        };
+        // Without a usable current CUDA context, NVSHMEM only bootstraps and defers its GPU
+        // setup to the first allocation, which then calls exit() if it fails. Checking here
+        // turns that into an error. (NVSHMEM stays bootstrapped: see `Session`.)
+        // SAFETY: reads NVSHMEM's state; valid at any time after loading.
+        let status = unsafe { (api.init_status)() };
+        if status < STATUS_IS_INITIALIZED {
+            return Err(format!(
+                "NVSHMEM bootstrapped but did not set up on the GPU (nvshmemx_init_status = {status}): no usable CUDA device or driver for NVSHMEM? (NVSHMEM_DEBUG=WARN shows why)"
+            ));
+        }
+        let (me, n) = (s.my_pe(), s.n_pes());
+        if me != rank as i64 || n != nranks as i64 {
+            // Leave it initialised: finalising alone would wait for PEs that may not come.
+            return Err(format!(
+                "NVSHMEM started as PE {me} of {n}, but this is PE {rank} of {nranks}"
+            ));
+        }
+        Ok(s)
+    }
+
+    /// `nvshmem_my_pe()`.
+    pub(crate) fn my_pe(&self) -> i64 {
+        // SAFETY: NVSHMEM is initialised while a Session exists; the call only reads state.
+        i64::from(unsafe { (self.api.my_pe)() })
+    }
+
+    /// `nvshmem_n_pes()`.
+    pub(crate) fn n_pes(&self) -> i64 {
+        // SAFETY: as in `my_pe`.
+        i64::from(unsafe { (self.api.n_pes)() })
+    }
+
+    /// Collective: `nvshmem_malloc(bytes)`; None when NVSHMEM returns NULL.
+    pub(crate) fn malloc(&mut self, bytes: u64) -> Option<u64> {
+        let size = usize::try_from(bytes).ok()?;
+        // SAFETY: NVSHMEM is initialised; the caller has made every PE reach this call with
+        // the same size (it is collective).
+        let p = unsafe { (self.api.malloc)(size) } as u64;
+        (p != 0).then(|| {
+            self.live.insert(p);
+            p
+        })
+    }
+
+    /// Collective: `nvshmem_free(p)`. False (and nothing called) when `p` is not a live
+    /// pointer from `malloc`.
+    pub(crate) fn free(&mut self, p: u64) -> bool {
+        if !self.live.remove(&p) {
+            return false;
+        }
+        // SAFETY: `p` came from `nvshmem_malloc` and was not freed yet (the live set); every PE
+        // frees the same allocation at the same point (the caller's collective check).
+        unsafe { (self.api.free)(p as *mut c_void) };
+        true
+    }
+
+    /// `nvshmem_ptr(p, pe)`: PE `pe`'s copy of live allocation `p` as this process addresses
+    /// it, 0 when not load/store-reachable (or `p` is not live, or `pe` is out of range).
+    pub(crate) fn ptr(&self, p: u64, pe: usize) -> u64 {
+        if pe >= self.n || !self.live.contains(&p) {
+            return 0;
+        }
+        // SAFETY: `p` is a live symmetric address and `pe` a valid PE; the call only reads
+        // NVSHMEM's peer mapping table.
+        unsafe { (self.api.ptr)(p as *const c_void, pe as c_int) as u64 }
+    }
+
+    /// Collective: `nvshmem_barrier_all()` (also completes this PE's NVSHMEM operations).
+    pub(crate) fn barrier_all(&self) {
+        // SAFETY: NVSHMEM is initialised; every PE reaches this call (the caller's collective
+        // check), so it returns.
+        unsafe { (self.api.barrier_all)() }
+    }
+
+    /// Collective: `nvshmemx_hostlib_finalize()`. Frees every NVSHMEM allocation.
+    pub(crate) fn finalize(self) {
+        // SAFETY: NVSHMEM is initialised (this Session) and is not used after this call (the
+        // Session is consumed); every PE reaches it (the caller's collective check).
+        unsafe { (self.api.hostlib_finalize)() };
+        ACTIVE.store(false, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{align_of, offset_of, size_of};
+
+    /// Sizes, alignments and offsets as a C++ compiler lays out the NVSHMEM 3.4.5 headers
+    /// (a probe program compiled with g++ against `include/device_host/nvshmem_types.h`
+    /// printed them; the headers' own static_asserts pin the sizes to 128, 24, 128 and 144).
+    #[test]
+    fn layouts_match_the_nvshmem_3_4_5_headers() {
+        assert_eq!((size_of::<UniqueId>(), align_of::<UniqueId>()), (128, 4));
+        assert_eq!(offset_of!(UniqueId, internal), 4);
+        assert_eq!(
+            (size_of::<UniqueIdArgs>(), align_of::<UniqueIdArgs>()),
+            (24, 8)
+        );
+        assert_eq!(offset_of!(UniqueIdArgs, id), 8);
+        assert_eq!(offset_of!(UniqueIdArgs, myrank), 16);
+        assert_eq!(offset_of!(UniqueIdArgs, nranks), 20);
+        assert_eq!((size_of::<InitArgs>(), align_of::<InitArgs>()), (128, 8));
+        assert_eq!(offset_of!(InitArgs, uid_args), 8);
+        assert_eq!(offset_of!(InitArgs, content), 32);
+        assert_eq!((size_of::<InitAttr>(), align_of::<InitAttr>()), (144, 8));
+        assert_eq!(offset_of!(InitAttr, mpi_comm), 8);
+        assert_eq!(offset_of!(InitAttr, args), 16);
+        // The initializers' version words.
+        let a = InitAttr::new();
+        assert_eq!(a.version, (1 << 16) + 144);
+        assert_eq!(a.args.version, (1 << 16) + 128);
+        assert_eq!(a.args.uid_args.version, (1 << 16) + 24);
+        assert_eq!((a.args.uid_args.myrank, a.args.uid_args.nranks), (-1, -1));
+        assert_eq!(UniqueId::new().version, (1 << 16) + 128);
+        assert_eq!(INIT_WITH_UNIQUEID, 8);
+    }
+
+    #[test]
+    fn unique_id_round_trips_through_bytes() {
+        let mut id = UniqueId::new();
+        for (i, b) in id.internal.iter_mut().enumerate() {
+            *b = (i * 7 + 3) as u8;
+        }
+        let back = UniqueId::from_bytes(&id.to_bytes());
+        assert_eq!(back.version, id.version);
+        assert_eq!(back.internal, id.internal);
+    }
+
+    #[test]
+    fn search_order() {
+        let site = [PathBuf::from("/a/site"), PathBuf::from("/b/dist")];
+        // Explicit path: alone.
+        let c = candidates(
+            Some(Path::new("/x/lib.so")),
+            Some(OsStr::new("/env")),
+            &site,
+        );
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].path, PathBuf::from("/x/lib.so"));
+        // The environment variable: alone.
+        let c = candidates(None, Some(OsStr::new("/env/libn.so")), &site);
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].origin, ENV_LIB);
+        // Otherwise every Python directory, then the loader.
+        let c = candidates(None, Some(OsStr::new("")), &site);
+        let paths: Vec<_> = c.iter().map(|c| c.path.clone()).collect();
+        assert_eq!(
+            paths,
+            vec![
+                PathBuf::from("/a/site/nvidia/nvshmem/lib/libnvshmem_host.so.3"),
+                PathBuf::from("/b/dist/nvidia/nvshmem/lib/libnvshmem_host.so.3"),
+                PathBuf::from(LIB_NAME),
+            ]
+        );
+        assert!(!c[2].is_file);
+    }
+
+    #[test]
+    fn a_missing_library_names_every_place_searched() {
+        let site = [PathBuf::from("/nonexistent/site-packages")];
+        let mut c = candidates(None, None, &site);
+        // Not the loader's search here: this machine may have NVSHMEM installed.
+        c.pop();
+        c.push(Candidate {
+            path: PathBuf::from("/nonexistent/explicit/libnvshmem_host.so.3"),
+            origin: "the path given",
+            is_file: true,
+        });
+        let e = match load(&c, Some("a note")) {
+            Err(e) => e,
+            Ok(_) => panic!("loaded a nonexistent library"),
+        };
+        assert!(
+            e.contains("/nonexistent/site-packages/nvidia/nvshmem/lib/libnvshmem_host.so.3"),
+            "{e}"
+        );
+        assert!(e.contains("/nonexistent/explicit"), "{e}");
+        assert!(e.contains(ENV_LIB) && e.contains("a note"), "{e}");
+    }
+}

@@ -1,0 +1,132 @@
+"""The providers on GPUs (CUDA backend, one PE per GPU, up to 2): the same Triton kernel
+(symheap.triton) and the same CUDA C++ kernel (symheap.cuh through CuPy/NVRTC) drive the tensors
+of symheap's heap, NVSHMEM and torch SymmetricMemory; one kernel mixes two providers' tensors
+with two tables; cross-allocation translation where a provider promises constant per-peer
+offsets; the contract's invariants. Cases: provider_cases.py.
+
+Every requirement is a fixture that skips with the reason: a CUDA GPU and torch, Triton, CuPy,
+NVSHMEM (the ``nvidia-nvshmem-cu13`` package, ``$SYMHEAP_NVSHMEM_LIB`` or the loader's path) and
+torch SymmetricMemory (torch.distributed with NCCL).
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import glob
+import os
+import sys
+from typing import List
+
+import pytest
+
+from conftest import PROVIDER_CASES, run_cases
+
+# Never NVLink multicast on shared machines (gpu_suite.sh exports these too).
+GPU_ENV = {
+    "SYMHEAP_BACKEND": "cuda",
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "SYMHEAP_TIMEOUT": "60",
+}
+LIMIT = 300  # seconds per launch: torch + NCCL + NVSHMEM init and Triton/NVRTC compiles
+
+
+@pytest.fixture
+def pes(cuda_gpus: int) -> int:
+    """PEs to run: one per GPU, up to 2."""
+    return min(cuda_gpus, 2)
+
+
+@pytest.fixture
+def triton_module():
+    try:
+        import triton
+    except ImportError:
+        pytest.skip("triton is not installed (pip install triton)")
+    return triton
+
+
+@pytest.fixture
+def cupy_module():
+    try:
+        import cupy
+    except ImportError:
+        pytest.skip("cupy is not installed (the CUDA C++ kernels are compiled with cupy.RawModule)")
+    return cupy
+
+
+def _nvshmem_lib() -> str:
+    env = os.environ.get("SYMHEAP_NVSHMEM_LIB")
+    if env:
+        return env if os.path.exists(env) else ""
+    for d in sys.path:
+        for path in glob.glob(os.path.join(d or ".", "nvidia", "*", "lib", "libnvshmem_host.so.3")):
+            return path
+    return ctypes.util.find_library("nvshmem_host") or ""
+
+
+def _available(name: str, torch) -> None:
+    """Skips when provider ``name`` cannot run here."""
+    if name == "nvshmem":
+        from symheap import _native
+
+        if not hasattr(_native, "NvshmemProvider"):
+            pytest.skip("this build of symheap has no NVSHMEM provider")
+        if not _nvshmem_lib():
+            pytest.skip("NVSHMEM is not installed (pip install nvidia-nvshmem-cu13, or set SYMHEAP_NVSHMEM_LIB)")
+    elif name == "torch_symm_mem":
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_nccl_available():
+            pytest.skip("torch.distributed with NCCL is not available")
+        try:
+            import torch.distributed._symmetric_memory  # noqa: F401
+        except ImportError as e:
+            pytest.skip(f"torch SymmetricMemory is not available: {e}")
+
+
+PROVIDERS = ["native", "nvshmem", "torch_symm_mem"]
+
+
+@pytest.mark.parametrize("name", PROVIDERS)
+def test_provider_contract_gpu(torch_module, cupy_module, pes: int, name: str) -> None:
+    """Invariants: peer_bases[me] == data_ptr, every peer's copy read and written at its table
+    address, maps, views, per-peer offsets identical across allocations where promised, free."""
+    _available(name, torch_module)
+    run_cases(pes, f"contract:{name}", env=GPU_ENV, script=PROVIDER_CASES, timeout=LIMIT)
+
+
+@pytest.mark.parametrize("name", PROVIDERS)
+def test_triton_kernel_over_provider(torch_module, triton_module, pes: int, name: str) -> None:
+    """The same symheap.triton kernel (put + signal_add + atomic_add counter, get back; with and
+    without hint) over this provider's tensors; plus cross-allocation translation when the
+    provider promises constant per-peer offsets."""
+    _available(name, torch_module)
+    cases = [f"triton:{name}"] + ([f"cross:{name}"] if name != "torch_symm_mem" else [])
+    run_cases(pes, *cases, env=GPU_ENV, script=PROVIDER_CASES, timeout=LIMIT)
+
+
+@pytest.mark.parametrize("name", PROVIDERS)
+def test_cuda_kernel_over_provider(torch_module, cupy_module, pes: int, name: str) -> None:
+    """The same CUDA C++ kernel (symheap.cuh: put_block + signal_add + atomic_add, get_block)
+    over this provider's tensors."""
+    _available(name, torch_module)
+    run_cases(pes, f"cuda:{name}", env=GPU_ENV, script=PROVIDER_CASES, timeout=LIMIT)
+
+
+def test_kernel_mixing_providers(torch_module, triton_module, cupy_module, pes: int) -> None:
+    """One kernel (Triton, then CUDA C++) reads one provider's tensor on the next PE and writes
+    another provider's tensor there, with two tables: every pair of available providers."""
+    avail: List[str] = []
+    for name in PROVIDERS:
+        try:
+            _available(name, torch_module)
+        except pytest.skip.Exception:
+            continue
+        avail.append(name)
+    pairs = [f"mixed:{a}+{b}" for i, a in enumerate(avail) for b in avail[i + 1 :]]
+    pairs += [f"mixed:{b}+{a}" for i, a in enumerate(avail) for b in avail[i + 1 :]]
+    if not pairs:
+        pytest.skip(f"fewer than two providers available here ({avail})")
+    run_cases(pes, *pairs, env=GPU_ENV, script=PROVIDER_CASES, timeout=LIMIT)
