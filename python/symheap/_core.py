@@ -11,7 +11,7 @@ import os
 import sys
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _native
 from ._native import (
@@ -77,6 +77,7 @@ class Context:
         if exc_type is None:
             finalize()
             return
+        _before_finalize.clear()
         if not self.native.finalized:
             self.native.abort(f"PE {self.native.my_pe} raised {exc_type.__name__}: {exc}")
         if _ctx is self:
@@ -167,15 +168,32 @@ def init(
     return _ctx
 
 
+# Collective shutdowns that must run before the context's own (e.g. an NVSHMEM provider still
+# open), newest first. Every PE registers the same hooks in the same order, because the calls
+# that register them are collective.
+_before_finalize: List[Callable[[], None]] = []
+
+
+def _run_before_finalize() -> None:
+    hooks = list(reversed(_before_finalize))
+    _before_finalize.clear()
+    for hook in hooks:
+        hook()
+
+
 def finalize() -> None:
     """**Collective**: leaves the job. Arrays and tensors stay readable in this process, but
-    every later symheap call raises. Does nothing when not initialised."""
+    every later symheap call raises. Providers still open (NVSHMEM) are finalized first. Does
+    nothing when not initialised."""
     global _ctx
     ctx = _ctx
     if ctx is None:
         return
-    _ctx = None
-    ctx.native.finalize()
+    try:
+        _run_before_finalize()
+    finally:
+        _ctx = None
+        ctx.native.finalize()
 
 
 def is_initialized() -> bool:
@@ -202,10 +220,16 @@ def _at_exit() -> None:
     ctx = _ctx
     if ctx is None or ctx.native.finalized:
         return
-    _ctx = None
     if getattr(sys, "last_value", None) is not None or getattr(sys, "last_exc", None) is not None:
+        _ctx = None
+        _before_finalize.clear()
         ctx.native.abort(f"PE {ctx.native.my_pe} exited with an unhandled exception")
         return
+    try:
+        _run_before_finalize()
+    except Exception as e:  # still leave the job: the other PEs are finalizing too
+        print(f"symheap: PE {ctx.native.my_pe}: finalizing a provider at exit failed: {e}", file=sys.stderr)
+    _ctx = None
     try:
         ctx.native.finalize()
     except SymheapError:

@@ -411,6 +411,9 @@ def nvshmem(lib: Optional[str] = None) -> NvshmemProvider:
     global _nvshmem_instance
     if _nvshmem_instance is None or _nvshmem_instance._finalized:
         _nvshmem_instance = NvshmemProvider(lib)
+        # Left open, it is finalized (collectively) by symheap.finalize() or at exit, before the
+        # context: NVSHMEM's exit handlers must not run with its runtime still up.
+        _core._before_finalize.append(_nvshmem_instance.finalize)
     return _nvshmem_instance
 
 

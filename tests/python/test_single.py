@@ -145,3 +145,43 @@ def test_stubs_cover_the_native_module() -> None:
         for name in dir(cls):
             if not name.startswith("_") or name in ("__dlpack__", "__dlpack_device__", "__array_interface__"):
                 assert re.search(rf"\b{name}\b", stub), f"{cls.__name__}.{name} missing from _native.pyi"
+
+
+def test_finalize_runs_provider_shutdowns_first() -> None:
+    """Shutdown hooks (an NVSHMEM provider left open registers one) run newest first, before the
+    context goes, once; a failing hook still lets the context finalize; at exit likewise."""
+    import os
+    import subprocess
+    import sys
+
+    code = r"""
+import symheap
+from symheap import _core
+seen = []
+symheap.init(backend="host", capacity=1 << 28)
+_core._before_finalize.append(lambda: seen.append(("first", symheap.is_initialized())))
+_core._before_finalize.append(lambda: seen.append(("second", symheap.is_initialized())))
+symheap.finalize()
+assert seen == [("second", True), ("first", True)], seen
+assert not symheap.is_initialized() and _core._before_finalize == []
+symheap.finalize()
+assert len(seen) == 2
+symheap.init(backend="host", capacity=1 << 28)
+def boom():
+    raise RuntimeError("hook failed")
+_core._before_finalize.append(boom)
+try:
+    symheap.finalize()
+except RuntimeError as e:
+    assert "hook failed" in str(e)
+else:
+    raise AssertionError("the hook's error was swallowed")
+assert not symheap.is_initialized()
+symheap.init(backend="host", capacity=1 << 28)
+_core._before_finalize.append(lambda: print("HOOK-AT-EXIT", symheap.is_initialized()))
+print("OK")
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_ID")}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.split() == ["OK", "HOOK-AT-EXIT", "True"], r.stdout + r.stderr
