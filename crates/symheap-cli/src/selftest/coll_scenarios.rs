@@ -8,19 +8,7 @@ use symheap::cuda::Graph;
 use symheap::{AllReduceAlgo, Context, DType, ReduceOp, Team};
 
 use super::ops_scenarios::{close, data, poison, reference, TestElem};
-use super::scenarios::{Outcome, PeArgs};
-
-macro_rules! ensure {
-    ($cond:expr, $($fmt:tt)+) => {
-        if !$cond {
-            return Err(format!($($fmt)+));
-        }
-    };
-}
-
-fn e2s(e: symheap::Error) -> String {
-    e.to_string()
-}
+use super::scenarios::{e2s, Outcome, PeArgs};
 
 fn stream(ctx: &Context) -> Result<u64, String> {
     match ctx.cuda() {

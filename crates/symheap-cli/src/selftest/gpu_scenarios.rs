@@ -4,19 +4,7 @@
 use symheap::cuda::{CudaModule, KernelArg};
 use symheap::Context;
 
-use super::scenarios::{Outcome, PeArgs};
-
-macro_rules! ensure {
-    ($cond:expr, $($fmt:tt)+) => {
-        if !$cond {
-            return Err(format!($($fmt)+));
-        }
-    };
-}
-
-fn e2s(e: symheap::Error) -> String {
-    e.to_string()
-}
+use super::scenarios::{e2s, Outcome, PeArgs};
 
 const TEST_KERNELS: &str = r#"
 #include "symheap.cuh"

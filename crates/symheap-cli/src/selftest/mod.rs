@@ -2,6 +2,16 @@
 //! and checks each outcome exactly. The same binary is the PE program (`selftest-pe`), so an
 //! installed `symheap` can check itself on a new machine.
 
+/// Returns `Err(format!(...))` from the enclosing scenario function when `$cond` is false
+/// (defined before the scenario modules so that all of them see it).
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err(format!($($fmt)+));
+        }
+    };
+}
+
 mod coll_scenarios;
 mod gpu_scenarios;
 mod ops_scenarios;

@@ -9,19 +9,7 @@ use symheap::{
     Team,
 };
 
-use super::scenarios::{Outcome, PeArgs};
-
-macro_rules! ensure {
-    ($cond:expr, $($fmt:tt)+) => {
-        if !$cond {
-            return Err(format!($($fmt)+));
-        }
-    };
-}
-
-fn e2s(e: symheap::Error) -> String {
-    e.to_string()
-}
+use super::scenarios::{e2s, Outcome, PeArgs};
 
 pub(super) fn rng(seed: u64, a: u64, b: u64) -> fastrand::Rng {
     fastrand::Rng::with_seed(

@@ -4,28 +4,7 @@
 use symheap::cuda::KernelArg;
 use symheap::{Allocation, BackendKind, Context, ErrorKind, NativeHeap, Nvshmem, Provider};
 
-use super::scenarios::{Outcome, PeArgs};
-
-macro_rules! ensure {
-    ($cond:expr, $($fmt:tt)+) => {
-        if !$cond {
-            return Err(format!($($fmt)+));
-        }
-    };
-}
-
-fn e2s(e: symheap::Error) -> String {
-    e.to_string()
-}
-
-/// A deterministic word: PE `from` writes it at word `i` of its slot in PE `to`'s copy.
-fn word(seed: u64, from: usize, to: usize, i: usize) -> u64 {
-    let mut x = seed ^ ((from as u64) << 48) ^ ((to as u64) << 32) ^ i as u64;
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
+use super::scenarios::{e2s, pattern, Outcome, PeArgs};
 
 fn to_bytes(words: &[u64]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_le_bytes()).collect()
@@ -155,7 +134,7 @@ pub fn provider_native(ctx: &Context, a: PeArgs) -> Outcome {
             b.translate(my_slot, me, to) == Some(remote),
             "A's table and B's table translate B's slot to PE {to} differently"
         );
-        let data: Vec<u64> = (0..words).map(|i| word(a.seed, me, to, i)).collect();
+        let data: Vec<u64> = (0..words).map(|i| pattern(a.seed, me, to, i)).collect();
         ctx.write_at(remote, &data).map_err(e2s)?;
     }
     p.barrier().map_err(e2s)?;
@@ -164,7 +143,7 @@ pub fn provider_native(ctx: &Context, a: PeArgs) -> Outcome {
     let got = from_bytes(&got);
     for from in 0..n {
         for i in 0..words {
-            let want = word(a.seed, from, me, i);
+            let want = pattern(a.seed, from, me, i);
             ensure!(
                 got[from * words + i] == want,
                 "B word {i} from PE {from}: {:#x}, expected {want:#x}",

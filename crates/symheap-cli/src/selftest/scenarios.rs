@@ -16,20 +16,13 @@ pub struct PeArgs {
 
 pub type Outcome = Result<(), String>;
 
-macro_rules! ensure {
-    ($cond:expr, $($fmt:tt)+) => {
-        if !$cond {
-            return Err(format!($($fmt)+));
-        }
-    };
-}
-
-fn e2s(e: symheap::Error) -> String {
+/// A symheap error as a scenario failure.
+pub(super) fn e2s(e: symheap::Error) -> String {
     e.to_string()
 }
 
 /// A deterministic value for word `i` written by PE `from` into PE `to`'s copy.
-fn pattern(seed: u64, from: usize, to: usize, i: usize) -> u64 {
+pub(super) fn pattern(seed: u64, from: usize, to: usize, i: usize) -> u64 {
     let mut x = seed ^ ((from as u64) << 48) ^ ((to as u64) << 32) ^ i as u64;
     // splitmix64 finaliser: spreads nearby inputs over all bits.
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);

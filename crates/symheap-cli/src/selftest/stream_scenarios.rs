@@ -6,19 +6,7 @@ use std::time::{Duration, Instant};
 
 use symheap::{Cmp, Context, Engine, ErrorKind, SignalOp, SymmetricBuffer};
 
-use super::scenarios::{Outcome, PeArgs};
-
-macro_rules! ensure {
-    ($cond:expr, $($fmt:tt)+) => {
-        if !$cond {
-            return Err(format!($($fmt)+));
-        }
-    };
-}
-
-fn e2s(e: symheap::Error) -> String {
-    e.to_string()
-}
+use super::scenarios::{e2s, Outcome, PeArgs};
 
 /// A stream of this PE's GPU, or 0 (the calling thread) on the host backend.
 fn stream(ctx: &Context) -> Result<u64, String> {
