@@ -40,6 +40,9 @@ pub struct Config {
     pub debug: DebugLevel,
     /// CUDA device ordinal; None = LOCAL_RANK modulo the device count.
     pub device: Option<usize>,
+    /// Tuning constants of the collective kernels (`SYMHEAP_COLL_DEFINES`): each becomes a
+    /// `#define` ahead of the kernel source, and the launcher reads the grid-shaping ones.
+    pub coll_defines: Vec<(String, u64)>,
     /// `(name, value)` of every `SYMHEAP_*` and launcher variable that was read and set.
     pub env_read: Vec<(String, String)>,
 }
@@ -62,6 +65,7 @@ impl Default for Config {
             backend: BackendChoice::Auto,
             debug: DebugLevel::Off,
             device: None,
+            coll_defines: Vec::new(),
             env_read: Vec::new(),
         }
     }
@@ -103,6 +107,10 @@ pub const SYMHEAP_VARIABLES: &[(&str, &str)] = &[
     (
         "SYMHEAP_NVSHMEM_LIB",
         "libnvshmem_host.so.3 (or its directory) for the NVSHMEM provider",
+    ),
+    (
+        "SYMHEAP_COLL_DEFINES",
+        "tuning: NAME=VALUE,... collective-kernel constants (SYMHEAP_COLL_*), for experiments",
     ),
 ];
 
@@ -152,6 +160,9 @@ impl Config {
                 )
             })?);
         }
+        if let Some(v) = c.read("SYMHEAP_COLL_DEFINES") {
+            c.coll_defines = parse_coll_defines(&v).map_err(|e| invalid("init", e))?;
+        }
         if let Some(v) = c.read("SYMHEAP_DEBUG") {
             c.debug = match v.trim().to_ascii_lowercase().as_str() {
                 "" | "0" | "off" | "none" => DebugLevel::Off,
@@ -178,6 +189,35 @@ impl Config {
             self.env_read.push((name.to_string(), shown));
         }
     }
+}
+
+/// Parses `SYMHEAP_COLL_DEFINES`: comma-separated `NAME=VALUE`, NAME an identifier starting with
+/// `SYMHEAP_COLL_`, VALUE a size as [`parse_size`] reads it or 0. Anything else is refused, so
+/// the variable cannot inject arbitrary source into the kernels.
+pub fn parse_coll_defines(s: &str) -> std::result::Result<Vec<(String, u64)>, String> {
+    let mut out: Vec<(String, u64)> = Vec::new();
+    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let bad = || {
+            format!("SYMHEAP_COLL_DEFINES: {item:?} is not NAME=VALUE with NAME SYMHEAP_COLL_* and VALUE a size")
+        };
+        let (name, value) = item.split_once('=').ok_or_else(bad)?;
+        let name = name.trim();
+        let ident = name.len() > "SYMHEAP_COLL_".len()
+            && name.starts_with("SYMHEAP_COLL_")
+            && name
+                .chars()
+                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+        if !ident {
+            return Err(bad());
+        }
+        let value = match value.trim() {
+            "0" => 0,
+            v => parse_size(v).map_err(|_| bad())?,
+        };
+        out.retain(|(n, _)| n != name);
+        out.push((name.to_string(), value));
+    }
+    Ok(out)
 }
 
 /// Parses `1073741824`, `64M`, `64MiB`, `16G`, `1.5G` (binary multiples).
@@ -219,5 +259,32 @@ mod tests {
         assert!(parse_size("lots").is_err());
         assert!(parse_size("0").is_err());
         assert!(parse_size("12Q").is_err());
+    }
+
+    #[test]
+    fn coll_defines_parse() {
+        let d = parse_coll_defines("SYMHEAP_COLL_LL_MAX=128K, SYMHEAP_COLL_PIPE=0").unwrap();
+        assert_eq!(
+            d,
+            vec![
+                ("SYMHEAP_COLL_LL_MAX".to_string(), 128 << 10),
+                ("SYMHEAP_COLL_PIPE".to_string(), 0)
+            ]
+        );
+        // The last value of a repeated name wins.
+        let d = parse_coll_defines("SYMHEAP_COLL_X=1,SYMHEAP_COLL_X=2").unwrap();
+        assert_eq!(d, vec![("SYMHEAP_COLL_X".to_string(), 2)]);
+        assert!(parse_coll_defines("").unwrap().is_empty());
+        for bad in [
+            "LL_MAX=4",
+            "SYMHEAP_COLL_=4",
+            "SYMHEAP_COLL_X",
+            "SYMHEAP_COLL_X=-1",
+            "SYMHEAP_COLL_X=4;int y",
+            "SYMHEAP_COLL_x=4",
+            "SYMHEAP_COLL_X 1=4",
+        ] {
+            assert!(parse_coll_defines(bad).is_err(), "{bad}");
+        }
     }
 }

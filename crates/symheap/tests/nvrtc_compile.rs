@@ -239,11 +239,16 @@ const COLL_DTYPES: [&str; 4] = ["f32", "f16", "bf16", "i32"];
 fn coll_kernels() -> Vec<String> {
     let mut names = Vec::new();
     for dt in COLL_DTYPES {
-        for kind in ["ar_oneshot", "ar_twoshot", "reduce_scatter"] {
+        for kind in ["ar_oneshot", "ar_flag", "ar_twoshot", "reduce_scatter"] {
             names.push(format!("symheap_{kind}_{dt}"));
         }
     }
-    for name in ["symheap_allgather", "symheap_broadcast", "symheap_alltoall"] {
+    for name in [
+        "symheap_allgather",
+        "symheap_broadcast",
+        "symheap_alltoall",
+        "symheap_exchange_ll",
+    ] {
         names.push(name.to_string());
     }
     names
@@ -286,10 +291,12 @@ fn coll_exports_every_kernel_with_the_team_arguments() {
             // timeout_ns, error): u64 pointers / sizes, s32 ints.
             let count = params.matches(".param").count();
             let leading = match name.as_str() {
-                n if n.starts_with("symheap_ar_oneshot_") => 7,
+                n if n.starts_with("symheap_ar_oneshot_") => 8,
+                n if n.starts_with("symheap_ar_flag_") => 8,
                 n if n.starts_with("symheap_ar_twoshot_") => 4,
                 n if n.starts_with("symheap_reduce_scatter_") => 4,
                 "symheap_broadcast" => 4,
+                "symheap_exchange_ll" => 8,
                 _ => 3,
             };
             assert_eq!(
@@ -318,6 +325,7 @@ fn coll_hot_kernels_move_16_byte_vectors() {
     let mut hot: Vec<String> = Vec::new();
     for dt in COLL_DTYPES {
         hot.push(format!("symheap_ar_oneshot_{dt}"));
+        hot.push(format!("symheap_ar_flag_{dt}"));
         hot.push(format!("symheap_ar_twoshot_{dt}"));
         hot.push(format!("symheap_reduce_scatter_{dt}"));
     }
@@ -341,7 +349,7 @@ fn coll_hot_kernels_move_16_byte_vectors() {
     for name in [
         "symheap_ar_twoshot_bf16",
         "symheap_ar_twoshot_f32",
-        "symheap_ar_oneshot_bf16",
+        "symheap_ar_flag_bf16",
     ] {
         let loads = entry(p, name).matches("ld.global.cg.v4.u32").count();
         assert!(loads >= 8, "{name}: only {loads} vector loads");
@@ -352,15 +360,18 @@ fn coll_hot_kernels_move_16_byte_vectors() {
     assert!(loads >= 4, "allgather: only {loads} vector loads");
     // f16 / bf16 are accumulated in f32 and rounded two at a time.
     for (dt, cvt) in [("bf16", "cvt.rn.bf16x2.f32"), ("f16", "cvt.rn.f16x2.f32")] {
-        for kind in ["ar_oneshot", "ar_twoshot", "reduce_scatter"] {
+        for kind in ["ar_oneshot", "ar_flag", "ar_twoshot", "reduce_scatter"] {
             let name = format!("symheap_{kind}_{dt}");
             assert_has(entry(p, &name), &name, &[cvt]);
         }
     }
-    // The one-shot's small-message path: {flag, data} words as 64-bit elements of 16-byte
-    // volatile vectors.
-    for dt in COLL_DTYPES {
-        let name = format!("symheap_ar_oneshot_{dt}");
+    // The LL kernels (one-shot all_reduce / reduce_scatter, small all_gather / alltoall /
+    // broadcast): {flag, data} words as 64-bit elements of 16-byte volatile vectors.
+    let lls = COLL_DTYPES
+        .iter()
+        .map(|dt| format!("symheap_ar_oneshot_{dt}"))
+        .chain(["symheap_exchange_ll".to_string()]);
+    for name in lls {
         let body = entry(p, &name);
         assert_has(body, &name, &["st.volatile.global.v2.u64"]);
         assert_has(body, &name, &["ld.volatile.global.v2.u64"]);
@@ -372,16 +383,20 @@ fn coll_barriers_order_at_system_scope() {
     let p = coll_ptx(90);
     for name in coll_kernels() {
         let body = entry(p, &name);
-        assert_has(
-            body,
-            &format!("{name} arrival"),
-            &["st.release.sys.global.u64"],
-        );
-        assert_has(
-            body,
-            &format!("{name} wait"),
-            &["ld.acquire.sys.global.u64"],
-        );
+        // The one-shot's LL kernel has no flag round: its data words carry the flags (checked
+        // in coll_hot_kernels_move_16_byte_vectors).
+        if !name.starts_with("symheap_ar_oneshot_") {
+            assert_has(
+                body,
+                &format!("{name} arrival"),
+                &["st.release.sys.global.u64"],
+            );
+            assert_has(
+                body,
+                &format!("{name} wait"),
+                &["ld.acquire.sys.global.u64"],
+            );
+        }
         assert_has(body, &format!("{name} timeout"), &["%globaltimer"]);
         assert_has(
             body,

@@ -273,7 +273,10 @@ pub fn coll_stream(ctx: &Context, a: PeArgs) -> Outcome {
 }
 
 /// All_reduces captured in a CUDA graph stay correct over many replays (their barriers' epochs
-/// live on the device): in-place i32 sums grow as S * n^(k-1), exactly.
+/// live on the device): in-place i32 sums grow as S * n^(k-1), exactly. A broadcast (push, no
+/// exit round; and a small one through the LL exchange) from a changing root, each followed by
+/// an in-place all_reduce of its buffer, runs in between: the result is n^k times the first
+/// root's initial data.
 pub fn coll_graph(ctx: &Context, _a: PeArgs) -> Outcome {
     let cu = ctx.cuda().ok_or("this scenario needs the CUDA backend")?;
     let (me, n) = (ctx.my_pe(), ctx.n_pes());
@@ -292,16 +295,41 @@ pub fn coll_graph(ctx: &Context, _a: PeArgs) -> Outcome {
         )
         .map_err(e2s)?;
     }
+    // Broadcasts: a large one (push kernel) and a small one (LL exchange), roots offset by 0 / 1.
+    let bc_init =
+        |c: usize, p: usize| -> Vec<i32> { (0..c).map(|i| ((i * 7 + p * 3) % 5) as i32).collect() };
+    let bcs: Vec<_> = [(300_000usize, 0usize), (1000, 1)]
+        .iter()
+        .map(|&(c, shift)| Ok((ctx.malloc((c * 4) as u64)?, c, shift)))
+        .collect::<Result<_, symheap::Error>>()
+        .map_err(e2s)?;
+    for (b, c, _) in &bcs {
+        b.write(0, &bc_init(*c, me)).map_err(e2s)?;
+    }
     ctx.barrier_all().map_err(e2s)?;
     let per_graph = 4;
     let graph = Graph::capture(s, || {
-        for _ in 0..per_graph {
+        for it in 0..per_graph {
             for (b, &c) in bufs.iter().zip(&counts) {
                 ctx.all_reduce_on_stream(
                     &world,
                     b.addr(),
                     b.addr(),
                     c,
+                    DType::I32,
+                    ReduceOp::Sum,
+                    AllReduceAlgo::Auto,
+                    s,
+                )?;
+            }
+            for (b, c, shift) in &bcs {
+                let root = (it + shift) % n;
+                ctx.broadcast_on_stream(&world, b.addr(), b.addr(), *c, DType::I32, root, s)?;
+                ctx.all_reduce_on_stream(
+                    &world,
+                    b.addr(),
+                    b.addr(),
+                    *c,
                     DType::I32,
                     ReduceOp::Sum,
                     AllReduceAlgo::Auto,
@@ -326,6 +354,20 @@ pub fn coll_graph(ctx: &Context, _a: PeArgs) -> Outcome {
             ensure!(
                 got[i] == want,
                 "count {c} element {i}: {} after {k} replayed all_reduces, expected {want}",
+                got[i]
+            );
+        }
+    }
+    let factor = (n as i32).wrapping_pow(k);
+    for (b, c, shift) in &bcs {
+        let got = b.to_vec::<i32>().map_err(e2s)?;
+        // The first broadcast's root decides: afterwards every member holds the same data.
+        for (i, &r) in bc_init(*c, shift % n).iter().enumerate() {
+            let want = r.wrapping_mul(factor);
+            ensure!(
+                got[i] == want,
+                "broadcast + all_reduce count {c} element {i}: {} after {k} replays, expected \
+                 {want}",
                 got[i]
             );
         }

@@ -319,7 +319,7 @@ pub const SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "coll-graph",
-        about: "all_reduces captured in a CUDA graph stay exact over many replays",
+        about: "all_reduces and push broadcasts captured in a CUDA graph stay exact over many replays",
         min_pes: 1,
         env: &[],
         expect: Expect::AllPass,

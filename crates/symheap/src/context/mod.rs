@@ -162,6 +162,7 @@ impl ContextBuilder {
                     cfg.capacity,
                     device,
                     cfg.timeout,
+                    cfg.coll_defines.clone(),
                 )
                 .map_err(with_pe)?,
             )

@@ -25,6 +25,19 @@ pub const MAX_BLOCKS: u64 = 1024;
 pub const ONE_SHOT_SLOT: u64 = 4 << 20;
 /// Auto picks one-shot while `(n - 1) × bytes` (what each PE pushes) stays under this.
 pub const ONE_SHOT_PUSH_MAX: u64 = 4 << 20;
+/// reduce_scatter goes one-shot (through the world's scratch) while `(n - 1) × bytes` per member
+/// stays under this (`SYMHEAP_COLL_RS_ONESHOT_MAX` overrides).
+pub const RS_ONE_SHOT_PUSH_MAX: u64 = 4 << 20;
+/// all_gather, alltoall and broadcast on the world team go through the LL exchange kernel while
+/// the bytes per member stay under this (`SYMHEAP_COLL_XCHG_LL_MAX` overrides).
+const XCHG_LL_MAX: u64 = 256 << 10;
+/// `symheap_exchange_ll` modes (coll.cu).
+const XCHG_ALL_GATHER: i32 = 0;
+const XCHG_ALLTOALL: i32 = 1;
+const XCHG_BROADCAST: i32 = 2;
+
+/// One-shot messages up to this many bytes take the LL kernel (`SYMHEAP_COLL_LL_MAX` overrides).
+const LL_MAX: u64 = 256 << 10;
 
 /// Device-resident state of every team slot, and the world's one-shot scratch, in this PE's
 /// heap (CUDA only). Per slot: `flags[2][MAX_BLOCKS][W]`, `ctl[2]` (epoch, blocks done),
@@ -181,12 +194,125 @@ impl Launch<'_> {
         ]
     }
 
+    /// The one-shot kernel (all_reduce: stride 0; reduce_scatter: stride = count) through the
+    /// world's scratch.
+    #[allow(clippy::too_many_arguments)]
+    fn oneshot(
+        &self,
+        sfx: &str,
+        src: u64,
+        dest: u64,
+        count: u64,
+        stride: u64,
+        esize: u64,
+        op: ReduceOp,
+        stream: u64,
+    ) -> Result<()> {
+        let n = self.team.members.len() as u64;
+        let cu = self.cu;
+        let sms = cu.sm_count().max(1) as u64;
+        let (kernel, grid) = oneshot_kernel(count * esize, n, sms, |k, d| cu.coll_tuning(k, d));
+        self.run(
+            &format!("{kernel}_{sfx}"),
+            grid,
+            stream,
+            &[
+                Arg::U64(src),
+                Arg::U64(dest),
+                Arg::U64(count),
+                Arg::U64(stride),
+                Arg::I32(op_code(op)),
+                Arg::U64(self.own + self.dt.peer_scratch()),
+                Arg::U64(self.own + self.dt.scratch()),
+                Arg::U64(ONE_SHOT_SLOT),
+            ],
+        )
+    }
+
+    /// Whether `bytes` per member go through the LL exchange kernel: on the world team itself
+    /// (whose scratch and epochs it uses), with room for the LL lines in a scratch slot.
+    fn exchange_ll_fits(&self, bytes: u64) -> bool {
+        let n = self.team.members.len() as u64;
+        // Not empty: a launch without data would wait for nobody (see coll.cu, ar_oneshot).
+        self.team.slot == 0
+            && n > 1
+            && bytes > 0
+            && 2 * n * bytes <= ONE_SHOT_SLOT
+            && bytes <= self.cu.coll_tuning("SYMHEAP_COLL_XCHG_LL_MAX", XCHG_LL_MAX)
+    }
+
+    /// `symheap_exchange_ll` (small all_gather, alltoall, broadcast); grids as the one-shot's LL
+    /// path, over the bytes per member.
+    fn exchange_ll(
+        &self,
+        src: u64,
+        dest: u64,
+        bytes: u64,
+        mode: i32,
+        root: i32,
+        stream: u64,
+    ) -> Result<()> {
+        let n = self.team.members.len() as u64;
+        let cu = self.cu;
+        let (_, grid) = oneshot_kernel(bytes, n, cu.sm_count().max(1) as u64, |k, d| {
+            cu.coll_tuning(k, d)
+        });
+        self.run(
+            "symheap_exchange_ll",
+            grid,
+            stream,
+            &[
+                Arg::U64(src),
+                Arg::U64(dest),
+                Arg::U64(bytes),
+                Arg::I32(mode),
+                Arg::I32(root),
+                Arg::U64(self.own + self.dt.peer_scratch()),
+                Arg::U64(self.own + self.dt.scratch()),
+                Arg::U64(ONE_SHOT_SLOT),
+            ],
+        )
+    }
+
     fn run(&self, name: &str, grid: u64, stream: u64, head: &[Arg]) -> Result<()> {
         let mut args: Vec<Arg> = head.to_vec();
         args.extend_from_slice(&self.team_args());
         self.cu
             .launch_coll(name, grid.clamp(1, MAX_BLOCKS) as u32, stream, &args)
     }
+}
+
+/// Kernel and grid of a one-shot collective moving `bytes` to each of the other `n - 1`
+/// members on a GPU with `sms` SMs: the LL kernel (`symheap_ar_oneshot_*`, data and flags
+/// together) from 1 byte up to [`LL_MAX`] when the scratch slot has room for its lines
+/// (`2 n bytes`), best with 2 KiB per block and up to 2 blocks per SM; else the flag kernel
+/// (`symheap_ar_flag_*`), best with 8 KiB per block and one block per SM. `tune` reads
+/// `SYMHEAP_COLL_DEFINES` overrides; every member computes the same choice.
+fn oneshot_kernel(
+    bytes: u64,
+    n: u64,
+    sms: u64,
+    tune: impl Fn(&str, u64) -> u64,
+) -> (&'static str, u64) {
+    let ll = bytes > 0
+        && n > 1
+        && bytes <= tune("SYMHEAP_COLL_LL_MAX", LL_MAX)
+        && 2 * n * bytes <= ONE_SHOT_SLOT;
+    let (kernel, per, sms_x) = if ll {
+        (
+            "symheap_ar_oneshot",
+            tune("SYMHEAP_COLL_LL_BLOCK", 2 << 10),
+            tune("SYMHEAP_COLL_LL_SMS", 2),
+        )
+    } else {
+        (
+            "symheap_ar_flag",
+            tune("SYMHEAP_COLL_ONESHOT_BLOCK", 8 << 10),
+            tune("SYMHEAP_COLL_ONESHOT_SMS", 1),
+        )
+    };
+    let max = (sms.max(1) * sms_x.max(1)).min(MAX_BLOCKS);
+    (kernel, bytes.div_ceil(per.max(16)).clamp(1, max))
 }
 
 /// Blocks for moving `bytes` at about `per_block` bytes each, between `min` and `sms_x` times
@@ -245,8 +371,8 @@ impl Context {
 
     /// Collective over `team`: all_reduce of `count` elements of `dtype` from `src` into `dest`
     /// (symmetric addresses; `dest == src` allowed), enqueued on `stream`. One-shot through a
-    /// scratch buffer (one synchronisation) up to 512 KiB on the world team, two-shot otherwise;
-    /// `algo` overrides. f32, f16, bf16 and i32 run on the GPU; other dtypes fall back to the
+    /// scratch buffer (one synchronisation; data and flags together up to 256 KiB) on the world
+    /// team while `(n - 1) × bytes <= 4 MiB`, two-shot otherwise; `algo` overrides. f32, f16, bf16 and i32 run on the GPU; other dtypes fall back to the
     /// host-driven path (synchronous).
     #[allow(clippy::too_many_arguments)]
     pub fn all_reduce_on_stream(
@@ -289,31 +415,19 @@ impl Context {
             op.name(),
             if one_shot { "one-shot" } else { "two-shot" }
         );
-        let Some((l, t)) = self.coll_prepare(team, CALL, args)? else {
+        let Some((l, _)) = self.coll_prepare(team, CALL, args)? else {
             return Ok(());
         };
-        let n = t.members.len() as u64;
         if one_shot {
-            // The packed small-message path moves 2 KiB per block best; the flagged path 8 KiB.
-            let packed = bytes <= 256 << 10 && ONE_SHOT_SLOT >= 2 * n * bytes;
-            let grid = if packed {
-                grid_for(cu, bytes, 2 << 10, 1, 2)
-            } else {
-                grid_for(cu, bytes, 8 << 10, 1, 1)
-            };
-            l.run(
-                &format!("symheap_ar_oneshot_{sfx}"),
-                grid,
+            l.oneshot(
+                sfx,
+                src,
+                dest,
+                count as u64,
+                0,
+                dtype.size() as u64,
+                op,
                 stream,
-                &[
-                    Arg::U64(src),
-                    Arg::U64(dest),
-                    Arg::U64(count as u64),
-                    Arg::I32(op_code(op)),
-                    Arg::U64(l.own + l.dt.peer_scratch()),
-                    Arg::U64(l.own + l.dt.scratch()),
-                    Arg::U64(ONE_SHOT_SLOT),
-                ],
             )
         } else {
             let grid = grid_for(cu, bytes, 64 << 10, 16, 2);
@@ -332,7 +446,9 @@ impl Context {
     }
 
     /// Collective over `team`: member j's `count` elements at `src` land at `dest + j × count`
-    /// on every member, enqueued on `stream`. In place when `src == dest + me × count`.
+    /// on every member, enqueued on `stream`. In place when `src == dest + me × count`. On the
+    /// world team, up to 256 KiB per member, data and flags travel together (one one-way
+    /// latency); otherwise push after an entry round.
     pub fn all_gather_on_stream(
         &self,
         team: &Team,
@@ -364,6 +480,9 @@ impl Context {
         let Some((l, t)) = self.coll_prepare(team, CALL, format!("{count} x {dtype}"))? else {
             return Ok(());
         };
+        if l.exchange_ll_fits(bytes) {
+            return l.exchange_ll(src, dest, bytes, XCHG_ALL_GATHER, 0, stream);
+        }
         let grid = grid_for(cu, bytes * t.members.len() as u64, 16 << 10, 1, 2);
         l.run(
             "symheap_allgather",
@@ -375,7 +494,9 @@ impl Context {
 
     /// Collective over `team`: `src` holds `n × count` elements; member j's `dest` gets the
     /// reduction of every member's block j, enqueued on `stream`. In place when
-    /// `dest == src + me × count`.
+    /// `dest == src + me × count`. On the world team while the `(n - 1) × count` elements
+    /// a member sends take at most 4 MiB: one-shot (every member pushes each block to its owner's scratch; one
+    /// synchronisation); otherwise each member pulls its block from every member.
     #[allow(clippy::too_many_arguments)]
     pub fn reduce_scatter_on_stream(
         &self,
@@ -407,12 +528,27 @@ impl Context {
         }
         self.check_range(CALL, src, bytes * team.n_pes() as u64)?;
         self.check_range(CALL, dest, bytes)?;
-        let Some((l, _)) =
-            self.coll_prepare(team, CALL, format!("{} {count} x {dtype}", op.name()))?
-        else {
+        let n = team.n_pes() as u64;
+        // One-shot (push into the receivers' scratch, one signal) on the world team itself, whose
+        // scratch it uses, while a member's block fits a scratch slot.
+        let one_shot = team.0.as_ref().is_some_and(|t| t.slot == 0)
+            && n > 1
+            && bytes <= ONE_SHOT_SLOT
+            && (n - 1) * bytes
+                <= cu.coll_tuning("SYMHEAP_COLL_RS_ONESHOT_MAX", RS_ONE_SHOT_PUSH_MAX);
+        let args = format!(
+            "{} {count} x {dtype}, {}",
+            op.name(),
+            if one_shot { "one-shot" } else { "two-round" }
+        );
+        let Some((l, _)) = self.coll_prepare(team, CALL, args)? else {
             return Ok(());
         };
-        let grid = grid_for(cu, bytes * team.n_pes() as u64, 16 << 10, 1, 2);
+        if one_shot {
+            let (c, es) = (count as u64, dtype.size() as u64);
+            return l.oneshot(sfx, src, dest, c, c, es, op, stream);
+        }
+        let grid = grid_for(cu, bytes * n, 16 << 10, 1, 2);
         l.run(
             &format!("symheap_reduce_scatter_{sfx}"),
             grid,
@@ -427,7 +563,8 @@ impl Context {
     }
 
     /// Collective over `team`: every member's `dest` gets `count` elements from member
-    /// `root`'s `src`, enqueued on `stream`.
+    /// `root`'s `src`, enqueued on `stream`. On the world team up to 256 KiB, data and flags
+    /// travel together; otherwise the root pushes into every member's `dest` once they arrived.
     #[allow(clippy::too_many_arguments)]
     pub fn broadcast_on_stream(
         &self,
@@ -461,6 +598,9 @@ impl Context {
         else {
             return Ok(());
         };
+        if l.exchange_ll_fits(bytes) {
+            return l.exchange_ll(src, dest, bytes, XCHG_BROADCAST, root as i32, stream);
+        }
         let grid = grid_for(cu, bytes, 16 << 10, 1, 2);
         l.run(
             "symheap_broadcast",
@@ -476,7 +616,8 @@ impl Context {
     }
 
     /// Collective over `team`: member i's block j (`count` elements at `src + j × count`) lands
-    /// at member j's `dest + i × count`, enqueued on `stream`. Not in place.
+    /// at member j's `dest + i × count`, enqueued on `stream`. Not in place. On the world team up
+    /// to 256 KiB per pair, data and flags travel together; otherwise push after an entry round.
     pub fn alltoall_on_stream(
         &self,
         team: &Team,
@@ -507,6 +648,9 @@ impl Context {
         let Some((l, _)) = self.coll_prepare(team, CALL, format!("{count} x {dtype}"))? else {
             return Ok(());
         };
+        if l.exchange_ll_fits(bytes) {
+            return l.exchange_ll(src, dest, bytes, XCHG_ALLTOALL, 0, stream);
+        }
         let grid = grid_for(cu, total, 16 << 10, 1, 2);
         l.run(
             "symheap_alltoall",
@@ -514,5 +658,55 @@ impl Context {
             stream,
             &[Arg::U64(src), Arg::U64(dest), Arg::U64(bytes)],
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(bytes: u64, n: u64, defines: &[(&str, u64)]) -> (&'static str, u64) {
+        oneshot_kernel(bytes, n, 132, |k, d| {
+            defines
+                .iter()
+                .find(|(name, _)| *name == k)
+                .map_or(d, |&(_, v)| v)
+        })
+    }
+
+    const LL: &str = "symheap_ar_oneshot";
+    const FLAG: &str = "symheap_ar_flag";
+
+    #[test]
+    fn oneshot_kernels_and_grids() {
+        // LL: 2 KiB per block, at most 2 blocks per SM.
+        assert_eq!(plan(2, 2, &[]), (LL, 1));
+        assert_eq!(plan(8 << 10, 2, &[]), (LL, 4));
+        assert_eq!(plan(LL_MAX, 2, &[]), (LL, 128));
+        assert_eq!(plan(LL_MAX, 8, &[]), (LL, 128));
+        // Flag: 8 KiB per block, at most one per SM; also without LL room, for an empty message
+        // (LL would wait for nobody) and for a team of one.
+        assert_eq!(plan(LL_MAX + 16, 2, &[]), (FLAG, 33));
+        assert_eq!(plan(512 << 10, 2, &[]), (FLAG, 64));
+        assert_eq!(plan(4 << 20, 2, &[]), (FLAG, 132));
+        assert_eq!(plan(LL_MAX, 16, &[]), (FLAG, 32));
+        assert_eq!(plan(0, 2, &[]), (FLAG, 1));
+        assert_eq!(plan(4096, 1, &[]), (FLAG, 1));
+    }
+
+    #[test]
+    fn oneshot_tuning() {
+        let t = |b, d: &[(&str, u64)]| plan(b, 2, d);
+        assert_eq!(
+            t(512 << 10, &[("SYMHEAP_COLL_ONESHOT_BLOCK", 4 << 10)]),
+            (FLAG, 128)
+        );
+        assert_eq!(t(4 << 20, &[("SYMHEAP_COLL_ONESHOT_SMS", 2)]), (FLAG, 264));
+        assert_eq!(t(512 << 10, &[("SYMHEAP_COLL_LL_MAX", 1 << 20)]), (LL, 256));
+        assert_eq!(t(8 << 10, &[("SYMHEAP_COLL_LL_MAX", 0)]), (FLAG, 1));
+        assert_eq!(t(8 << 10, &[("SYMHEAP_COLL_LL_BLOCK", 1 << 10)]), (LL, 8));
+        // Nonsense values stay in range.
+        assert_eq!(t(8 << 10, &[("SYMHEAP_COLL_LL_BLOCK", 0)]), (LL, 264));
+        assert_eq!(t(LL_MAX, &[("SYMHEAP_COLL_LL_SMS", 0)]), (LL, 128));
     }
 }

@@ -14,10 +14,13 @@
 //   larger than what is resident at once relies on blocks being dispatched in index order (they
 //   are in practice); prefer resident grids: every kernel uses <= 64 registers per thread
 //   (__launch_bounds__(1024)), i.e. 2 blocks of 512 threads per SM.
+// * Launchers may change the tuning constants below (#ifndef SYMHEAP_COLL_*) by defining them
+//   ahead of this source (SYMHEAP_COLL_DEFINES); every member must use the same values.
 // * Grids measured best on 2 x H200 (132 SMs, 512 threads, bf16):
-//     ar_oneshot  LL path (<= 256 KiB): ceil(bytes / 2 KiB) blocks, at most 2 x SMs;
-//                 flag path: ceil(bytes / 8 KiB), at most SMs;
+//     ar_oneshot  (LL, <= 256 KiB): ceil(bytes / 2 KiB) blocks, at most 2 x SMs;
+//     ar_flag     ceil(bytes / 8 KiB), at most SMs;
 //     ar_twoshot  clamp(ceil(bytes / 64 KiB), 16, 2 x SMs) (the push path needs <= 512);
+//     exchange_ll as ar_oneshot, over the bytes per member;
 //     allgather / reduce_scatter / broadcast / alltoall: clamp(ceil(bytes / 16 KiB), 1, 2 x SMs).
 // * Trailing team arguments, in this order (COLL_TEAM_PARAMS):
 //     const int64_t* bases       device array [n]: heap base of each member in this process's
@@ -31,17 +34,18 @@
 //                                blocks-done counter (0 between launches); zeroed once.
 //     int me, int n              my team index, team size (1 <= n <= 64).
 //     uint64_t timeout_ns        bound on every wait (%globaltimer ns).
-//     uint32_t* error            host-mapped word: 3 on a timeout (st.relaxed.sys).
+//     uint32_t* error            host-mapped word: 3 on a timeout, 4 on a launch outside the
+//                                kernel's preconditions (st.relaxed.sys).
 // * Epochs: every block reads e = ctl[0] + 1 at entry; the last block to finish stores ctl[0] = e
 //   and resets ctl[1] (kernel completion publishes both to the next launch on the stream). Flags
 //   hold epochs, which only grow, so they are never reset and a CUDA graph replays correctly.
 // * A block whose wait times out reports error 3, touches no data any more, and still counts
 //   itself done (the epoch advances on every member, keeping members aligned).
-// * ar_oneshot's scratch [2 parities][n slots][slot_bytes] must be ZEROED ONCE when the team is
+// * The one-shot scratch [2 parities][n slots][slot_bytes] must be ZEROED ONCE when the team is
 //   created (the small-message LL path below checks flags stored inside the data), slot_bytes a
-//   multiple of 16 and count * sizeof(T) <= slot_bytes. The LL path is taken when
-//   count * sizeof(T) <= SYMHEAP_COLL_LL_MAX (256 KiB) and 32 * ceil(bytes / 16) <=
-//   slot_bytes / n (rounded down to 16), i.e. slot_bytes >= 2 n x bytes; otherwise the flag path.
+//   multiple of 16 and count * sizeof(T) <= slot_bytes. Its LL kernel (ar_oneshot) needs
+//   32 * ceil(bytes / 16) <= slot_bytes / n (rounded down to 16), i.e. slot_bytes >= 2 n x
+//   bytes; the flag kernel (ar_flag) any size up to slot_bytes.
 //
 // Reductions: op 0 sum, 1 min, 2 max, 3 prod (another op: the rounds run, no data is written).
 // Members are combined in team order 0..n-1 whoever computes, so every member's result is
@@ -750,10 +754,6 @@ struct PushDst {
 // by launch e - 2k (k >= 1) of the same team, whose flag differs from e's below 2^32 launches.
 // ---------------------------------------------------------------------------------------------
 
-#ifndef SYMHEAP_COLL_LL_MAX
-#define SYMHEAP_COLL_LL_MAX (256 << 10)
-#endif
-
 COLL_DEV void st_ll(void* p, uint32_t d0, uint32_t d1, uint32_t f) {
   const uint64_t a = ((uint64_t)f << 32) | d0;
   const uint64_t b = ((uint64_t)f << 32) | d1;
@@ -827,11 +827,13 @@ COLL_DEV v16 load_vec_or_tail(const typename dtype<D>::S* src, size_t i, size_t 
 }
 
 // Vectors [v0, v1) of this block (vector i = elements [i * E, i * E + E) of the message).
+// Member j's contribution to me starts at its src + me * stride (stride 0: all_reduce, every
+// member gets the whole src; stride == count: reduce_scatter, member j gets block j).
 template <typename D>
 COLL_DEV void oneshot_ll(const typename dtype<D>::S* src, typename dtype<D>::S* dst, size_t count,
-                         bool aligned, int op, const uint64_t* peer_scratch, const uint8_t* scratch,
-                         size_t slot_bytes, size_t sub, const Team& t, const Block& blk, size_t v0,
-                         size_t v1) {
+                         size_t stride, bool aligned, int op, const uint64_t* peer_scratch,
+                         const uint8_t* scratch, size_t slot_bytes, size_t sub, const Team& t,
+                         const Block& blk, size_t v0, size_t v1) {
   typedef typename dtype<D>::A A;
   const int E = dtype<D>::E;
   const size_t full = aligned ? count / E : 0;  // vectors loaded / stored whole
@@ -841,10 +843,12 @@ COLL_DEV void oneshot_ll(const typename dtype<D>::S* src, typename dtype<D>::S* 
   // (Reloading src here and below, rather than keeping the prefetched vector in registers across
   // the loops, measured 0.15 - 1 us faster on H200.)
   for (size_t i = v0 + threadIdx.x; i < v1; i += blockDim.x) {
-    const v16 v = load_vec_or_tail<D>(src, i, full, count);
+    v16 v;
     for (int k = 1; k < t.n; ++k) {
       int j = t.me + k;
       if (j >= t.n) j -= t.n;
+      // all_reduce loads its vector once for every peer; reduce_scatter each peer's own.
+      if (k == 1 || stride != 0) v = load_vec_or_tail<D>(src + j * stride, i, full, count);
       uint8_t* line = (uint8_t*)(uintptr_t)peer_scratch[j] + (par * t.n + j) * slot_bytes +
                       (size_t)t.me * sub + 32 * i;
       st_ll(line, v.x, v.y, f);
@@ -854,8 +858,9 @@ COLL_DEV void oneshot_ll(const typename dtype<D>::S* src, typename dtype<D>::S* 
   // Receive and reduce in member order.
   const uint8_t* mine = scratch + (par * t.n + t.me) * slot_bytes;
   const uint64_t start = symheap::detail::globaltimer();
+  const typename dtype<D>::S* mine_src = src + (size_t)t.me * stride;
   for (size_t i = v0 + threadIdx.x; i < v1; i += blockDim.x) {
-    const v16 own = load_vec_or_tail<D>(src, i, full, count);
+    const v16 own = load_vec_or_tail<D>(mine_src, i, full, count);
     A acc[dtype<D>::E];
     bool ok = true;
     for (int j = 0; j < t.n && ok; ++j) {
@@ -882,41 +887,43 @@ COLL_DEV void oneshot_ll(const typename dtype<D>::S* src, typename dtype<D>::S* 
   }
 }
 
+// Flag slot q (0 <= q < 2 x COLL_MAX_BLOCKS) of a member's flag area: the area is
+// [2 rounds][COLL_MAX_BLOCKS][n], so slot q is round q / COLL_MAX_BLOCKS, block q mod it.
+COLL_DEV size_t slot_row(size_t q, int n) { return q * (size_t)n; }
+
+// Elements [a, b) of every peer's contribution into slot `me` of that peer's scratch (`off`:
+// bytes from the scratch base to element 0 of slot me, this parity). Peer j's contribution
+// starts at src + j * stride (0: the same src for all).
 template <typename D>
-COLL_DEV void ar_oneshot(const typename dtype<D>::S* src, typename dtype<D>::S* dst, uint64_t count,
-                         int op, const uint64_t* peer_scratch, uint64_t* scratch,
-                         uint64_t slot_bytes, const Team& t) {
+COLL_DEV void push_range(const typename dtype<D>::S* src, size_t stride, size_t a, size_t b,
+                         const uint64_t* peer_scratch, size_t off, const Team& t, bool vec,
+                         size_t rank, size_t count) {
   typedef typename dtype<D>::S S;
-  __shared__ Block blk;
-  const size_t E = dtype<D>::E;
-  // Loads issued together before the entry __syncthreads (one memory latency instead of three
-  // on the small-message path): the epoch, the scratch table and this thread's first vector.
-  const uint64_t ctl0 = *(volatile const uint64_t*)&t.ctl[0];
-  // The path depends only on arguments every member passes alike (count, n, the scratch), never
-  // on src / dst, which need not be symmetric: all members must take the same path.
-  bool ll_ok = aligned16(scratch) && (slot_bytes & 15) == 0;
-  for (int j = 0; j < t.n; ++j) ll_ok = ll_ok && aligned16((const void*)(uintptr_t)peer_scratch[j]);
-  const size_t nvec_total = (count + E - 1) / E;
-  const size_t sub = (size_t)(slot_bytes / t.n) & ~(size_t)15;
-  const bool ll = SYMHEAP_COLL_LL_MAX > 0 && t.n > 1 && count > 0 &&
-                  count * sizeof(S) <= (size_t)SYMHEAP_COLL_LL_MAX && nvec_total * 32 <= sub;
-  if (ll && ll_ok) {
-    const size_t vper = (nvec_total + gridDim.x - 1) / gridDim.x;
-    size_t v0 = (size_t)blockIdx.x * vper;
-    if (v0 > nvec_total) v0 = nvec_total;
-    const size_t v1 = v0 + vper < nvec_total ? v0 + vper : nvec_total;
-    const bool aligned = aligned16(src) && aligned16(dst);
-    // Prefetch (the loads are volatile asm: kept although the value is not used).
-    if (v0 + threadIdx.x < v1) {
-      (void)load_vec_or_tail<D>(src, v0 + threadIdx.x, aligned ? count / E : 0, count);
-    }
-    begin_epoch(blk, ctl0);
-    oneshot_ll<D>(src, dst, count, aligned, op, peer_scratch, (const uint8_t*)scratch, slot_bytes,
-                  sub, t, blk, v0, v1);
-    end(t, blk);
+  const size_t bytes = (b - a) * sizeof(S);
+  if (stride == 0) {
+    copy_out((const uint8_t*)(src + a), bytes,
+             PushDst{peer_scratch, off + a * sizeof(S), t.me, t.n}, t.n - 1, vec, rank, count);
     return;
   }
-  begin_epoch(blk, ctl0);
+  for (int k = 1; k < t.n; ++k) {
+    int j = t.me + k;
+    if (j >= t.n) j -= t.n;
+    copy_out((const uint8_t*)(src + j * stride + a), bytes,
+             OneDst{(uint8_t*)(uintptr_t)peer_scratch[j] + off + a * sizeof(S)}, 1, vec, rank,
+             count);
+  }
+}
+
+// The one-shot's flag path: push this block's range into the peers' scratch, one round, reduce.
+template <typename D>
+COLL_DEV void oneshot_flag(const typename dtype<D>::S* src, typename dtype<D>::S* dst,
+                           uint64_t count, uint64_t stride, int op, const uint64_t* peer_scratch,
+                           uint64_t* scratch, uint64_t slot_bytes, bool ll_ok, const Team& t,
+                           const Block& blk) {
+  typedef typename dtype<D>::S S;
+  const size_t E = dtype<D>::E;
+  const size_t nvec_total = (count + E - 1) / E;
+  const bool stride_vec = ((size_t)stride * sizeof(S)) % 16 == 0;
   // This block's contiguous range, a multiple of E elements (the last one takes the tail).
   const size_t per = (nvec_total + gridDim.x - 1) / gridDim.x * E;
   size_t lo = (size_t)blockIdx.x * per;
@@ -925,30 +932,85 @@ COLL_DEV void ar_oneshot(const typename dtype<D>::S* src, typename dtype<D>::S* 
   if (hi > count) hi = count;
   const size_t slot_elems = slot_bytes / sizeof(S);
   const size_t parity_off = (size_t)(blk.epoch & 1) * (size_t)t.n * slot_elems;
-  const bool vec = ll_ok && aligned16(src) && aligned16(dst);
-  // Push my range of src into slot `me` of parity e & 1 of every other member's scratch.
+  const bool vec = ll_ok && aligned16(src) && aligned16(dst) && stride_vec;
+  const size_t push_off = (parity_off + (size_t)t.me * slot_elems) * sizeof(S);
+  const S* slots = (const S*)scratch + parity_off;
+  // Push my range of every peer's contribution into slot `me` of parity e & 1 of its scratch.
   if (t.n > 1) {
-    const size_t off = (parity_off + (size_t)t.me * slot_elems + lo) * sizeof(S);
-    copy_out((const uint8_t*)(src + lo), (hi - lo) * sizeof(S),
-             PushDst{peer_scratch, off, t.me, t.n}, t.n - 1, vec, threadIdx.x, blockDim.x);
+    push_range<D>(src, stride, lo, hi, peer_scratch, push_off, t, vec, threadIdx.x, blockDim.x);
   }
   // One round: every member's push of this block's range has landed in my scratch.
-  if (sync_release(t, blk, 0)) {
-    const S* slots = (const S*)scratch + parity_off + lo;
-    if (valid_op(op)) {
-      reduce_range<D, SYMHEAP_COLL_UNROLL_ONESHOT>(OneShotSrc<D>{src + lo, slots, slot_elems, t.me},
-                                                   LocalSink<D>{dst + lo}, t.n, op, hi - lo, vec,
-                                                   threadIdx.x, blockDim.x);
-    }
+  if (sync_release(t, blk, 0) && valid_op(op)) {
+    reduce_range<D, SYMHEAP_COLL_UNROLL_ONESHOT>(
+        OneShotSrc<D>{src + (size_t)t.me * stride + lo, slots + lo, slot_elems, t.me},
+        LocalSink<D>{dst + lo}, t.n, op, hi - lo, vec, threadIdx.x, blockDim.x);
   }
   // Double buffering makes an exit round unnecessary: member j writes my scratch[e & 1] at launch
-  // e only after it has finished its launch e - 1, whose round 0 waited for my arrival at e - 1;
-  // I arrive at e - 1 only after my launch e - 2 (the last reader of scratch[e & 1]) completed,
-  // since launches on a stream run in order and every collective on the team waits in round 0.
-  // A launch of any collective in between counts (epochs are per team, not per kernel), and the
-  // argument needs no block correspondence, so grids and counts may differ between launches.
-  // In place (dst == src) is safe: peers never read my src (they read their own scratch), and
-  // each thread reads src[i] (and the slots) before it stores dst[i] for the same i.
+  // e only after it has finished its launch e - 1, which waited for my signals of e - 1; I send
+  // those only after my launch e - 2 (the last reader of scratch[e & 1]) completed, since
+  // launches on a stream run in order and every collective on the team waits for every member
+  // before it ends (directly, through the root of a push broadcast, which waited for everyone
+  // first, or through the arrival flags of an LL broadcast). A launch of any collective in
+  // between counts (epochs are per team, not per kernel), and the argument needs no block
+  // correspondence, so grids and counts may differ between launches. In place (dst == my
+  // contribution) is safe: peers never read my src (they read their own scratch), and each
+  // thread reads src[i] (and the slots) before it stores dst[i] for the same i.
+}
+
+// One-shot all_reduce (stride 0) and reduce_scatter (stride == count: member j's src holds
+// n blocks of count elements, block k for member k), LL path: the launcher's choice for small
+// messages (0 < bytes). Needs room for the LL lines in the scratch (32 * ceil(bytes / 16) <=
+// slot_bytes / n rounded down to 16), n > 1 and count > 0 (a launch without data would not wait
+// for anyone, which the scratch's double buffering relies on); else every member reports
+// error 4 and touches nothing. Larger messages go to ar_flag.
+#define SYMHEAP_ERR_COLL_LAUNCH 4u
+template <typename D>
+COLL_DEV void ar_oneshot(const typename dtype<D>::S* src, typename dtype<D>::S* dst, uint64_t count,
+                         uint64_t stride, int op, const uint64_t* peer_scratch, uint64_t* scratch,
+                         uint64_t slot_bytes, const Team& t) {
+  typedef typename dtype<D>::S S;
+  __shared__ Block blk;
+  const size_t E = dtype<D>::E;
+  // Loads issued together before the entry __syncthreads (one memory latency instead of three
+  // on the small-message path): the epoch, the scratch table and this thread's first vector.
+  const uint64_t ctl0 = *(volatile const uint64_t*)&t.ctl[0];
+  bool ll_ok = aligned16(scratch) && (slot_bytes & 15) == 0;
+  for (int j = 0; j < t.n; ++j) ll_ok = ll_ok && aligned16((const void*)(uintptr_t)peer_scratch[j]);
+  const size_t nvec_total = (count + E - 1) / E;
+  const size_t sub = (size_t)(slot_bytes / t.n) & ~(size_t)15;
+  if (!(ll_ok && t.n > 1 && count > 0 && nvec_total * 32 <= sub)) {
+    begin_epoch(blk, ctl0);
+    if (threadIdx.x == 0) report(t.error, SYMHEAP_ERR_COLL_LAUNCH);
+    end(t, blk);
+    return;
+  }
+  const size_t vper = (nvec_total + gridDim.x - 1) / gridDim.x;
+  size_t v0 = (size_t)blockIdx.x * vper;
+  if (v0 > nvec_total) v0 = nvec_total;
+  const size_t v1 = v0 + vper < nvec_total ? v0 + vper : nvec_total;
+  const bool aligned =
+      aligned16(src) && aligned16(dst) && ((size_t)stride * sizeof(S)) % 16 == 0;
+  // Prefetch (the loads are volatile asm: kept although the value is not used).
+  if (v0 + threadIdx.x < v1) {
+    (void)load_vec_or_tail<D>(src, v0 + threadIdx.x, aligned ? count / E : 0, count);
+  }
+  begin_epoch(blk, ctl0);
+  oneshot_ll<D>(src, dst, count, stride, aligned, op, peer_scratch, (const uint8_t*)scratch,
+                slot_bytes, sub, t, blk, v0, v1);
+  end(t, blk);
+}
+
+// The one-shot's flag path (symheap_ar_flag_*: what the launcher uses above the LL sizes, and
+// for empty messages or a team of one).
+template <typename D>
+COLL_DEV void ar_flag(const typename dtype<D>::S* src, typename dtype<D>::S* dst, uint64_t count,
+                      uint64_t stride, int op, const uint64_t* peer_scratch, uint64_t* scratch,
+                      uint64_t slot_bytes, const Team& t) {
+  __shared__ Block blk;
+  begin_epoch(blk, *(volatile const uint64_t*)&t.ctl[0]);
+  bool ok = aligned16(scratch) && (slot_bytes & 15) == 0;
+  for (int j = 0; j < t.n; ++j) ok = ok && aligned16((const void*)(uintptr_t)peer_scratch[j]);
+  oneshot_flag<D>(src, dst, count, stride, op, peer_scratch, scratch, slot_bytes, ok, t, blk);
   end(t, blk);
 }
 
@@ -1085,13 +1147,26 @@ using coll::Team;
 // Kernels
 // =============================================================================================
 
-// One-shot all_reduce (latency path). scratch: my symmetric scratch [2 parities][n slots]
-// [slot_bytes]; peer_scratch[j]: member j's scratch base. count * sizeof(T) <= slot_bytes.
+// One-shot all_reduce (latency path; stride 0) and one-shot reduce_scatter (stride == count:
+// src holds n blocks of count elements, block j for member j; dst gets count elements). scratch:
+// my symmetric scratch [2 parities][n slots][slot_bytes]; peer_scratch[j]: member j's scratch
+// base. count * sizeof(T) <= slot_bytes.
 #define COLL_ONESHOT(SUFFIX, D, S)                                                          \
   extern "C" __global__ void __launch_bounds__(1024) symheap_ar_oneshot_##SUFFIX(           \
-      const S* src, S* dst, uint64_t count, int op, const uint64_t* peer_scratch,           \
-      uint64_t* scratch, uint64_t slot_bytes, COLL_TEAM_PARAMS) {                           \
-    coll::ar_oneshot<D>(src, dst, count, op, peer_scratch, scratch, slot_bytes, COLL_TEAM); \
+      const S* src, S* dst, uint64_t count, uint64_t stride, int op,                        \
+      const uint64_t* peer_scratch, uint64_t* scratch, uint64_t slot_bytes,                 \
+      COLL_TEAM_PARAMS) {                                                                   \
+    coll::ar_oneshot<D>(src, dst, count, stride, op, peer_scratch, scratch, slot_bytes,     \
+                        COLL_TEAM);                                                         \
+  }
+
+// The one-shot's flag path (the launcher's choice above the LL sizes): the same arguments.
+#define COLL_FLAG(SUFFIX, D, S)                                                                \
+  extern "C" __global__ void __launch_bounds__(1024) symheap_ar_flag_##SUFFIX(                 \
+      const S* src, S* dst, uint64_t count, uint64_t stride, int op,                           \
+      const uint64_t* peer_scratch, uint64_t* scratch, uint64_t slot_bytes,                    \
+      COLL_TEAM_PARAMS) {                                                                      \
+    coll::ar_flag<D>(src, dst, count, stride, op, peer_scratch, scratch, slot_bytes, COLL_TEAM); \
   }
 
 // Two-shot all_reduce (bandwidth path), no scratch.
@@ -1110,6 +1185,7 @@ using coll::Team;
 
 #define COLL_REDUCTIONS(SUFFIX, D, S) \
   COLL_ONESHOT(SUFFIX, D, S)          \
+  COLL_FLAG(SUFFIX, D, S)             \
   COLL_TWOSHOT(SUFFIX, D, S)          \
   COLL_REDUCE_SCATTER(SUFFIX, D, S)
 
@@ -1139,23 +1215,207 @@ extern "C" __global__ void __launch_bounds__(1024)
   coll::end(t, blk);
 }
 
-// broadcast: round 0; every member (root too, unless dst == src) pulls root's src into its own
-// dst; round 1.
+// broadcast, push (SYMHEAP_COLL_BCAST_PUSH, default): block b of every other member tells the
+// root that its dst is free (stream order: every earlier kernel of that member has finished) by
+// storing the epoch into the root's flag [0][b][me]; root block b waits for all of them, stores
+// its grid-stride share of src into every member's dst (its own too unless dst == src), then
+// releases flag [1][b][root] of every member, which member block b waits for. Two one-way
+// latencies on the critical path and no exit round; the root returns without waiting for acks.
+// Pull (SYMHEAP_COLL_BCAST_PUSH=0): round 0; every member (root too, unless dst == src) pulls
+// root's src into its own dst; round 1.
+#ifndef SYMHEAP_COLL_BCAST_PUSH
+#define SYMHEAP_COLL_BCAST_PUSH 1
+#endif
 extern "C" __global__ void __launch_bounds__(1024)
     symheap_broadcast(const uint8_t* src, uint8_t* dst, uint64_t bytes, int root,
                       COLL_TEAM_PARAMS) {
   const Team t = COLL_TEAM;
   __shared__ coll::Block blk;
   coll::begin(t, blk);
+  const size_t rank = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const size_t cnt = (size_t)gridDim.x * blockDim.x;
+  if (SYMHEAP_COLL_BCAST_PUSH && n > 1) {
+    const uint64_t e = blk.epoch;
+    const size_t row0 = coll::slot_row(blockIdx.x, n);
+    const size_t row1 = coll::slot_row(COLL_MAX_BLOCKS + blockIdx.x, n);
+    const uint64_t start = symheap::detail::globaltimer();
+    bool ok = true;
+    if (me != root) {
+      if (threadIdx.x == 0) {
+        uint64_t* f = (uint64_t*)(uintptr_t)peer_flags[root] + row0 + me;
+        symheap::detail::st_release(f, e);
+        ok = coll::wait_ge(flags + row1 + root, e, start, timeout_ns);
+      }
+      ok = __syncthreads_and(ok) != 0;
+    } else {
+      for (int j = threadIdx.x; j < n && ok; j += blockDim.x) {
+        if (j != me) ok = coll::wait_ge(flags + row0 + j, e, start, timeout_ns);
+      }
+      ok = __syncthreads_and(ok) != 0;
+      if (ok) {
+        const int m = dst == src ? n - 1 : n;
+        const int rot = (int)(blockIdx.x % (unsigned)m);
+        coll::copy_out(src, bytes, coll::MembersDst{dst, &blk, me, n, m, rot}, m,
+                       blk.deltas_aligned != 0, rank, cnt);
+        // Every thread's stores precede the release below (see the ordering argument).
+        __syncthreads();
+        for (int j = threadIdx.x; j < n; j += blockDim.x) {
+          if (j != me) {
+            uint64_t* f = (uint64_t*)(uintptr_t)peer_flags[j] + row1 + me;
+            symheap::detail::st_release(f, e);
+          }
+        }
+      }
+    }
+    if (!ok && threadIdx.x == 0) coll::report(error, SYMHEAP_ERR_COLL_TIMEOUT);
+    coll::end(t, blk);
+    return;
+  }
   if (coll::sync_entry(t, blk)) {
     if (!(me == root && dst == src)) {
-      const size_t rank = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-      const size_t cnt = (size_t)gridDim.x * blockDim.x;
       const uint8_t* from = coll::at(blk, src, root);
       coll::copy_out(from, bytes, coll::OneDst{dst}, 1, true, rank, cnt);
     }
     coll::sync_release(t, blk, 1);
   }
+  coll::end(t, blk);
+}
+
+// ---------------------------------------------------------------------------------------------
+// LL exchange for small all_gather (mode 0), alltoall (mode 1) and broadcast (mode 2) on the
+// world team, through ar_oneshot's scratch and LL format: sender k's 16-byte vector i for member
+// j goes to member j's scratch, parity e & 1, slot j (j's own slot, which the flag path never
+// writes), sub-region k, line pair i; the receiver polls its lines and stores the data where the
+// collective puts it. One one-way latency, no fence, twice the bytes on the link.
+//   all_gather: member k's src (bytes) lands at dst + k * bytes everywhere (my own block by a
+//               local copy, skipped in place: src == dst + me * bytes).
+//   alltoall:   member k's src + j * bytes lands at member j's dst + k * bytes. Not in place.
+//   broadcast:  root's src lands at every member's dst (root's own by a local copy unless
+//               dst == src). Only the root sends, so every block also stores its epoch into
+//               every member's flag [0][b][me] at entry and waits for all of them before it
+//               ends: finishing a launch still implies that every member arrived at it, which the
+//               scratch's double buffering relies on (see ar_oneshot). The wait costs nothing
+//               in practice: the flags were stored at the others' entry.
+// Needs 2 x bytes <= slot_bytes / n (rounded down to 16). Any alignment and size (byte tails).
+// ---------------------------------------------------------------------------------------------
+
+namespace coll {
+
+// Bytes [0, len) (len <= 16) at p as a zero-padded vector; whole when `al` and len == 16.
+// (Two 64-bit halves, not an array: a runtime-indexed array would live in local memory.)
+COLL_DEV v16 load_part(const uint8_t* p, size_t len, bool al) {
+  if (al && len == 16) return ld16(p);
+  uint64_t lo = 0, hi = 0;
+  for (size_t k = 0; k < len; ++k) {
+    const uint64_t b = ld_u8(p + k);
+    if (k < 8) {
+      lo |= b << (8 * k);
+    } else {
+      hi |= b << (8 * (k - 8));
+    }
+  }
+  v16 v;
+  v.x = (uint32_t)lo;
+  v.y = (uint32_t)(lo >> 32);
+  v.z = (uint32_t)hi;
+  v.w = (uint32_t)(hi >> 32);
+  return v;
+}
+COLL_DEV void store_part(uint8_t* p, size_t len, bool al, const v16& v) {
+  if (al && len == 16) {
+    st16(p, v);
+    return;
+  }
+  const uint64_t lo = ((uint64_t)v.y << 32) | v.x;
+  const uint64_t hi = ((uint64_t)v.w << 32) | v.z;
+  for (size_t k = 0; k < len; ++k) {
+    st_u8(p + k, (uint8_t)(k < 8 ? lo >> (8 * k) : hi >> (8 * (k - 8))));
+  }
+}
+
+}  // namespace coll
+
+#define COLL_XCHG_ALL_GATHER 0
+#define COLL_XCHG_ALLTOALL 1
+#define COLL_XCHG_BROADCAST 2
+
+extern "C" __global__ void __launch_bounds__(1024)
+    symheap_exchange_ll(const uint8_t* src, uint8_t* dst, uint64_t bytes, int mode, int root,
+                        const uint64_t* peer_scratch, uint64_t* scratch, uint64_t slot_bytes,
+                        COLL_TEAM_PARAMS) {
+  const Team t = COLL_TEAM;
+  __shared__ coll::Block blk;
+  coll::begin_epoch(blk, *(volatile const uint64_t*)&ctl[0]);
+  const uint64_t e = blk.epoch;
+  const uint32_t f = (uint32_t)e | 1u;
+  const size_t par = (size_t)(e & 1);
+  const bool bcast = mode == COLL_XCHG_BROADCAST;
+  const size_t row0 = coll::slot_row(blockIdx.x, n);
+  if (bcast && n > 1) {
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+      if (j != me) symheap::detail::st_release((uint64_t*)(uintptr_t)peer_flags[j] + row0 + me, e);
+    }
+  }
+  const size_t nvec = (bytes + 15) / 16;
+  const size_t vper = (nvec + gridDim.x - 1) / gridDim.x;
+  size_t v0 = (size_t)blockIdx.x * vper;
+  if (v0 > nvec) v0 = nvec;
+  const size_t v1 = v0 + vper < nvec ? v0 + vper : nvec;
+  const size_t sub = (size_t)(slot_bytes / n) & ~(size_t)15;
+  // Block k of src / dst (alltoall, all_gather positions) stays 16-aligned when bytes is.
+  const bool step_al = (bytes & 15) == 0;
+  const bool src_al = coll::aligned16(src) && (mode != COLL_XCHG_ALLTOALL || step_al);
+  const bool dst_al = coll::aligned16(dst) && (bcast || step_al);
+  const size_t my_off = bcast ? 0 : (size_t)me * bytes;  // where my own data lands in my dst
+  // Send (and my own part by a local copy).
+  if (!bcast || me == root) {
+    const uint8_t* own_src = mode == COLL_XCHG_ALLTOALL ? src + (size_t)me * bytes : src;
+    const bool own_copy = own_src != dst + my_off;
+    for (size_t i = v0 + threadIdx.x; i < v1; i += blockDim.x) {
+      const size_t len = bytes - 16 * i < 16 ? bytes - 16 * i : 16;
+      coll::v16 v;
+      for (int k = 1; k < n; ++k) {
+        int j = me + k;
+        if (j >= n) j -= n;
+        if (k == 1 || mode == COLL_XCHG_ALLTOALL) {
+          const uint8_t* from = mode == COLL_XCHG_ALLTOALL ? src + (size_t)j * bytes : src;
+          v = coll::load_part(from + 16 * i, len, src_al);
+        }
+        uint8_t* line = (uint8_t*)(uintptr_t)peer_scratch[j] + (par * n + j) * slot_bytes +
+                        (size_t)me * sub + 32 * i;
+        coll::st_ll(line, v.x, v.y, f);
+        coll::st_ll(line + 16, v.z, v.w, f);
+      }
+      if (own_copy) {
+        coll::store_part(dst + my_off + 16 * i, len, dst_al,
+                         coll::load_part(own_src + 16 * i, len, src_al));
+      }
+    }
+  }
+  // Receive.
+  bool ok = true;
+  const uint64_t start = symheap::detail::globaltimer();
+  if (!bcast || me != root) {
+    const uint8_t* mine = (const uint8_t*)scratch + (par * n + me) * slot_bytes;
+    for (size_t i = v0 + threadIdx.x; i < v1 && ok; i += blockDim.x) {
+      const size_t len = bytes - 16 * i < 16 ? bytes - 16 * i : 16;
+      for (int k = 0; k < n && ok; ++k) {
+        if (k == me || (bcast && k != root)) continue;
+        coll::v16 v;
+        ok = coll::poll_ll(mine + (size_t)k * sub + 32 * i, f, v, start, timeout_ns);
+        if (ok) {
+          coll::store_part(dst + (bcast ? 0 : (size_t)k * bytes) + 16 * i, len, dst_al, v);
+        }
+      }
+    }
+  }
+  if (bcast && n > 1) {
+    for (int j = threadIdx.x; j < n && ok; j += blockDim.x) {
+      if (j != me) ok = coll::wait_ge(flags + row0 + j, e, start, timeout_ns);
+    }
+  }
+  ok = __syncthreads_and(ok) != 0;
+  if (!ok && threadIdx.x == 0) coll::report(error, SYMHEAP_ERR_COLL_TIMEOUT);
   coll::end(t, blk);
 }
 

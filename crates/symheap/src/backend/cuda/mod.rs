@@ -94,6 +94,8 @@ pub struct CudaBackend {
     /// Serialises users of the internal stream and the mapped host block.
     ops: Mutex<()>,
     timeout: Duration,
+    /// `SYMHEAP_COLL_DEFINES`, compiled into the collective kernels.
+    coll_defines: Vec<(String, u64)>,
 }
 
 fn ceil_to(x: u64, g: u64) -> u64 {
@@ -166,10 +168,16 @@ fn build(dev: &Device, driver_version: i32, source: &str, name: &str) -> Result<
 }
 
 /// Names of the collective kernels (coll.cu), looked up once at init.
-const COLL_KERNELS: &[&str] = &["symheap_allgather", "symheap_broadcast", "symheap_alltoall"];
+const COLL_KERNELS: &[&str] = &[
+    "symheap_allgather",
+    "symheap_broadcast",
+    "symheap_alltoall",
+    "symheap_exchange_ll",
+];
 /// Reduction kernels exist per dtype suffix.
 const COLL_REDUCING: &[&str] = &[
     "symheap_ar_oneshot",
+    "symheap_ar_flag",
     "symheap_ar_twoshot",
     "symheap_reduce_scatter",
 ];
@@ -191,8 +199,24 @@ struct CollKernels {
     fns: HashMap<String, Function>,
 }
 
-fn compile_coll(dev: &Device, driver_version: i32) -> Result<CollKernels> {
-    let (module, _) = build(dev, driver_version, nvrtc::COLL, "symheap_coll.cu")?;
+/// The collective kernels' source with `defines` (already validated: `SYMHEAP_COLL_*` names,
+/// integer values) ahead of it; they change the cache key with the source.
+fn coll_source(defines: &[(String, u64)]) -> String {
+    let mut src = String::new();
+    for (name, value) in defines {
+        src.push_str(&format!("#define {name} {value}ull\n"));
+    }
+    src.push_str(nvrtc::COLL);
+    src
+}
+
+fn compile_coll(
+    dev: &Device,
+    driver_version: i32,
+    defines: &[(String, u64)],
+) -> Result<CollKernels> {
+    let source = coll_source(defines);
+    let (module, _) = build(dev, driver_version, &source, "symheap_coll.cu")?;
     let mut fns = HashMap::new();
     for k in COLL_KERNELS {
         fns.insert(k.to_string(), module.function(k)?);
@@ -232,6 +256,7 @@ impl CudaBackend {
         capacity: u64,
         device: usize,
         timeout: Duration,
+        coll_defines: Vec<(String, u64)>,
     ) -> Result<CudaBackend> {
         let driver_version = driver::init()?;
         let dev = Device::open(device)?;
@@ -245,7 +270,7 @@ impl CudaBackend {
             ));
         }
         let kernels = compile_kernels(&dev, driver_version)?;
-        let coll = compile_coll(&dev, driver_version)?;
+        let coll = compile_coll(&dev, driver_version, &coll_defines)?;
         let gran = dev.granularity()?;
         let capacity = ceil_to(capacity, gran);
         let world = boot.size();
@@ -285,6 +310,7 @@ impl CudaBackend {
             flags,
             ops: Mutex::new(()),
             timeout,
+            coll_defines,
         })
     }
 
@@ -314,6 +340,15 @@ impl CudaBackend {
     /// Number of SMs.
     pub fn sm_count(&self) -> i32 {
         self.dev.sm_count
+    }
+
+    /// A collective tuning constant: its `SYMHEAP_COLL_DEFINES` value, else `default` (which
+    /// must equal the kernel source's own default where the kernels read the name too).
+    pub fn coll_tuning(&self, name: &str, default: u64) -> u64 {
+        self.coll_defines
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(default, |&(_, v)| v)
     }
 
     /// Makes this backend's context current on the calling thread.
@@ -483,8 +518,17 @@ impl CudaBackend {
             (ERR_BARRIER, "a barrier on a stream"),
             (ERR_COLL, "a collective on a stream"),
         ] {
-            if self.flags.read_u32(off) != 0 {
+            let code = self.flags.read_u32(off);
+            if code != 0 {
                 self.flags.write_u32(off, 0);
+                // coll.cu's SYMHEAP_ERR_COLL_LAUNCH: a kernel launched outside its preconditions
+                // (a launcher bug, not a peer's absence).
+                if off == ERR_COLL && code == 4 {
+                    return Err(backend(
+                        "sync_stream",
+                        "a collective kernel was launched outside its preconditions".to_string(),
+                    ));
+                }
                 return Err(err(
                     "sync_stream",
                     ErrorKind::Timeout {
