@@ -128,6 +128,42 @@ fn launch_reports_a_failing_program() {
 }
 
 #[test]
+fn malformed_coll_defines_fail_init_clearly() {
+    // Only SYMHEAP_COLL_* names with size values reach the kernel source; anything else is
+    // refused at init, naming the variable, on the host backend too.
+    for bad in [
+        "SYMHEAP_COLL_LL_MAX=lots",
+        "LL_MAX=4",
+        "SYMHEAP_COLL_X=1;int y",
+    ] {
+        let out = Command::new(SYMHEAP)
+            .env("SYMHEAP_COLL_DEFINES", bad)
+            .env("SYMHEAP_BACKEND", "host")
+            .arg("info")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "{bad}: {text}");
+        assert!(text.contains("SYMHEAP_COLL_DEFINES"), "{bad}: {text}");
+    }
+    let out = Command::new(SYMHEAP)
+        .env("SYMHEAP_COLL_DEFINES", "SYMHEAP_COLL_LL_MAX=128K")
+        .env("SYMHEAP_BACKEND", "host")
+        .arg("info")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
 fn info_prints_the_banner() {
     let out = Command::new(SYMHEAP)
         .args(["info", "--vars"])

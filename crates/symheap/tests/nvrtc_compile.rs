@@ -275,6 +275,18 @@ fn coll_ptx(arch: u32) -> &'static str {
 }
 
 #[test]
+fn coll_kernels_compile_with_tuning_defines() {
+    // What SYMHEAP_COLL_DEFINES puts ahead of the source (backend/cuda/mod.rs, coll_source):
+    // every #ifndef constant of coll.cu may be overridden, including template arguments.
+    let src = format!(
+        "#define SYMHEAP_COLL_BCAST_PUSH 0\n#define SYMHEAP_COLL_UNROLL 2\n\
+         #define SYMHEAP_COLL_UNROLL_ONESHOT 1\n#define SYMHEAP_COLL_PUSH2_MIN 0\n{}",
+        nvrtc::COLL
+    );
+    cubin(&src, "coll_tuned.cu", 90);
+}
+
+#[test]
 fn coll_kernels_compile_to_cubin() {
     for arch in ARCHS {
         cubin(nvrtc::COLL, "coll.cu", arch);

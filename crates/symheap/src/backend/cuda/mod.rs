@@ -204,7 +204,9 @@ struct CollKernels {
 fn coll_source(defines: &[(String, u64)]) -> String {
     let mut src = String::new();
     for (name, value) in defines {
-        src.push_str(&format!("#define {name} {value}ull\n"));
+        // A plain decimal literal: it takes the smallest integer type that holds it, so it also
+        // fits `int` template arguments (an `ull` suffix would be a narrowing conversion there).
+        src.push_str(&format!("#define {name} {value}\n"));
     }
     src.push_str(nvrtc::COLL);
     src
@@ -863,5 +865,23 @@ impl Drop for CudaBackend {
         }
         driver::release_reservation(self.base, self.reserved);
         driver::stream_destroy(self.stream);
+    }
+}
+
+#[cfg(test)]
+mod coll_source_tests {
+    use super::*;
+
+    #[test]
+    fn defines_go_ahead_of_the_kernels() {
+        let src = coll_source(&[
+            ("SYMHEAP_COLL_LL_MAX".to_string(), 128 << 10),
+            ("SYMHEAP_COLL_BCAST_PUSH".to_string(), 0),
+        ]);
+        assert!(src.starts_with(
+            "#define SYMHEAP_COLL_LL_MAX 131072\n#define SYMHEAP_COLL_BCAST_PUSH 0\n"
+        ));
+        assert!(src.ends_with(nvrtc::COLL));
+        assert_eq!(coll_source(&[]), nvrtc::COLL);
     }
 }
