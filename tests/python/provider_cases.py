@@ -513,6 +513,31 @@ def case_mixed(names: str) -> None:
     pb.free(b)
 
 
+# Set by case_left_open: the teardown then leaves the provider to symheap.finalize().
+LEAVE_OPEN = False
+
+
+@case
+def case_left_open(name: str) -> None:
+    """A provider the program never finalizes: symheap.finalize() (in the teardown) must finalize
+    it first, collectively, and the process must exit cleanly."""
+    global LEAVE_OPEN
+    import torch
+
+    p = make(name)
+    me, n = p.my_pe(), p.n_pes()
+    x, table = p.allocate_symmetric((N,), dtype=torch.float32)
+    x.fill_(float(me))
+    if on_gpu():
+        torch.cuda.synchronize()
+    p.barrier()
+    nxt = (me + 1) % n
+    got = read_at(int(table.cpu()[nxt]), N, np.float32)
+    assert (got == float(nxt)).all(), got[:4]
+    p.barrier()
+    LEAVE_OPEN = True
+
+
 def _have(module: str) -> bool:
     try:
         __import__(module)
@@ -540,9 +565,12 @@ def _setup(needs: List[str]) -> None:
 
 
 def _teardown() -> None:
-    if providers._nvshmem_instance is not None:
+    if providers._nvshmem_instance is not None and not LEAVE_OPEN:
         providers._nvshmem_instance.finalize()
     symheap.finalize()
+    if LEAVE_OPEN and providers._nvshmem_instance is not None:
+        assert providers._nvshmem_instance._finalized, "symheap.finalize() left NVSHMEM open"
+        print("PASS left open: finalized by symheap.finalize()", flush=True)
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

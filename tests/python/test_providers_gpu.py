@@ -130,3 +130,10 @@ def test_kernel_mixing_providers(torch_module, triton_module, cupy_module, pes: 
     if not pairs:
         pytest.skip(f"fewer than two providers available here ({avail})")
     run_cases(pes, *pairs, env=GPU_ENV, script=PROVIDER_CASES, timeout=LIMIT)
+
+
+def test_nvshmem_left_open_is_finalized_by_symheap(torch_module, cupy_module, pes: int) -> None:
+    """A program that never finalizes its NVSHMEM provider: symheap.finalize() finalizes it first
+    (collectively, before the context goes) and the processes exit cleanly."""
+    _available("nvshmem", torch_module)
+    run_cases(pes, "left_open:nvshmem", env=GPU_ENV, script=PROVIDER_CASES, timeout=LIMIT)
