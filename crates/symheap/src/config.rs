@@ -198,7 +198,10 @@ pub fn parse_coll_defines(s: &str) -> std::result::Result<Vec<(String, u64)>, St
     let mut out: Vec<(String, u64)> = Vec::new();
     for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
         let bad = || {
-            format!("SYMHEAP_COLL_DEFINES: {item:?} is not NAME=VALUE with NAME SYMHEAP_COLL_* and VALUE a size")
+            format!(
+                "SYMHEAP_COLL_DEFINES: {item:?} is not NAME=VALUE with NAME SYMHEAP_COLL_* and \
+                 VALUE a size"
+            )
         };
         let (name, value) = item.split_once('=').ok_or_else(bad)?;
         let name = name.trim();
@@ -263,12 +266,12 @@ mod tests {
 
     #[test]
     fn coll_defines_parse() {
-        let d = parse_coll_defines("SYMHEAP_COLL_LL_MAX=128K, SYMHEAP_COLL_PIPE=0").unwrap();
+        let d = parse_coll_defines("SYMHEAP_COLL_LL_MAX=128K, SYMHEAP_COLL_BCAST_PUSH=0").unwrap();
         assert_eq!(
             d,
             vec![
                 ("SYMHEAP_COLL_LL_MAX".to_string(), 128 << 10),
-                ("SYMHEAP_COLL_PIPE".to_string(), 0)
+                ("SYMHEAP_COLL_BCAST_PUSH".to_string(), 0)
             ]
         );
         // The last value of a repeated name wins.

@@ -372,8 +372,9 @@ impl Context {
     /// Collective over `team`: all_reduce of `count` elements of `dtype` from `src` into `dest`
     /// (symmetric addresses; `dest == src` allowed), enqueued on `stream`. One-shot through a
     /// scratch buffer (one synchronisation; data and flags together up to 256 KiB) on the world
-    /// team while `(n - 1) × bytes <= 4 MiB`, two-shot otherwise; `algo` overrides. f32, f16, bf16 and i32 run on the GPU; other dtypes fall back to the
-    /// host-driven path (synchronous).
+    /// team while `(n - 1) × bytes <= 4 MiB`, two-shot otherwise; `algo` overrides. f32, f16,
+    /// bf16 and i32 run on the GPU; other dtypes fall back to the host-driven path
+    /// (synchronous).
     #[allow(clippy::too_many_arguments)]
     pub fn all_reduce_on_stream(
         &self,
@@ -494,9 +495,10 @@ impl Context {
 
     /// Collective over `team`: `src` holds `n × count` elements; member j's `dest` gets the
     /// reduction of every member's block j, enqueued on `stream`. In place when
-    /// `dest == src + me × count`. On the world team while the `(n - 1) × count` elements
-    /// a member sends take at most 4 MiB: one-shot (every member pushes each block to its owner's scratch; one
-    /// synchronisation); otherwise each member pulls its block from every member.
+    /// `dest == src + me × count`. On the world team while the `(n - 1) × count` elements a
+    /// member sends take at most 4 MiB: one-shot (every member pushes each block into its
+    /// owner's scratch; one synchronisation); otherwise each member pulls its block from every
+    /// member.
     #[allow(clippy::too_many_arguments)]
     pub fn reduce_scatter_on_stream(
         &self,
