@@ -23,7 +23,8 @@ pub const MAX_BLOCKS: u64 = 1024;
 /// The kernels' packed small-message path also needs `2 × n × bytes <= slot` for messages up to
 /// 256 KiB, which 4 MiB covers up to 8 PEs.
 pub const ONE_SHOT_SLOT: u64 = 4 << 20;
-/// Auto picks one-shot while `(n - 1) × bytes` (what each PE pushes) stays under this.
+/// Auto picks one-shot while `(n - 1) × bytes` (what each PE pushes) stays under this
+/// (`SYMHEAP_COLL_ONESHOT_MAX` overrides).
 pub const ONE_SHOT_PUSH_MAX: u64 = 4 << 20;
 /// reduce_scatter goes one-shot (through the world's scratch) while `(n - 1) × bytes` per member
 /// stays under this (`SYMHEAP_COLL_RS_ONESHOT_MAX` overrides).
@@ -408,7 +409,8 @@ impl Context {
             AllReduceAlgo::Auto => {
                 world
                     && bytes <= ONE_SHOT_SLOT
-                    && (team.n_pes() as u64 - 1) * bytes <= ONE_SHOT_PUSH_MAX
+                    && (team.n_pes() as u64 - 1) * bytes
+                        <= cu.coll_tuning("SYMHEAP_COLL_ONESHOT_MAX", ONE_SHOT_PUSH_MAX)
             }
         };
         let args = format!(
