@@ -413,13 +413,9 @@ def describe(x: Any, what: str = "argument") -> Arr:
 
 
 def symmetric(x: Any, what: str) -> Arr:
-    """:func:`describe`, checking that ``x`` is contiguous and lies in this PE's symmetric heap."""
-    a = describe(x, what)
-    if not a.contiguous:
-        raise SymheapValueError(f"{what} must be contiguous")
+    """:func:`local`, also checking that ``x`` lies in this PE's symmetric heap."""
+    a = local(x, what)
     ctx = native()
-    if a.device == "cuda" and ctx.backend != "cuda":
-        raise SymheapValueError(f"{what} is a CUDA tensor, but symheap runs on the host backend")
     if a.device == "cpu" and ctx.backend == "cuda" and a.kind != "buffer":
         raise SymheapValueError(f"{what} is host memory, but symmetric memory is on cuda:{ctx.device_ordinal}")
     if not ctx.is_symmetric(a.ptr, max(a.nbytes, 1)):

@@ -34,6 +34,13 @@ def _same(a: Arr, b: Arr, what: str) -> None:
         raise SymheapValueError(f"{what}: dtypes differ ({a.dtype} and {b.dtype})")
 
 
+def _same_size(d: Arr, s: Arr, what: str) -> None:
+    """:func:`_same`, and as many elements in destination ``d`` as in source ``s``."""
+    _same(d, s, what)
+    if d.numel != s.numel:
+        raise SymheapValueError(f"{what}: destination has {d.numel} elements, source {s.numel}")
+
+
 def _on_device(a: Arr) -> bool:
     return a.device == "cuda"
 
@@ -55,9 +62,7 @@ def put(dest: Any, src: Any, pe: int, *, stream: StreamLike = None) -> None:
     :func:`quiet`, barrier or signal. Not collective."""
     d = symmetric(dest, "put destination")
     s = local(src, "put source")
-    _same(d, s, "put")
-    if d.numel != s.numel:
-        raise SymheapValueError(f"put: destination has {d.numel} elements, source {s.numel}")
+    _same_size(d, s, "put")
     pe = check_pe(pe)
     if _on_device(s):
         native().put_on_stream(d.ptr, s.ptr, s.nbytes, pe, default_stream(s, stream))
@@ -72,9 +77,7 @@ def get(dest: Any, src: Any, pe: int, *, stream: StreamLike = None) -> None:
     ``dest``; into a CUDA tensor it is enqueued on ``stream``. Not collective."""
     s = symmetric(src, "get source")
     d = local(dest, "get destination")
-    _same(d, s, "get")
-    if d.numel != s.numel:
-        raise SymheapValueError(f"get: destination has {d.numel} elements, source {s.numel}")
+    _same_size(d, s, "get")
     if not d.writable:
         raise SymheapValueError("get destination is read-only")
     pe = check_pe(pe)
@@ -145,9 +148,7 @@ def put_signal(
     and ``value``: a PE that sees the signal change also sees the data. Not collective."""
     d = symmetric(dest, "put_signal destination")
     s = local(src, "put_signal source")
-    _same(d, s, "put_signal")
-    if d.numel != s.numel:
-        raise SymheapValueError(f"put_signal: destination has {d.numel} elements, source {s.numel}")
+    _same_size(d, s, "put_signal")
     sig = _word(signal, sig_index, "signal")
     pe = check_pe(pe)
     if int(value) < 0:

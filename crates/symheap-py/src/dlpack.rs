@@ -315,6 +315,18 @@ fn release_owner(owner: Option<Py<PyAny>>) {
     }
 }
 
+/// Releases the `Holder` a tensor made here points to with its `manager_ctx` (its shape and
+/// strides arrays, and the owner reference), never unwinding into the C caller.
+///
+/// # Safety
+/// `ctx` came from `Box::into_raw` of a `Holder` in `Mem::capsule` and is released only once.
+unsafe fn release_holder(ctx: *mut c_void) {
+    // SAFETY: the caller's contract.
+    let holder = unsafe { Box::from_raw(ctx as *mut Holder) };
+    let Holder { owner, .. } = *holder;
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| release_owner(owner)));
+}
+
 /// The `deleter` of every tensor made here.
 unsafe extern "C" fn managed_deleter(m: *mut DLManagedTensor) {
     if m.is_null() {
@@ -322,14 +334,10 @@ unsafe extern "C" fn managed_deleter(m: *mut DLManagedTensor) {
     }
     // SAFETY: `m` and its manager_ctx were made by Box::into_raw in `Mem::capsule`, and DLPack
     // consumers call the deleter exactly once.
-    let (managed, holder) = unsafe {
-        let managed = Box::from_raw(m);
-        let holder = Box::from_raw(managed.manager_ctx as *mut Holder);
-        (managed, holder)
-    };
-    drop(managed);
-    let Holder { owner, .. } = *holder;
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| release_owner(owner)));
+    unsafe {
+        let ctx = Box::from_raw(m).manager_ctx;
+        release_holder(ctx);
+    }
 }
 
 /// The `deleter` of every versioned tensor made here.
@@ -338,14 +346,10 @@ unsafe extern "C" fn versioned_deleter(m: *mut DLManagedTensorVersioned) {
         return;
     }
     // SAFETY: as in `managed_deleter`.
-    let (managed, holder) = unsafe {
-        let managed = Box::from_raw(m);
-        let holder = Box::from_raw(managed.manager_ctx as *mut Holder);
-        (managed, holder)
-    };
-    drop(managed);
-    let Holder { owner, .. } = *holder;
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| release_owner(owner)));
+    unsafe {
+        let ctx = Box::from_raw(m).manager_ctx;
+        release_holder(ctx);
+    }
 }
 
 /// The versioned capsule's destructor (see `capsule_destructor`).

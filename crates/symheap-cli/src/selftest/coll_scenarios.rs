@@ -308,33 +308,28 @@ pub fn coll_graph(ctx: &Context, _a: PeArgs) -> Outcome {
     }
     ctx.barrier_all().map_err(e2s)?;
     let per_graph = 4;
+    // An in-place i32 sum of `c` elements at `addr` over the world.
+    let sum_in_place = |addr: u64, c: usize| {
+        ctx.all_reduce_on_stream(
+            &world,
+            addr,
+            addr,
+            c,
+            DType::I32,
+            ReduceOp::Sum,
+            AllReduceAlgo::Auto,
+            s,
+        )
+    };
     let graph = Graph::capture(s, || {
         for it in 0..per_graph {
             for (b, &c) in bufs.iter().zip(&counts) {
-                ctx.all_reduce_on_stream(
-                    &world,
-                    b.addr(),
-                    b.addr(),
-                    c,
-                    DType::I32,
-                    ReduceOp::Sum,
-                    AllReduceAlgo::Auto,
-                    s,
-                )?;
+                sum_in_place(b.addr(), c)?;
             }
             for (b, c, shift) in &bcs {
                 let root = (it + shift) % n;
                 ctx.broadcast_on_stream(&world, b.addr(), b.addr(), *c, DType::I32, root, s)?;
-                ctx.all_reduce_on_stream(
-                    &world,
-                    b.addr(),
-                    b.addr(),
-                    *c,
-                    DType::I32,
-                    ReduceOp::Sum,
-                    AllReduceAlgo::Auto,
-                    s,
-                )?;
+                sum_in_place(b.addr(), *c)?;
             }
         }
         Ok(())
