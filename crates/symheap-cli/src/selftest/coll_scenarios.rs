@@ -56,23 +56,51 @@ fn ar_case<T: TestElem>(
     in_place: bool,
     tag: u64,
 ) -> Outcome {
+    ar_case_at::<T>(ctx, team, s, a, count, op, algo, in_place, tag, 0)
+}
+
+/// As `ar_case`, with source and destination `off` elements into their allocations (an odd
+/// `off` makes them not 16-byte aligned, which the vector and LL128 paths require).
+#[allow(clippy::too_many_arguments)]
+fn ar_case_at<T: TestElem>(
+    ctx: &Context,
+    team: &Team,
+    s: u64,
+    a: PeArgs,
+    count: usize,
+    op: ReduceOp,
+    algo: AllReduceAlgo,
+    in_place: bool,
+    tag: u64,
+    off: usize,
+) -> Outcome {
     let me = ctx.my_pe();
     let sz = std::mem::size_of::<T>();
-    let src = ctx.malloc((count * sz) as u64).map_err(e2s)?;
-    let dst = ctx.malloc((count * sz) as u64).map_err(e2s)?;
-    src.write(0, &data::<T>(a.seed, me, tag, count))
+    let src = ctx.malloc(((off + count) * sz) as u64).map_err(e2s)?;
+    let dst = ctx.malloc(((off + count) * sz) as u64).map_err(e2s)?;
+    src.write(off, &data::<T>(a.seed, me, tag, count))
         .map_err(e2s)?;
     poison(&dst)?;
     let d = if in_place { &src } else { &dst };
     ctx.barrier_all().map_err(e2s)?;
     let what = format!(
-        "all_reduce {} {} {algo:?} in_place={in_place} count {count} on {} PEs",
+        "all_reduce {} {} {algo:?} in_place={in_place} count {count} offset {off} on {} PEs",
         op.name(),
         T::DTYPE,
         team.n_pes()
     );
+    let at = (off * sz) as u64;
     launch_case(ctx, s, &what, || {
-        ctx.all_reduce_on_stream(team, d.addr(), src.addr(), count, T::DTYPE, op, algo, s)
+        ctx.all_reduce_on_stream(
+            team,
+            d.addr() + at,
+            src.addr() + at,
+            count,
+            T::DTYPE,
+            op,
+            algo,
+            s,
+        )
     })?;
     let inputs: Vec<Vec<T>> = team
         .members()
@@ -81,7 +109,7 @@ fn ar_case<T: TestElem>(
         .collect();
     let (want, scale) = reference(&inputs, op);
     let mut got = vec![T::zeroed(); count];
-    d.read(0, &mut got).map_err(e2s)?;
+    d.read(off, &mut got).map_err(e2s)?;
     check_vec(&got, &want, &scale, &what)?;
     ctx.barrier_all().map_err(e2s)
 }
@@ -236,6 +264,34 @@ pub fn coll_stream(ctx: &Context, a: PeArgs) -> Outcome {
             }
         }
         tag += 10;
+        // Buffers off 16-byte alignment: the one-shot's flag path above the LL sizes.
+        for in_place in [false, true] {
+            let op = ReduceOp::Sum;
+            ar_case_at::<f32>(
+                ctx,
+                &world,
+                s,
+                a,
+                count,
+                op,
+                AllReduceAlgo::Auto,
+                in_place,
+                tag,
+                1,
+            )?;
+            ar_case_at::<bf16>(
+                ctx,
+                &world,
+                s,
+                a,
+                count,
+                op,
+                AllReduceAlgo::Auto,
+                in_place,
+                tag,
+                3,
+            )?;
+        }
         others::<f32>(ctx, &world, s, a, count.min(300_001), tag)?;
         others::<bf16>(ctx, &world, s, a, count.min(1001), tag + 5)?;
     }

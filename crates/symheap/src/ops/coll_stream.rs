@@ -20,8 +20,8 @@ use crate::ops::coll::AllReduceAlgo;
 /// Blocks a collective launch may use (the flag areas are sized for it).
 pub const MAX_BLOCKS: u64 = 1024;
 /// Bytes per member slot of the world's one-shot scratch: the largest one-shot all_reduce.
-/// The kernels' packed small-message path also needs `2 × n × bytes <= slot` for messages up to
-/// 256 KiB, which 4 MiB covers up to 8 PEs.
+/// The kernels' LL path also needs `2 × n × bytes <= slot` for its messages (up to 32 KiB for
+/// all_reduce, 64 KiB for the exchange), which 4 MiB covers up to 32 PEs.
 pub const ONE_SHOT_SLOT: u64 = 4 << 20;
 /// Auto picks one-shot while `(n - 1) × bytes` (what each PE pushes) stays under this
 /// (`SYMHEAP_COLL_ONESHOT_MAX` overrides).
@@ -30,19 +30,32 @@ pub const ONE_SHOT_PUSH_MAX: u64 = 4 << 20;
 /// stays under this (`SYMHEAP_COLL_RS_ONESHOT_MAX` overrides).
 pub const RS_ONE_SHOT_PUSH_MAX: u64 = 4 << 20;
 /// all_gather, alltoall and broadcast on the world team go through the LL exchange kernel while
-/// the bytes per member stay under this (`SYMHEAP_COLL_XCHG_LL_MAX` overrides).
-const XCHG_LL_MAX: u64 = 256 << 10;
+/// the bytes per member stay under this (`SYMHEAP_COLL_XCHG_LL_MAX` overrides), then through
+/// the LL128 exchange kernel up to [`LL128_MAX`] (`SYMHEAP_COLL_XCHG_LL128_MAX` overrides).
+const XCHG_LL_MAX: u64 = 64 << 10;
 /// `symheap_exchange_ll` modes (coll.cu).
 const XCHG_ALL_GATHER: i32 = 0;
 const XCHG_ALLTOALL: i32 = 1;
 const XCHG_BROADCAST: i32 = 2;
 
 /// One-shot messages up to this many bytes take the LL kernel (`SYMHEAP_COLL_LL_MAX` overrides).
-const LL_MAX: u64 = 256 << 10;
+/// Measured on 2 x H200: LL and LL128 tie up to 32 KiB, LL128 is 0.1 to 1 us faster above.
+const LL_MAX: u64 = 32 << 10;
+/// Larger one-shot messages up to this many bytes take the LL128 kernel when their buffers are
+/// 16-byte aligned (`SYMHEAP_COLL_LL128_MAX` overrides; 0 turns it off).
+const LL128_MAX: u64 = 4 << 20;
+/// Bytes per parity of the world's LL128 region: room for `(n - 1) × bytes <= 4 MiB` plus the
+/// flags (128 wire bytes per 120 data bytes) at any team size.
+pub const LL128_PART: u64 = 4608 << 10;
+/// Data and wire bytes of one LL128 warp step (coll.cu: 4 lines of 128 bytes, 120 of data each).
+const LL128_STEP_DATA: u64 = 480;
+const LL128_STEP_WIRE: u64 = 512;
 
 /// Device-resident state of every team slot, and the world's one-shot scratch, in this PE's
 /// heap (CUDA only). Per slot: `flags[2][MAX_BLOCKS][W]`, `ctl[2]` (epoch, blocks done),
-/// `bases[W]` (member heap bases), `peer_flags[W]` (member flag areas); W = world size.
+/// `bases[W]` (member heap bases), `peer_flags[W]` (member flag areas); W = world size. Then the
+/// scratch `[2][W][ONE_SHOT_SLOT]`, the table of every PE's scratch address, and the LL128
+/// region `[2][LL128_PART]`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct DeviceTeams {
     offset: u64,
@@ -60,10 +73,14 @@ impl DeviceTeams {
         align_up(Self::flags_bytes(world) + 256 + 16 * world as u64, 256).expect("small")
     }
 
-    /// Bytes for the team slots; the scratch follows: `2 × W × ONE_SHOT_SLOT` plus the
-    /// member scratch table.
+    /// Bytes from the scratch to the LL128 region (past the scratch and its table).
+    fn ll128_off(world: usize) -> u64 {
+        align_up(2 * world as u64 * ONE_SHOT_SLOT + 8 * world as u64, 256).expect("small")
+    }
+
+    /// Bytes for the team slots, the scratch, its table and the LL128 region.
     pub(crate) fn bytes(world: usize) -> u64 {
-        MAX_TEAMS as u64 * Self::stride(world) + 2 * world as u64 * ONE_SHOT_SLOT + 8 * world as u64
+        MAX_TEAMS as u64 * Self::stride(world) + Self::ll128_off(world) + 2 * LL128_PART
     }
 
     pub(crate) fn new(offset: u64, world: usize) -> DeviceTeams {
@@ -94,6 +111,10 @@ impl DeviceTeams {
     /// The table of every PE's scratch address.
     pub(crate) fn peer_scratch(&self) -> u64 {
         self.scratch + 2 * self.world as u64 * ONE_SHOT_SLOT
+    }
+    /// Bytes from the scratch to the LL128 region.
+    pub(crate) fn ll128(&self) -> u64 {
+        Self::ll128_off(self.world)
     }
     /// Bytes of a slot's flags and control words (what team_destroy clears).
     pub(crate) fn slot_state_bytes(&self) -> u64 {
@@ -212,40 +233,54 @@ impl Launch<'_> {
         let n = self.team.members.len() as u64;
         let cu = self.cu;
         let sms = cu.sm_count().max(1) as u64;
-        let (kernel, grid) = oneshot_kernel(count * esize, n, sms, |k, d| cu.coll_tuning(k, d));
-        self.run(
-            &format!("{kernel}_{sfx}"),
-            grid,
-            stream,
-            &[
-                Arg::U64(src),
-                Arg::U64(dest),
-                Arg::U64(count),
-                Arg::U64(stride),
-                Arg::I32(op_code(op)),
-                Arg::U64(self.own + self.dt.peer_scratch()),
-                Arg::U64(self.own + self.dt.scratch()),
-                Arg::U64(ONE_SHOT_SLOT),
-            ],
-        )
+        let aligned = src % 16 == 0 && dest % 16 == 0 && (stride * esize) % 16 == 0;
+        let (kernel, grid) =
+            oneshot_kernel(count * esize, n, sms, aligned, |k, d| cu.coll_tuning(k, d));
+        let mut args = vec![
+            Arg::U64(src),
+            Arg::U64(dest),
+            Arg::U64(count),
+            Arg::U64(stride),
+            Arg::I32(op_code(op)),
+            Arg::U64(self.own + self.dt.peer_scratch()),
+            Arg::U64(self.own + self.dt.scratch()),
+        ];
+        if kernel == LL128_KERNEL {
+            args.extend([Arg::U64(self.dt.ll128()), Arg::U64(LL128_PART)]);
+        } else {
+            args.push(Arg::U64(ONE_SHOT_SLOT));
+        }
+        self.run(&format!("{kernel}_{sfx}"), grid, stream, &args)
     }
 
-    /// Whether `bytes` per member go through the LL exchange kernel: on the world team itself
-    /// (whose scratch and epochs it uses), with room for the LL lines in a scratch slot.
-    fn exchange_ll_fits(&self, bytes: u64) -> bool {
+    /// The exchange kernel (small and mid-size all_gather, alltoall, broadcast) for `bytes` per
+    /// member, if one applies: only on the world team itself (whose scratch and epochs they
+    /// use) and never for an empty message (a launch without data would wait for nobody, see
+    /// coll.cu, ar_oneshot). `symheap_exchange_ll` up to `SYMHEAP_COLL_XCHG_LL_MAX` with room
+    /// for its lines in a scratch slot, then `symheap_exchange_ll128` up to
+    /// `SYMHEAP_COLL_XCHG_LL128_MAX` with room in the LL128 region.
+    fn exchange_kernel(&self, bytes: u64) -> Option<&'static str> {
         let n = self.team.members.len() as u64;
-        // Not empty: a launch without data would wait for nobody (see coll.cu, ar_oneshot).
-        self.team.slot == 0
-            && n > 1
-            && bytes > 0
-            && 2 * n * bytes <= ONE_SHOT_SLOT
-            && bytes <= self.cu.coll_tuning("SYMHEAP_COLL_XCHG_LL_MAX", XCHG_LL_MAX)
+        let tune = |k: &str, d| self.cu.coll_tuning(k, d);
+        if self.team.slot != 0 || n < 2 || bytes == 0 {
+            None
+        } else if 2 * n * bytes <= ONE_SHOT_SLOT
+            && bytes <= tune("SYMHEAP_COLL_XCHG_LL_MAX", XCHG_LL_MAX)
+        {
+            Some(XCHG_LL_KERNEL)
+        } else if ll128_fits(bytes, n) && bytes <= tune("SYMHEAP_COLL_XCHG_LL128_MAX", LL128_MAX) {
+            Some(XCHG_LL128_KERNEL)
+        } else {
+            None
+        }
     }
 
-    /// `symheap_exchange_ll` (small all_gather, alltoall, broadcast); grids as the one-shot's LL
-    /// path, over the bytes per member.
-    fn exchange_ll(
+    /// Runs exchange `kernel` (from [`Launch::exchange_kernel`]); grids as the one-shot's LL and
+    /// LL128 paths, over the bytes per member.
+    #[allow(clippy::too_many_arguments)]
+    fn exchange(
         &self,
+        kernel: &str,
         src: u64,
         dest: u64,
         bytes: u64,
@@ -253,26 +288,26 @@ impl Launch<'_> {
         root: i32,
         stream: u64,
     ) -> Result<()> {
-        let n = self.team.members.len() as u64;
         let cu = self.cu;
-        let (_, grid) = oneshot_kernel(bytes, n, cu.sm_count().max(1) as u64, |k, d| {
-            cu.coll_tuning(k, d)
-        });
-        self.run(
-            "symheap_exchange_ll",
-            grid,
-            stream,
-            &[
-                Arg::U64(src),
-                Arg::U64(dest),
-                Arg::U64(bytes),
-                Arg::I32(mode),
-                Arg::I32(root),
-                Arg::U64(self.own + self.dt.peer_scratch()),
-                Arg::U64(self.own + self.dt.scratch()),
-                Arg::U64(ONE_SHOT_SLOT),
-            ],
-        )
+        let sms = cu.sm_count().max(1) as u64;
+        let tune = |k: &str, d| cu.coll_tuning(k, d);
+        let mut args = vec![
+            Arg::U64(src),
+            Arg::U64(dest),
+            Arg::U64(bytes),
+            Arg::I32(mode),
+            Arg::I32(root),
+            Arg::U64(self.own + self.dt.peer_scratch()),
+            Arg::U64(self.own + self.dt.scratch()),
+        ];
+        let grid = if kernel == XCHG_LL128_KERNEL {
+            args.extend([Arg::U64(self.dt.ll128()), Arg::U64(LL128_PART)]);
+            ll128_grid(bytes, sms, mode != XCHG_BROADCAST, tune)
+        } else {
+            args.push(Arg::U64(ONE_SHOT_SLOT));
+            ll_grid(bytes, sms, tune)
+        };
+        self.run(kernel, grid, stream, &args)
     }
 
     fn run(&self, name: &str, grid: u64, stream: u64, head: &[Arg]) -> Result<()> {
@@ -283,37 +318,80 @@ impl Launch<'_> {
     }
 }
 
+/// The one-shot's LL128 kernel (without its dtype suffix).
+const LL128_KERNEL: &str = "symheap_ar_ll128";
+/// The exchange kernels (all_gather, alltoall, broadcast on the world team).
+const XCHG_LL_KERNEL: &str = "symheap_exchange_ll";
+const XCHG_LL128_KERNEL: &str = "symheap_exchange_ll128";
+
+/// Whether `bytes` to each of `n - 1` members fit the LL128 region's sub-region per sender.
+fn ll128_fits(bytes: u64, n: u64) -> bool {
+    n > 1 && bytes.div_ceil(LL128_STEP_DATA) * LL128_STEP_WIRE <= (LL128_PART / (n - 1)) & !127
+}
+
 /// Kernel and grid of a one-shot collective moving `bytes` to each of the other `n - 1`
 /// members on a GPU with `sms` SMs: the LL kernel (`symheap_ar_oneshot_*`, data and flags
 /// together) from 1 byte up to [`LL_MAX`] when the scratch slot has room for its lines
-/// (`2 n bytes`), best with 2 KiB per block and up to 2 blocks per SM; else the flag kernel
+/// (`2 n bytes`), best with 2 KiB per block and up to 2 blocks per SM; above that the LL128
+/// kernel (`symheap_ar_ll128_*`, one flag per 128-byte line) up to [`LL128_MAX`] when the
+/// buffers are 16-byte `aligned` and its region has room; else the flag kernel
 /// (`symheap_ar_flag_*`), best with 8 KiB per block and one block per SM. `tune` reads
 /// `SYMHEAP_COLL_DEFINES` overrides; every member computes the same choice.
 fn oneshot_kernel(
     bytes: u64,
     n: u64,
     sms: u64,
+    aligned: bool,
     tune: impl Fn(&str, u64) -> u64,
 ) -> (&'static str, u64) {
     let ll = bytes > 0
         && n > 1
         && bytes <= tune("SYMHEAP_COLL_LL_MAX", LL_MAX)
         && 2 * n * bytes <= ONE_SHOT_SLOT;
-    let (kernel, per, sms_x) = if ll {
-        (
-            "symheap_ar_oneshot",
-            tune("SYMHEAP_COLL_LL_BLOCK", 2 << 10),
-            tune("SYMHEAP_COLL_LL_SMS", 2),
-        )
+    let ll128 = !ll
+        && aligned
+        && bytes > 0
+        && bytes <= tune("SYMHEAP_COLL_LL128_MAX", LL128_MAX)
+        && ll128_fits(bytes, n);
+    if ll {
+        ("symheap_ar_oneshot", ll_grid(bytes, sms, &tune))
+    } else if ll128 {
+        (LL128_KERNEL, ll128_grid(bytes, sms, true, &tune))
     } else {
-        (
-            "symheap_ar_flag",
-            tune("SYMHEAP_COLL_ONESHOT_BLOCK", 8 << 10),
-            tune("SYMHEAP_COLL_ONESHOT_SMS", 1),
-        )
-    };
+        let per = tune("SYMHEAP_COLL_ONESHOT_BLOCK", 8 << 10);
+        let sms_x = tune("SYMHEAP_COLL_ONESHOT_SMS", 1);
+        ("symheap_ar_flag", blocks(bytes, per, sms, sms_x))
+    }
+}
+
+/// `ceil(bytes / per)` blocks, at least 1, at most `sms_x` per SM (and MAX_BLOCKS).
+fn blocks(bytes: u64, per: u64, sms: u64, sms_x: u64) -> u64 {
     let max = (sms.max(1) * sms_x.max(1)).min(MAX_BLOCKS);
-    (kernel, bytes.div_ceil(per.max(16)).clamp(1, max))
+    bytes.div_ceil(per.max(16)).clamp(1, max)
+}
+
+/// Grid of the LL kernels: 2 KiB per block, up to 2 blocks per SM (`SYMHEAP_COLL_LL_BLOCK`,
+/// `SYMHEAP_COLL_LL_SMS`).
+fn ll_grid(bytes: u64, sms: u64, tune: impl Fn(&str, u64) -> u64) -> u64 {
+    let per = tune("SYMHEAP_COLL_LL_BLOCK", 2 << 10);
+    blocks(bytes, per, sms, tune("SYMHEAP_COLL_LL_SMS", 2))
+}
+
+/// Grid of the LL128 kernels: 4 KiB per block, up to 2 blocks per SM (`SYMHEAP_COLL_LL128_BLOCK`,
+/// `SYMHEAP_COLL_LL128_SMS`); when `wide` (traffic both ways) and from
+/// `SYMHEAP_COLL_LL128_WIDE_MIN` bytes (3 MiB) up to `SYMHEAP_COLL_LL128_WIDE_SMS` (4) per SM,
+/// i.e. two waves of resident blocks. Measured on 2 x H200 (bf16, graph), two waves against one:
+/// all_reduce 3 MiB 13.6 against 14.2 us, 4 MiB 16.5 against 17.8, but 2 MiB 11.0 against 10.4;
+/// all_gather and alltoall of 4 MiB per member 16.5 against 18.3 to 18.9; a broadcast (one way)
+/// of 3 MiB 17.5 against 15.6.
+fn ll128_grid(bytes: u64, sms: u64, wide: bool, tune: impl Fn(&str, u64) -> u64) -> u64 {
+    let per = tune("SYMHEAP_COLL_LL128_BLOCK", 4 << 10);
+    let sms_x = if wide && bytes >= tune("SYMHEAP_COLL_LL128_WIDE_MIN", 3 << 20) {
+        tune("SYMHEAP_COLL_LL128_WIDE_SMS", 4)
+    } else {
+        tune("SYMHEAP_COLL_LL128_SMS", 2)
+    };
+    blocks(bytes, per, sms, sms_x)
 }
 
 /// Blocks for moving `bytes` at about `per_block` bytes each, between `min` and `sms_x` times
@@ -372,10 +450,11 @@ impl Context {
 
     /// Collective over `team`: all_reduce of `count` elements of `dtype` from `src` into `dest`
     /// (symmetric addresses; `dest == src` allowed), enqueued on `stream`. One-shot through a
-    /// scratch buffer (one synchronisation; data and flags together up to 256 KiB) on the world
-    /// team while `(n - 1) × bytes <= 4 MiB`, two-shot otherwise; `algo` overrides. f32, f16,
-    /// bf16 and i32 run on the GPU; other dtypes fall back to the host-driven path
-    /// (synchronous).
+    /// scratch buffer on the world team while `(n - 1) × bytes <= 4 MiB`, two-shot otherwise;
+    /// `algo` overrides. One-shot data carries its own flags (one one-way latency, no fence):
+    /// LL up to 32 KiB, LL128 above when `src` and `dest` are 16-byte aligned (else one flag
+    /// round). f32, f16, bf16 and i32 run on the GPU; other dtypes fall back to the host-driven
+    /// path (synchronous).
     #[allow(clippy::too_many_arguments)]
     pub fn all_reduce_on_stream(
         &self,
@@ -450,8 +529,9 @@ impl Context {
 
     /// Collective over `team`: member j's `count` elements at `src` land at `dest + j × count`
     /// on every member, enqueued on `stream`. In place when `src == dest + me × count`. On the
-    /// world team, up to 256 KiB per member, data and flags travel together (one one-way
-    /// latency); otherwise push after an entry round.
+    /// world team, up to 4 MiB per member (less from 3 PEs up: `(n - 1) × bytes` about 4 MiB),
+    /// data and flags travel together (one one-way latency); otherwise push after an entry
+    /// round.
     pub fn all_gather_on_stream(
         &self,
         team: &Team,
@@ -483,8 +563,8 @@ impl Context {
         let Some((l, t)) = self.coll_prepare(team, CALL, format!("{count} x {dtype}"))? else {
             return Ok(());
         };
-        if l.exchange_ll_fits(bytes) {
-            return l.exchange_ll(src, dest, bytes, XCHG_ALL_GATHER, 0, stream);
+        if let Some(k) = l.exchange_kernel(bytes) {
+            return l.exchange(k, src, dest, bytes, XCHG_ALL_GATHER, 0, stream);
         }
         let grid = grid_for(cu, bytes * t.members.len() as u64, 16 << 10, 1, 2);
         l.run(
@@ -567,8 +647,9 @@ impl Context {
     }
 
     /// Collective over `team`: every member's `dest` gets `count` elements from member
-    /// `root`'s `src`, enqueued on `stream`. On the world team up to 256 KiB, data and flags
-    /// travel together; otherwise the root pushes into every member's `dest` once they arrived.
+    /// `root`'s `src`, enqueued on `stream`. On the world team up to 4 MiB (less from 3 PEs up:
+    /// `(n - 1) × bytes` about 4 MiB), data and flags travel together; otherwise the root pushes
+    /// into every member's `dest` once they arrived.
     #[allow(clippy::too_many_arguments)]
     pub fn broadcast_on_stream(
         &self,
@@ -602,8 +683,8 @@ impl Context {
         else {
             return Ok(());
         };
-        if l.exchange_ll_fits(bytes) {
-            return l.exchange_ll(src, dest, bytes, XCHG_BROADCAST, root as i32, stream);
+        if let Some(k) = l.exchange_kernel(bytes) {
+            return l.exchange(k, src, dest, bytes, XCHG_BROADCAST, root as i32, stream);
         }
         let grid = grid_for(cu, bytes, 16 << 10, 1, 2);
         l.run(
@@ -621,7 +702,8 @@ impl Context {
 
     /// Collective over `team`: member i's block j (`count` elements at `src + j × count`) lands
     /// at member j's `dest + i × count`, enqueued on `stream`. Not in place. On the world team up
-    /// to 256 KiB per pair, data and flags travel together; otherwise push after an entry round.
+    /// to 4 MiB per pair (less from 3 PEs up: `(n - 1) × bytes` about 4 MiB), data and flags
+    /// travel together; otherwise push after an entry round.
     pub fn alltoall_on_stream(
         &self,
         team: &Team,
@@ -652,8 +734,8 @@ impl Context {
         let Some((l, _)) = self.coll_prepare(team, CALL, format!("{count} x {dtype}"))? else {
             return Ok(());
         };
-        if l.exchange_ll_fits(bytes) {
-            return l.exchange_ll(src, dest, bytes, XCHG_ALLTOALL, 0, stream);
+        if let Some(k) = l.exchange_kernel(bytes) {
+            return l.exchange(k, src, dest, bytes, XCHG_ALLTOALL, 0, stream);
         }
         let grid = grid_for(cu, total, 16 << 10, 1, 2);
         l.run(
@@ -669,48 +751,133 @@ impl Context {
 mod tests {
     use super::*;
 
-    fn plan(bytes: u64, n: u64, defines: &[(&str, u64)]) -> (&'static str, u64) {
-        oneshot_kernel(bytes, n, 132, |k, d| {
+    fn plan_with(
+        bytes: u64,
+        n: u64,
+        aligned: bool,
+        defines: &[(&str, u64)],
+    ) -> (&'static str, u64) {
+        oneshot_kernel(bytes, n, 132, aligned, |k, d| {
             defines
                 .iter()
                 .find(|(name, _)| *name == k)
                 .map_or(d, |&(_, v)| v)
         })
     }
+    fn plan(bytes: u64, n: u64, defines: &[(&str, u64)]) -> (&'static str, u64) {
+        plan_with(bytes, n, true, defines)
+    }
 
     const LL: &str = "symheap_ar_oneshot";
     const FLAG: &str = "symheap_ar_flag";
+    const LL128: &str = LL128_KERNEL;
 
     #[test]
     fn oneshot_kernels_and_grids() {
         // LL: 2 KiB per block, at most 2 blocks per SM.
         assert_eq!(plan(2, 2, &[]), (LL, 1));
         assert_eq!(plan(8 << 10, 2, &[]), (LL, 4));
-        assert_eq!(plan(LL_MAX, 2, &[]), (LL, 128));
-        assert_eq!(plan(LL_MAX, 8, &[]), (LL, 128));
-        // Flag: 8 KiB per block, at most one per SM; also without LL room, for an empty message
-        // (LL would wait for nobody) and for a team of one.
-        assert_eq!(plan(LL_MAX + 16, 2, &[]), (FLAG, 33));
-        assert_eq!(plan(512 << 10, 2, &[]), (FLAG, 64));
-        assert_eq!(plan(4 << 20, 2, &[]), (FLAG, 132));
-        assert_eq!(plan(LL_MAX, 16, &[]), (FLAG, 32));
+        assert_eq!(plan(LL_MAX, 2, &[]), (LL, 16));
+        assert_eq!(plan(LL_MAX, 8, &[]), (LL, 16));
+        // LL128 above: 4 KiB per block, at most 2 blocks per SM.
+        assert_eq!(plan(LL_MAX + 16, 2, &[]), (LL128, 9));
+        assert_eq!(plan(512 << 10, 2, &[]), (LL128, 128));
+        assert_eq!(plan(2 << 20, 2, &[]), (LL128, 264));
+        assert_eq!(plan(3 << 20, 2, &[]), (LL128, 528));
+        assert_eq!(plan(4 << 20, 2, &[]), (LL128, 528));
+        assert_eq!(plan(256 << 10, 16, &[]), (LL128, 64));
+        // Flag: 8 KiB per block, at most one per SM: unaligned buffers, above LL128_MAX, for an
+        // empty message (LL and LL128 would wait for nobody) and for a team of one.
+        assert_eq!(plan_with(512 << 10, 2, false, &[]), (FLAG, 64));
+        assert_eq!(plan((4 << 20) + 16, 2, &[]), (FLAG, 132));
         assert_eq!(plan(0, 2, &[]), (FLAG, 1));
         assert_eq!(plan(4096, 1, &[]), (FLAG, 1));
     }
 
     #[test]
+    fn ll128_grid_goes_wide_only_both_ways_and_large() {
+        let d = |_: &str, d: u64| d;
+        assert_eq!(ll128_grid(4 << 20, 132, true, d), 528);
+        assert_eq!(ll128_grid(4 << 20, 132, false, d), 264);
+        assert_eq!(ll128_grid((3 << 20) - 1, 132, true, d), 264);
+        assert_eq!(ll128_grid(64 << 10, 132, true, d), 16);
+    }
+
+    #[test]
+    fn ll128_region_holds_what_auto_sends_one_shot() {
+        // Auto goes one-shot while (n - 1) x bytes <= ONE_SHOT_PUSH_MAX: the largest such
+        // message must fit every sender's sub-region, at every team size.
+        for n in 2..=64u64 {
+            let bytes = ONE_SHOT_PUSH_MAX / (n - 1);
+            assert!(ll128_fits(bytes, n), "n = {n}, {bytes} bytes");
+            assert_ne!(plan(bytes, n, &[]).0, FLAG, "n = {n}");
+        }
+        assert!(!ll128_fits(LL128_PART, 2));
+        assert!(!ll128_fits(1, 1));
+        // The region follows the scratch table, 256-byte aligned (the kernel needs 128).
+        let dt = DeviceTeams::new(0, 3);
+        assert_eq!(dt.ll128() % 256, 0);
+        assert!(dt.scratch() + dt.ll128() >= dt.peer_scratch() + 8 * 3);
+        assert_eq!(
+            dt.scratch() + dt.ll128() + 2 * LL128_PART,
+            DeviceTeams::bytes(3)
+        );
+    }
+
+    #[test]
     fn oneshot_tuning() {
         let t = |b, d: &[(&str, u64)]| plan(b, 2, d);
+        let flag = |b, d: &[(&str, u64)]| plan_with(b, 2, false, d);
         assert_eq!(
-            t(512 << 10, &[("SYMHEAP_COLL_ONESHOT_BLOCK", 4 << 10)]),
+            flag(512 << 10, &[("SYMHEAP_COLL_ONESHOT_BLOCK", 4 << 10)]),
             (FLAG, 128)
         );
-        assert_eq!(t(4 << 20, &[("SYMHEAP_COLL_ONESHOT_SMS", 2)]), (FLAG, 264));
+        assert_eq!(
+            flag(4 << 20, &[("SYMHEAP_COLL_ONESHOT_SMS", 2)]),
+            (FLAG, 264)
+        );
         assert_eq!(t(512 << 10, &[("SYMHEAP_COLL_LL_MAX", 1 << 20)]), (LL, 256));
-        assert_eq!(t(8 << 10, &[("SYMHEAP_COLL_LL_MAX", 0)]), (FLAG, 1));
+        assert_eq!(
+            t(256 << 10, &[("SYMHEAP_COLL_LL_MAX", 256 << 10)]),
+            (LL, 128)
+        );
+        assert_eq!(t(8 << 10, &[("SYMHEAP_COLL_LL_MAX", 0)]), (LL128, 2));
+        assert_eq!(
+            t(
+                8 << 10,
+                &[("SYMHEAP_COLL_LL_MAX", 0), ("SYMHEAP_COLL_LL128_MAX", 0)]
+            ),
+            (FLAG, 1)
+        );
+        assert_eq!(
+            t(512 << 10, &[("SYMHEAP_COLL_LL128_MAX", 256 << 10)]),
+            (FLAG, 64)
+        );
+        assert_eq!(
+            t(512 << 10, &[("SYMHEAP_COLL_LL128_BLOCK", 16 << 10)]),
+            (LL128, 32)
+        );
+        assert_eq!(t(2 << 20, &[("SYMHEAP_COLL_LL128_SMS", 1)]), (LL128, 132));
+        assert_eq!(
+            t(2 << 20, &[("SYMHEAP_COLL_LL128_WIDE_MIN", 2 << 20)]),
+            (LL128, 512)
+        );
+        assert_eq!(
+            t(4 << 20, &[("SYMHEAP_COLL_LL128_WIDE_SMS", 2)]),
+            (LL128, 264)
+        );
         assert_eq!(t(8 << 10, &[("SYMHEAP_COLL_LL_BLOCK", 1 << 10)]), (LL, 8));
         // Nonsense values stay in range.
         assert_eq!(t(8 << 10, &[("SYMHEAP_COLL_LL_BLOCK", 0)]), (LL, 264));
-        assert_eq!(t(LL_MAX, &[("SYMHEAP_COLL_LL_SMS", 0)]), (LL, 128));
+        assert_eq!(
+            t(
+                256 << 10,
+                &[
+                    ("SYMHEAP_COLL_LL_MAX", 256 << 10),
+                    ("SYMHEAP_COLL_LL_SMS", 0)
+                ]
+            ),
+            (LL, 128)
+        );
     }
 }

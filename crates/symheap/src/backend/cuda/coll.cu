@@ -17,10 +17,13 @@
 // * Launchers may change the tuning constants below (#ifndef SYMHEAP_COLL_*) by defining them
 //   ahead of this source (SYMHEAP_COLL_DEFINES); every member must use the same values.
 // * Grids measured best on 2 x H200 (132 SMs, 512 threads, bf16):
-//     ar_oneshot  (LL, <= 256 KiB): ceil(bytes / 2 KiB) blocks, at most 2 x SMs;
+//     ar_oneshot  (LL, <= 32 KiB): ceil(bytes / 2 KiB) blocks, at most 2 x SMs;
+//     ar_ll128    (LL128, <= 4 MiB): ceil(bytes / 4 KiB), at most 2 x SMs (4 x SMs, two waves,
+//                 from 3 MiB);
 //     ar_flag     ceil(bytes / 8 KiB), at most SMs;
 //     ar_twoshot  clamp(ceil(bytes / 64 KiB), 16, 2 x SMs) (the push path needs <= 512);
-//     exchange_ll as ar_oneshot, over the bytes per member;
+//     exchange_ll / exchange_ll128 as ar_oneshot / ar_ll128, over the bytes per member (a
+//                 broadcast never in two waves);
 //     allgather / reduce_scatter / broadcast / alltoall: clamp(ceil(bytes / 16 KiB), 1, 2 x SMs).
 // * Trailing team arguments, in this order (COLL_TEAM_PARAMS):
 //     const int64_t* bases       device array [n]: heap base of each member in this process's
@@ -45,7 +48,8 @@
 //   created (the small-message LL path below checks flags stored inside the data), slot_bytes a
 //   multiple of 16 and count * sizeof(T) <= slot_bytes. Its LL kernel (ar_oneshot) needs
 //   32 * ceil(bytes / 16) <= slot_bytes / n (rounded down to 16), i.e. slot_bytes >= 2 n x
-//   bytes; the flag kernel (ar_flag) any size up to slot_bytes.
+//   bytes; the flag kernel (ar_flag) any size up to slot_bytes. The LL128 kernels use their own
+//   region (see ar_ll128), also zeroed once.
 //
 // Reductions: op 0 sum, 1 min, 2 max, 3 prod (another op: the rounds run, no data is written).
 // Members are combined in team order 0..n-1 whoever computes, so every member's result is
@@ -1014,6 +1018,232 @@ COLL_DEV void ar_flag(const typename dtype<D>::S* src, typename dtype<D>::S* dst
   end(t, blk);
 }
 
+// ---------------------------------------------------------------------------------------------
+// One-shot all_reduce / reduce_scatter, LL128 variant for mid-size messages (above the LL sizes):
+// data and flags together as in LL, but one 8-byte flag per 128-byte line instead of one per
+// 8 bytes, so the link carries 128/120 of the data instead of twice it.
+// A warp step moves 480 data bytes as 4 lines of 128 bytes, each line written by 8 lanes with
+// one 16-byte volatile store each (one store instruction for the warp); lane 7 of each line
+// stores 8 data bytes and the flag (this launch's epoch, never 0). Lane l of the step holds data
+// bytes [16 (7 q + k), +16) (k = l mod 8 < 7, q = l / 8) or, for k = 7, [448 + 8 q, +8), so every
+// data access is an aligned vector.
+// What makes one flag per line enough is a property of the hardware path, not of the PTX memory
+// model, which NCCL's LL128 protocol relies on as well (NCCL turns it on by default only where it
+// verified it: NVLink between sm_70 / sm_80 / sm_90 GPUs): the 128 bytes a warp stores to one
+// aligned line in one instruction are not split and land in ascending address order, so the
+// flag (the line's last 8 bytes) lands last. A reader polls with the whole warp until every flag
+// lane sees this launch's flag, and only then loads the data, so that every data load is issued
+// after the flag was seen (skipping that second load, i.e. taking the data from the polling
+// load, measured 0.2 to 0.4 us faster on H200, but it would also rely on one warp load of a
+// line being a single snapshot).
+// Checked on 2 x H200 by the exact-value tests (selftest --gpu at 2 and 4 PEs, every launch
+// verified, CUDA-graph replays).
+// Region (offset ll_off from every member's scratch base, two parities of `part` bytes): member
+// me's lines for member j go to sub-region (me - j - 1) mod n of j's region, of
+// floor(part / (n - 1) / 128) x 128 bytes; a region of its own, since another path's stale data
+// could match a flag here (plain data) or LL could take these lines for its own (LL128 data).
+// Zeroed once at team creation; flags are epochs, which only grow, so a stale line never
+// carries this launch's flag. Double buffering as in the flag path (see oneshot_flag).
+// Requires n > 1, count > 0, src, dst and stride x sizeof(T) 16-byte aligned, and
+// 512 x ceil(bytes / 480) <= the sub-region; else every member reports error 4 and touches
+// nothing.
+// ---------------------------------------------------------------------------------------------
+
+#define COLL_LL128_STEP_DATA 480
+#define COLL_LL128_STEP_WIRE 512
+
+COLL_DEV void st_ll128(void* p, uint64_t a, uint64_t b) {
+  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(a), "l"(b) : "memory");
+}
+COLL_DEV uint64_t lo64(const v16& v) { return ((uint64_t)v.y << 32) | v.x; }
+COLL_DEV uint64_t hi64(const v16& v) { return ((uint64_t)v.w << 32) | v.z; }
+COLL_DEV v16 words_to_v16(uint64_t a, uint64_t b) {
+  v16 v;
+  v.x = (uint32_t)a;
+  v.y = (uint32_t)(a >> 32);
+  v.z = (uint32_t)b;
+  v.w = (uint32_t)(b >> 32);
+  return v;
+}
+
+// Elements [first, first + m) of p (m = 8 or 16 bytes' worth), those below `count`, as a
+// zero-padded vector (the upper half stays zero for an 8-byte piece); and back.
+template <typename D>
+COLL_DEV v16 load_piece(const typename dtype<D>::S* p, size_t first, unsigned m, size_t count) {
+  if (first + m <= count) {
+    if (m == dtype<D>::E) return ld16(p + first);
+    v16 v;
+    asm volatile("ld.global.cg.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p + first));
+    v.z = 0;
+    v.w = 0;
+    return v;
+  }
+  return load_tail<D>(p, first, first + m < count ? first + m : count);
+}
+template <typename D>
+COLL_DEV void store_piece(typename dtype<D>::S* p, size_t first, unsigned m, size_t count,
+                          const v16& v) {
+  if (first + m <= count) {
+    if (m == dtype<D>::E) {
+      st16(p + first, v);
+    } else {
+      asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p + first), "r"(v.x), "r"(v.y)
+                   : "memory");
+    }
+    return;
+  }
+  store_tail<D>(p, first, first + m < count ? first + m : count, v);
+}
+
+// Steps of one warp handled together (their loads in flight at once, one wait for all). 1, 2
+// and 4 measured on 2 x H200: 2 within 0.2 us of 1 either way from 512 KiB to 4 MiB, 4 slower.
+#ifndef SYMHEAP_COLL_LL128_UNROLL
+#define SYMHEAP_COLL_LL128_UNROLL 1
+#endif
+
+// Waits (with the whole warp) until every flag lane sees flag e in its line of the first
+// `lines` (warp-uniform, <= U) of the lines p, p + gap, ..., p + (U - 1) gap; false on every lane
+// after the timeout. The caller loads the data afterwards (see the top of this section).
+template <int U>
+COLL_DEV bool wait_ll128(const uint8_t* p, size_t gap, int lines, uint64_t e, bool flag_lane,
+                         uint64_t start, uint64_t timeout_ns) {
+  for (unsigned polls = 0;; ++polls) {
+    bool missing = false;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (u < lines) {
+        uint64_t a, b;
+        ld_ll(p + u * gap, a, b);
+        missing = missing || (flag_lane && b != e);
+      }
+    }
+    if (!__any_sync(0xffffffffu, missing)) return true;
+    if ((polls & 15) == 15 &&
+        __any_sync(0xffffffffu, symheap::detail::globaltimer() - start >= timeout_ns)) {
+      return false;
+    }
+  }
+}
+COLL_DEV v16 ld_line(const uint8_t* p) {
+  uint64_t a, b;
+  ld_ll(p, a, b);
+  return words_to_v16(a, b);
+}
+
+template <typename D>
+COLL_DEV void ar_ll128(const typename dtype<D>::S* src, typename dtype<D>::S* dst, uint64_t count,
+                       uint64_t stride, int op, const uint64_t* peer_scratch, uint64_t* scratch,
+                       uint64_t ll_off, uint64_t part, const Team& t) {
+  typedef typename dtype<D>::S S;
+  typedef typename dtype<D>::A A;
+  const int U = SYMHEAP_COLL_LL128_UNROLL;
+  __shared__ Block blk;
+  const uint64_t ctl0 = *(volatile const uint64_t*)&t.ctl[0];
+  const size_t bytes = (size_t)count * sizeof(S);
+  const size_t steps = (bytes + COLL_LL128_STEP_DATA - 1) / COLL_LL128_STEP_DATA;
+  const size_t sub = t.n > 1 ? (size_t)(part / (uint64_t)(t.n - 1)) & ~(size_t)127 : 0;
+  bool ok = t.n > 1 && count > 0 && steps * COLL_LL128_STEP_WIRE <= sub && steps < (1u << 30) &&
+            aligned16(src) && aligned16(dst) && ((size_t)stride * sizeof(S)) % 16 == 0 &&
+            ((uintptr_t)scratch & 127) == 0 && (ll_off & 127) == 0 && (part & 127) == 0;
+  for (int j = 0; j < t.n; ++j) ok = ok && ((peer_scratch[j] & 127) == 0);
+  begin_epoch(blk, ctl0);
+  if (!ok) {
+    if (threadIdx.x == 0) report(t.error, SYMHEAP_ERR_COLL_LAUNCH);
+    end(t, blk);
+    return;
+  }
+  const uint64_t e = blk.epoch;
+  const size_t par_off = ll_off + (size_t)(e & 1) * part;
+  const unsigned lane = threadIdx.x & 31;
+  const unsigned q = lane >> 3;
+  const bool flag_lane = (lane & 7) == 7;
+  // This lane's piece of a step: offset and length in elements.
+  const unsigned poff = (flag_lane ? 448 + 8 * q : 16 * (7 * q + (lane & 7))) / sizeof(S);
+  const unsigned m = (flag_lane ? 8 : 16) / sizeof(S);
+  // 32-bit step indices (steps * 512 fits the region, checked above): fewer registers.
+  const unsigned nsteps = (unsigned)steps;
+  const unsigned warps = gridDim.x * (blockDim.x >> 5);
+  const unsigned w0 = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const size_t step_elems = COLL_LL128_STEP_DATA / sizeof(S);
+  const size_t gap = (size_t)warps * COLL_LL128_STEP_WIRE;  // between a warp's consecutive steps
+  // Push: my pieces of U steps at a time (loads first, then the stores) to every peer.
+  for (unsigned s0 = w0; s0 < nsteps; s0 += U * warps) {
+    const int lines = (int)min((nsteps - s0 + warps - 1) / warps, (unsigned)U);
+    v16 v[U];
+    for (int k = 1; k < t.n; ++k) {
+      int j = t.me + k;
+      if (j >= t.n) j -= t.n;
+      // all_reduce loads its pieces once for every peer; reduce_scatter each peer's own.
+      if (k == 1 || stride != 0) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          if (u < lines) {
+            const size_t first = (size_t)(s0 + u * warps) * step_elems + poff;
+            v[u] = load_piece<D>(src + j * stride, first, m, count);
+          }
+        }
+      }
+      // Sub-region of the sender me at member j: (me - j - 1) mod n = n - k - 1.
+      uint8_t* line = (uint8_t*)(uintptr_t)(peer_scratch[j] + par_off) +
+                      (size_t)(t.n - 1 - k) * sub + (size_t)s0 * COLL_LL128_STEP_WIRE + 16 * lane;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (u < lines) st_ll128(line + u * gap, lo64(v[u]), flag_lane ? e : hi64(v[u]));
+      }
+    }
+  }
+  // Receive: wait for U steps of every peer, then reduce them in member order.
+  const uint8_t* mine = (const uint8_t*)scratch + par_off + 16 * lane;
+  const S* own_src = src + (size_t)t.me * stride;
+  const uint64_t start = symheap::detail::globaltimer();
+  for (unsigned s0 = w0; s0 < nsteps; s0 += U * warps) {
+    const int lines = (int)min((nsteps - s0 + warps - 1) / warps, (unsigned)U);
+    v16 own[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (u < lines) {
+        own[u] = load_piece<D>(own_src, (size_t)(s0 + u * warps) * step_elems + poff, m, count);
+      }
+    }
+    bool got = true;
+    for (int j = 0; j < t.n && got; ++j) {
+      if (j == t.me) continue;
+      // Member j's lines are in my sub-region (j - me - 1) mod n.
+      int r = j - t.me - 1;
+      if (r < 0) r += t.n;
+      got = wait_ll128<U>(mine + (size_t)r * sub + (size_t)s0 * COLL_LL128_STEP_WIRE, gap, lines, e,
+                          flag_lane, start, t.timeout_ns);
+    }
+    if (!got) {
+      if (lane == 0) report(t.error, SYMHEAP_ERR_COLL_TIMEOUT);
+      break;
+    }
+    if (!valid_op(op)) continue;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (u < lines) {
+        A acc[dtype<D>::E];
+        for (int j = 0; j < t.n; ++j) {
+          v16 v = own[u];
+          if (j != t.me) {
+            int r = j - t.me - 1;
+            if (r < 0) r += t.n;
+            v = ld_line(mine + (size_t)r * sub + (size_t)(s0 + u * warps) * COLL_LL128_STEP_WIRE);
+          }
+          if (j == 0) {
+            dtype<D>::unpack(v, acc);
+          } else {
+            combine_vec<D>(acc, v, op);
+          }
+        }
+        const size_t first = (size_t)(s0 + u * warps) * step_elems + poff;
+        store_piece<D>(dst, first, m, count, dtype<D>::pack(acc));
+      }
+    }
+  }
+  end(t, blk);
+}
+
 // Two members, dst and src disjoint, large messages: a two-shot that moves data over NVLink
 // with stores only (peer reads are slower than peer writes: measured 344 vs 363 GB/s on H200).
 // Chunk j (j = 0, 1) belongs to member j. Round 0 (entry); each block pushes its grid-stride
@@ -1169,6 +1399,17 @@ using coll::Team;
     coll::ar_flag<D>(src, dst, count, stride, op, peer_scratch, scratch, slot_bytes, COLL_TEAM); \
   }
 
+// The one-shot's LL128 path (mid-size messages): scratch is my scratch base, the LL128 region
+// starts ll_off bytes into every member's scratch, `part` bytes per parity.
+#define COLL_LL128(SUFFIX, D, S)                                                              \
+  extern "C" __global__ void __launch_bounds__(1024) symheap_ar_ll128_##SUFFIX(               \
+      const S* src, S* dst, uint64_t count, uint64_t stride, int op,                          \
+      const uint64_t* peer_scratch, uint64_t* scratch, uint64_t ll_off, uint64_t part,        \
+      COLL_TEAM_PARAMS) {                                                                     \
+    coll::ar_ll128<D>(src, dst, count, stride, op, peer_scratch, scratch, ll_off, part,       \
+                      COLL_TEAM);                                                             \
+  }
+
 // Two-shot all_reduce (bandwidth path), no scratch.
 #define COLL_TWOSHOT(SUFFIX, D, S)                                                \
   extern "C" __global__ void __launch_bounds__(1024) symheap_ar_twoshot_##SUFFIX( \
@@ -1186,6 +1427,7 @@ using coll::Team;
 #define COLL_REDUCTIONS(SUFFIX, D, S) \
   COLL_ONESHOT(SUFFIX, D, S)          \
   COLL_FLAG(SUFFIX, D, S)             \
+  COLL_LL128(SUFFIX, D, S)            \
   COLL_TWOSHOT(SUFFIX, D, S)          \
   COLL_REDUCE_SCATTER(SUFFIX, D, S)
 
@@ -1410,6 +1652,161 @@ extern "C" __global__ void __launch_bounds__(1024)
     }
   }
   if (bcast && n > 1) {
+    for (int j = threadIdx.x; j < n && ok; j += blockDim.x) {
+      if (j != me) ok = coll::wait_ge(flags + row0 + j, e, start, timeout_ns);
+    }
+  }
+  ok = __syncthreads_and(ok) != 0;
+  if (!ok && threadIdx.x == 0) coll::report(error, SYMHEAP_ERR_COLL_TIMEOUT);
+  coll::end(t, blk);
+}
+
+// ---------------------------------------------------------------------------------------------
+// LL128 exchange: the same three modes and arguments as symheap_exchange_ll, for larger
+// messages, in the LL128 format and region of symheap_ar_ll128 (`ll_off`, `part`: see there).
+// Member me's lines for member j go to sub-region (me - j - 1) mod n of j's region; a broadcast
+// uses the root's only. Broadcast members also store an arrival flag per block at entry and the
+// root waits for them at the end, as in exchange_ll, so that every launch waits for every
+// member (the double buffering relies on it). Any alignment and size (byte tails); needs n > 1,
+// bytes > 0 and 512 x ceil(bytes / 480) <= the sub-region, else error 4.
+// ---------------------------------------------------------------------------------------------
+
+namespace coll {
+
+// Bytes [0, len) (len <= plen, plen 8 or 16) at p as a zero-padded vector: one vector access
+// when whole and `al` (p is then plen-aligned).
+COLL_DEV v16 load_piece_bytes(const uint8_t* p, size_t len, unsigned plen, bool al) {
+  if (al && len == plen && plen == 8) {
+    v16 v;
+    asm volatile("ld.global.cg.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    v.z = 0;
+    v.w = 0;
+    return v;
+  }
+  return load_part(p, len, al);
+}
+COLL_DEV void store_piece_bytes(uint8_t* p, size_t len, unsigned plen, bool al, const v16& v) {
+  if (al && len == plen && plen == 8) {
+    asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
+    return;
+  }
+  store_part(p, len, al, v);
+}
+
+}  // namespace coll
+
+extern "C" __global__ void __launch_bounds__(1024)
+    symheap_exchange_ll128(const uint8_t* src, uint8_t* dst, uint64_t bytes, int mode, int root,
+                           const uint64_t* peer_scratch, uint64_t* scratch, uint64_t ll_off,
+                           uint64_t part, COLL_TEAM_PARAMS) {
+  const Team t = COLL_TEAM;
+  __shared__ coll::Block blk;
+  coll::begin_epoch(blk, *(volatile const uint64_t*)&ctl[0]);
+  const uint64_t e = blk.epoch;
+  const size_t steps = (bytes + COLL_LL128_STEP_DATA - 1) / COLL_LL128_STEP_DATA;
+  const size_t sub = n > 1 ? (size_t)(part / (uint64_t)(n - 1)) & ~(size_t)127 : 0;
+  bool ok = n > 1 && bytes > 0 && steps * COLL_LL128_STEP_WIRE <= sub && steps < (1u << 30) &&
+            ((uintptr_t)scratch & 127) == 0 && (ll_off & 127) == 0 && (part & 127) == 0;
+  for (int j = 0; j < n; ++j) ok = ok && ((peer_scratch[j] & 127) == 0);
+  if (!ok) {
+    if (threadIdx.x == 0) coll::report(error, SYMHEAP_ERR_COLL_LAUNCH);
+    coll::end(t, blk);
+    return;
+  }
+  const bool bcast = mode == COLL_XCHG_BROADCAST;
+  if (bcast) {
+    const size_t row0 = coll::slot_row(blockIdx.x, n);
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+      if (j != me) symheap::detail::st_release((uint64_t*)(uintptr_t)peer_flags[j] + row0 + me, e);
+    }
+  }
+  const size_t par_off = ll_off + (size_t)(e & 1) * part;
+  const unsigned lane = threadIdx.x & 31;
+  const bool flag_lane = (lane & 7) == 7;
+  const unsigned poff = flag_lane ? 448 + 8 * (lane >> 3) : 16 * (7 * (lane >> 3) + (lane & 7));
+  const unsigned plen = flag_lane ? 8 : 16;
+  // 32-bit step indices (steps * 512 fits the region, checked above): fewer registers.
+  const unsigned nsteps = (unsigned)steps;
+  const unsigned warps = gridDim.x * (blockDim.x >> 5);
+  const unsigned w0 = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  // Block k of src / dst (alltoall, all_gather positions) stays 16-aligned when bytes is.
+  const bool step_al = (bytes & 15) == 0;
+  const bool src_al = coll::aligned16(src) && (mode != COLL_XCHG_ALLTOALL || step_al);
+  const bool dst_al = coll::aligned16(dst) && (bcast || step_al);
+  const size_t my_off = bcast ? 0 : (size_t)me * bytes;  // where my own data lands in my dst
+  // Bytes of this lane's piece at message offset o (0 past the end).
+  auto piece_len = [&](size_t o) -> size_t {
+    return o >= bytes ? 0 : (bytes - o < plen ? bytes - o : plen);
+  };
+  const int U = SYMHEAP_COLL_LL128_UNROLL;
+  const size_t gap = (size_t)warps * COLL_LL128_STEP_WIRE;  // between a warp's consecutive steps
+  // Send U steps at a time (loads first, then the stores), then my own part by a local copy.
+  if (!bcast || me == root) {
+    const uint8_t* own_src = mode == COLL_XCHG_ALLTOALL ? src + (size_t)me * bytes : src;
+    const bool own_copy = own_src != dst + my_off;
+    for (unsigned s0 = w0; s0 < nsteps; s0 += U * warps) {
+      const int lines = (int)min((nsteps - s0 + warps - 1) / warps, (unsigned)U);
+      coll::v16 v[U];
+      for (int k = 1; k < n; ++k) {
+        int j = me + k;
+        if (j >= n) j -= n;
+        if (k == 1 || mode == COLL_XCHG_ALLTOALL) {
+          const uint8_t* from = mode == COLL_XCHG_ALLTOALL ? src + (size_t)j * bytes : src;
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            const size_t o = (size_t)(s0 + u * warps) * COLL_LL128_STEP_DATA + poff;
+            if (u < lines) v[u] = coll::load_piece_bytes(from + o, piece_len(o), plen, src_al);
+          }
+        }
+        uint8_t* line = (uint8_t*)(uintptr_t)(peer_scratch[j] + par_off) +
+                        (size_t)(n - 1 - k) * sub + (size_t)s0 * COLL_LL128_STEP_WIRE + 16 * lane;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          if (u < lines) {
+            coll::st_ll128(line + u * gap, coll::lo64(v[u]), flag_lane ? e : coll::hi64(v[u]));
+          }
+        }
+      }
+    }
+    // My own part, once the peers' stores are on their way.
+    for (unsigned s = w0; s < nsteps && own_copy; s += warps) {
+      const size_t o = (size_t)s * COLL_LL128_STEP_DATA + poff;
+      const size_t len = piece_len(o);
+      if (len > 0) {
+        coll::store_piece_bytes(dst + my_off + o, len, plen, dst_al,
+                                coll::load_piece_bytes(own_src + o, len, plen, src_al));
+      }
+    }
+  }
+  // Receive: wait for U steps of a member, then copy them out.
+  const uint64_t start = symheap::detail::globaltimer();
+  if (!bcast || me != root) {
+    const uint8_t* mine = (const uint8_t*)scratch + par_off + 16 * lane;
+    for (unsigned s0 = w0; s0 < nsteps && ok; s0 += U * warps) {
+      const int lines = (int)min((nsteps - s0 + warps - 1) / warps, (unsigned)U);
+      for (int k = 0; k < n && ok; ++k) {
+        if (k == me || (bcast && k != root)) continue;
+        int r = k - me - 1;
+        if (r < 0) r += n;
+        const uint8_t* lk = mine + (size_t)r * sub + (size_t)s0 * COLL_LL128_STEP_WIRE;
+        ok = coll::wait_ll128<SYMHEAP_COLL_LL128_UNROLL>(lk, gap, lines, e, flag_lane, start,
+                                                         timeout_ns);
+        if (!ok) break;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const size_t o = (size_t)(s0 + u * warps) * COLL_LL128_STEP_DATA + poff;
+          const size_t len = piece_len(o);
+          if (u < lines && len > 0) {
+            coll::store_piece_bytes(dst + (bcast ? 0 : (size_t)k * bytes) + o, len, plen, dst_al,
+                                    coll::ld_line(lk + u * gap));
+          }
+        }
+      }
+    }
+  }
+  if (bcast) {
+    // (The row is recomputed rather than kept live through the loops above: registers.)
+    const size_t row0 = coll::slot_row(blockIdx.x, n);
     for (int j = threadIdx.x; j < n && ok; j += blockDim.x) {
       if (j != me) ok = coll::wait_ge(flags + row0 + j, e, start, timeout_ns);
     }

@@ -173,11 +173,13 @@ const COLL_KERNELS: &[&str] = &[
     "symheap_broadcast",
     "symheap_alltoall",
     "symheap_exchange_ll",
+    "symheap_exchange_ll128",
 ];
 /// Reduction kernels exist per dtype suffix.
 const COLL_REDUCING: &[&str] = &[
     "symheap_ar_oneshot",
     "symheap_ar_flag",
+    "symheap_ar_ll128",
     "symheap_ar_twoshot",
     "symheap_reduce_scatter",
 ];
