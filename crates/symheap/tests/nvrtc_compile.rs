@@ -288,7 +288,7 @@ fn coll_kernels_compile_with_tuning_defines() {
     let src = format!(
         "#define SYMHEAP_COLL_BCAST_PUSH 0\n#define SYMHEAP_COLL_UNROLL 2\n\
          #define SYMHEAP_COLL_UNROLL_ONESHOT 1\n#define SYMHEAP_COLL_PUSH2_MIN 0\n\
-         #define SYMHEAP_COLL_LL128_UNROLL 2\n{}",
+         #define SYMHEAP_COLL_LL128_UNROLL 2\n#define SYMHEAP_COLL_A2A_OWN 0\n{}",
         nvrtc::COLL
     );
     cubin(&src, "coll_tuned.cu", 90);

@@ -77,6 +77,13 @@ fn num(c: &mut Config, name: &str) -> Result<Option<usize>> {
     }
 }
 
+/// The rendezvous port every PE of an MPI / PMI / Slurm job derives from the job identity:
+/// 20000 to 31999, below Linux's ephemeral range (32768 up), where any outgoing connection on
+/// the node may already hold it (a CI run failed on exactly that with the range up to 49999).
+fn derived_port(job_id: &str) -> usize {
+    20000 + (fnv1a(job_id.as_bytes()) % 12000) as usize
+}
+
 impl LaunchEnv {
     /// Reads the environment. Records every variable it used in `cfg.env_read`.
     pub fn detect(cfg: &mut Config) -> Result<LaunchEnv> {
@@ -158,9 +165,7 @@ impl LaunchEnv {
                 (Some(p), _) => p,
                 (None, _) if world == 1 => 0,
                 (None, Launcher::OpenMpi | Launcher::Pmi | Launcher::Slurm) => {
-                    // Every PE derives the same port from the job identity.
-                    let id = job_id.clone().unwrap_or_default();
-                    20000 + (fnv1a(id.as_bytes()) % 30000) as usize
+                    derived_port(job_id.as_deref().unwrap_or_default())
                 }
                 (None, _) => {
                     return Err(invalid(
@@ -244,6 +249,18 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn derived_ports_stay_below_the_ephemeral_range() {
+        let ports: Vec<usize> = (0..2000)
+            .map(|i| derived_port(&format!("job{i}")))
+            .collect();
+        assert!(ports.iter().all(|p| (20000..32000).contains(p)));
+        // The same job always gets the same port, and jobs spread over the range.
+        assert_eq!(derived_port("1234@0"), derived_port("1234@0"));
+        let distinct: std::collections::HashSet<_> = ports.iter().collect();
+        assert!(distinct.len() > 1500, "{} distinct ports", distinct.len());
+    }
 
     #[test]
     fn slurm_host_lists() {

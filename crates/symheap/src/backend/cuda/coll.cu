@@ -1818,17 +1818,31 @@ extern "C" __global__ void __launch_bounds__(1024)
 
 // alltoall: `bytes` per member pair; round 0; src + j * bytes goes to member j's dst + me * bytes
 // for every j (self included: a local copy); round 1. Not in place.
+#ifndef SYMHEAP_COLL_A2A_OWN
+#define SYMHEAP_COLL_A2A_OWN 4
+#endif
 extern "C" __global__ void __launch_bounds__(1024)
     symheap_alltoall(const uint8_t* src, uint8_t* dst, uint64_t bytes, COLL_TEAM_PARAMS) {
   const Team t = COLL_TEAM;
   __shared__ coll::Block blk;
   coll::begin(t, blk);
   if (coll::sync_entry(t, blk)) {
-    const size_t rank = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const size_t cnt = (size_t)gridDim.x * blockDim.x;
     uint8_t* mine = dst + (size_t)me * bytes;
+    // My own block is a local copy. After the peers' blocks it would add its HBM time to theirs
+    // (which the links bound); with a grid of at least 8 n blocks, the first
+    // gridDim / (SYMHEAP_COLL_A2A_OWN x n) blocks copy it while the others push to the peers.
+    const unsigned own_blocks =
+        SYMHEAP_COLL_A2A_OWN > 0 && gridDim.x >= 8u * (unsigned)n
+            ? gridDim.x / (SYMHEAP_COLL_A2A_OWN * (unsigned)n)
+            : 0;
+    const bool own_part = blockIdx.x < own_blocks;
+    const unsigned b0 = own_part ? 0 : own_blocks;
+    const unsigned nb = own_part ? own_blocks : gridDim.x - own_blocks;
+    const size_t rank = (size_t)(blockIdx.x - b0) * blockDim.x + threadIdx.x;
+    const size_t cnt = (size_t)nb * blockDim.x;
     for (int k = 1; k <= n; ++k) {
       const int j = (me + k) % n;  // peers first, my own block last
+      if (own_blocks > 0 && own_part != (j == me)) continue;
       coll::copy_out(src + (size_t)j * bytes, bytes, coll::OneDst{coll::at(blk, mine, j)}, 1,
                      blk.deltas_aligned != 0, rank, cnt);
     }
