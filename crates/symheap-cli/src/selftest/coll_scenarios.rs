@@ -44,25 +44,11 @@ fn check_vec<T: TestElem>(got: &[T], want: &[f64], scale: &[f64], what: &str) ->
     Ok(())
 }
 
+/// One all_reduce on the stream against the sequential reference, with source and destination
+/// `off` elements into their allocations (an odd `off` makes them not 16-byte aligned, which the
+/// vector and LL128 paths require).
 #[allow(clippy::too_many_arguments)]
 fn ar_case<T: TestElem>(
-    ctx: &Context,
-    team: &Team,
-    s: u64,
-    a: PeArgs,
-    count: usize,
-    op: ReduceOp,
-    algo: AllReduceAlgo,
-    in_place: bool,
-    tag: u64,
-) -> Outcome {
-    ar_case_at::<T>(ctx, team, s, a, count, op, algo, in_place, tag, 0)
-}
-
-/// As `ar_case`, with source and destination `off` elements into their allocations (an odd
-/// `off` makes them not 16-byte aligned, which the vector and LL128 paths require).
-#[allow(clippy::too_many_arguments)]
-fn ar_case_at<T: TestElem>(
     ctx: &Context,
     team: &Team,
     s: u64,
@@ -112,6 +98,25 @@ fn ar_case_at<T: TestElem>(
     d.read(off, &mut got).map_err(e2s)?;
     check_vec(&got, &want, &scale, &what)?;
     ctx.barrier_all().map_err(e2s)
+}
+
+/// Sums `off` elements into their allocations (not 16-byte aligned for odd `off`), out of place
+/// and in place.
+#[allow(clippy::too_many_arguments)]
+fn ar_unaligned<T: TestElem>(
+    ctx: &Context,
+    team: &Team,
+    s: u64,
+    a: PeArgs,
+    count: usize,
+    tag: u64,
+    off: usize,
+) -> Outcome {
+    let (op, algo) = (ReduceOp::Sum, AllReduceAlgo::Auto);
+    for in_place in [false, true] {
+        ar_case::<T>(ctx, team, s, a, count, op, algo, in_place, tag, off)?;
+    }
+    Ok(())
 }
 
 fn others<T: TestElem>(
@@ -254,44 +259,19 @@ pub fn coll_stream(ctx: &Context, a: PeArgs) -> Outcome {
             for algo in [AllReduceAlgo::Auto, AllReduceAlgo::TwoShot] {
                 for in_place in [false, true] {
                     tag += 10;
-                    ar_case::<f32>(ctx, &world, s, a, count, op, algo, in_place, tag)?;
-                    ar_case::<bf16>(ctx, &world, s, a, count, op, algo, in_place, tag)?;
+                    ar_case::<f32>(ctx, &world, s, a, count, op, algo, in_place, tag, 0)?;
+                    ar_case::<bf16>(ctx, &world, s, a, count, op, algo, in_place, tag, 0)?;
                     if count <= 100_003 {
-                        ar_case::<f16>(ctx, &world, s, a, count, op, algo, in_place, tag)?;
-                        ar_case::<i32>(ctx, &world, s, a, count, op, algo, in_place, tag)?;
+                        ar_case::<f16>(ctx, &world, s, a, count, op, algo, in_place, tag, 0)?;
+                        ar_case::<i32>(ctx, &world, s, a, count, op, algo, in_place, tag, 0)?;
                     }
                 }
             }
         }
         tag += 10;
         // Buffers off 16-byte alignment: the one-shot's flag path above the LL sizes.
-        for in_place in [false, true] {
-            let op = ReduceOp::Sum;
-            ar_case_at::<f32>(
-                ctx,
-                &world,
-                s,
-                a,
-                count,
-                op,
-                AllReduceAlgo::Auto,
-                in_place,
-                tag,
-                1,
-            )?;
-            ar_case_at::<bf16>(
-                ctx,
-                &world,
-                s,
-                a,
-                count,
-                op,
-                AllReduceAlgo::Auto,
-                in_place,
-                tag,
-                3,
-            )?;
-        }
+        ar_unaligned::<f32>(ctx, &world, s, a, count, tag, 1)?;
+        ar_unaligned::<bf16>(ctx, &world, s, a, count, tag, 3)?;
         others::<f32>(ctx, &world, s, a, count.min(300_001), tag)?;
         others::<bf16>(ctx, &world, s, a, count.min(1001), tag + 5)?;
     }
@@ -310,6 +290,7 @@ pub fn coll_stream(ctx: &Context, a: PeArgs) -> Outcome {
         AllReduceAlgo::Auto,
         false,
         9001,
+        0,
     )?;
     ar_case::<i32>(
         ctx,
@@ -321,6 +302,7 @@ pub fn coll_stream(ctx: &Context, a: PeArgs) -> Outcome {
         AllReduceAlgo::TwoShot,
         true,
         9002,
+        0,
     )?;
     others::<i32>(ctx, &sub, s, a, 333, 9003)?;
     ctx.barrier_all().map_err(e2s)?;

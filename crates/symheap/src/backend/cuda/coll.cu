@@ -1556,20 +1556,15 @@ COLL_DEV v16 load_part(const uint8_t* p, size_t len, bool al) {
       hi |= b << (8 * (k - 8));
     }
   }
-  v16 v;
-  v.x = (uint32_t)lo;
-  v.y = (uint32_t)(lo >> 32);
-  v.z = (uint32_t)hi;
-  v.w = (uint32_t)(hi >> 32);
-  return v;
+  return words_to_v16(lo, hi);
 }
 COLL_DEV void store_part(uint8_t* p, size_t len, bool al, const v16& v) {
   if (al && len == 16) {
     st16(p, v);
     return;
   }
-  const uint64_t lo = ((uint64_t)v.y << 32) | v.x;
-  const uint64_t hi = ((uint64_t)v.w << 32) | v.z;
+  const uint64_t lo = lo64(v);
+  const uint64_t hi = hi64(v);
   for (size_t k = 0; k < len; ++k) {
     st_u8(p + k, (uint8_t)(k < 8 ? lo >> (8 * k) : hi >> (8 * (k - 8))));
   }
