@@ -100,9 +100,8 @@ fn ar_case<T: TestElem>(
     ctx.barrier_all().map_err(e2s)
 }
 
-/// Sums `off` elements into their allocations (not 16-byte aligned for odd `off`), out of place
-/// and in place.
-#[allow(clippy::too_many_arguments)]
+/// Sum all_reduces, out of place and in place, with the buffers `off` elements into their
+/// allocations (not 16-byte aligned for odd `off`).
 fn ar_unaligned<T: TestElem>(
     ctx: &Context,
     team: &Team,
