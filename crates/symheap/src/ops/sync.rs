@@ -231,11 +231,15 @@ impl Inner {
                     parts.push(buf);
                 }
                 let refs: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
-                let mut l = team.ledger();
-                match l.compare_named(&refs, &team.members) {
+                let msg = match team.ledger().compare_named(&refs, &team.members) {
                     Err(m) => format!("on {}: {m}", team.name),
                     Ok(()) => format!("the ledgers of {} differ", team.name),
-                }
+                };
+                // Nobody returns (and perhaps exits, which fails the others' waits) before every
+                // member has read the mailboxes; the message is complete here, so a failure of
+                // this last barrier no longer changes it.
+                let _ = self.barrier_core(team, st, call, 0, 0);
+                msg
             }
         };
         let kind = ErrorKind::CollectiveMismatch(msg);
