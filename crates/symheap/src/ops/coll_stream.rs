@@ -242,15 +242,25 @@ impl Launch<'_> {
             Arg::U64(count),
             Arg::U64(stride),
             Arg::I32(op_code(op)),
+        ];
+        args.extend(self.scratch_args(kernel == LL128_KERNEL));
+        self.run(&format!("{kernel}_{sfx}"), grid, stream, &args)
+    }
+
+    /// The arguments that end the one-shot and exchange kernels' own: every member's scratch
+    /// address table and my scratch, then the LL128 region's offset and parity size (`ll128`),
+    /// or the scratch slot size.
+    fn scratch_args(&self, ll128: bool) -> Vec<Arg> {
+        let mut args = vec![
             Arg::U64(self.own + self.dt.peer_scratch()),
             Arg::U64(self.own + self.dt.scratch()),
         ];
-        if kernel == LL128_KERNEL {
+        if ll128 {
             args.extend([Arg::U64(self.dt.ll128()), Arg::U64(LL128_PART)]);
         } else {
             args.push(Arg::U64(ONE_SHOT_SLOT));
         }
-        self.run(&format!("{kernel}_{sfx}"), grid, stream, &args)
+        args
     }
 
     /// The exchange kernel (small and mid-size all_gather, alltoall, broadcast) for `bytes` per
@@ -297,14 +307,12 @@ impl Launch<'_> {
             Arg::U64(bytes),
             Arg::I32(mode),
             Arg::I32(root),
-            Arg::U64(self.own + self.dt.peer_scratch()),
-            Arg::U64(self.own + self.dt.scratch()),
         ];
-        let grid = if kernel == XCHG_LL128_KERNEL {
-            args.extend([Arg::U64(self.dt.ll128()), Arg::U64(LL128_PART)]);
+        let ll128 = kernel == XCHG_LL128_KERNEL;
+        args.extend(self.scratch_args(ll128));
+        let grid = if ll128 {
             ll128_grid(bytes, sms, mode != XCHG_BROADCAST, tune)
         } else {
-            args.push(Arg::U64(ONE_SHOT_SLOT));
             ll_grid(bytes, sms, tune)
         };
         self.run(kernel, grid, stream, &args)

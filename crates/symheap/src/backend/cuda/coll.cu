@@ -1065,18 +1065,36 @@ COLL_DEV v16 words_to_v16(uint64_t a, uint64_t b) {
   v.w = (uint32_t)(b >> 32);
   return v;
 }
+// 8 aligned bytes as the lower half of a vector (upper half zero), and back.
+COLL_DEV v16 ld8(const void* p) {
+  v16 v;
+  asm volatile("ld.global.cg.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  v.z = 0;
+  v.w = 0;
+  return v;
+}
+COLL_DEV void st8(void* p, const v16& v) {
+  asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
+}
+
+// Where lane `lane` of a warp step keeps its data: bytes [off, off + len) of the step's 480
+// (see the top of this section). The flag lanes (lane mod 8 == 7) hold 8 bytes.
+COLL_DEV unsigned ll128_piece_off(unsigned lane) {
+  return (lane & 7) == 7 ? 448 + 8 * (lane >> 3) : 16 * (7 * (lane >> 3) + (lane & 7));
+}
+COLL_DEV unsigned ll128_piece_len(unsigned lane) { return (lane & 7) == 7 ? 8 : 16; }
+
+// Of the steps s0, s0 + warps, ..., s0 + (u_max - 1) warps, how many are below nsteps.
+COLL_DEV int ll128_batch(unsigned s0, unsigned nsteps, unsigned warps, int u_max) {
+  return (int)min((nsteps - s0 + warps - 1) / warps, (unsigned)u_max);
+}
 
 // Elements [first, first + m) of p (m = 8 or 16 bytes' worth), those below `count`, as a
 // zero-padded vector (the upper half stays zero for an 8-byte piece); and back.
 template <typename D>
 COLL_DEV v16 load_piece(const typename dtype<D>::S* p, size_t first, unsigned m, size_t count) {
   if (first + m <= count) {
-    if (m == dtype<D>::E) return ld16(p + first);
-    v16 v;
-    asm volatile("ld.global.cg.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p + first));
-    v.z = 0;
-    v.w = 0;
-    return v;
+    return m == dtype<D>::E ? ld16(p + first) : ld8(p + first);
   }
   return load_tail<D>(p, first, first + m < count ? first + m : count);
 }
@@ -1087,8 +1105,7 @@ COLL_DEV void store_piece(typename dtype<D>::S* p, size_t first, unsigned m, siz
     if (m == dtype<D>::E) {
       st16(p + first, v);
     } else {
-      asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p + first), "r"(v.x), "r"(v.y)
-                   : "memory");
+      st8(p + first, v);
     }
     return;
   }
@@ -1155,11 +1172,10 @@ COLL_DEV void ar_ll128(const typename dtype<D>::S* src, typename dtype<D>::S* ds
   const uint64_t e = blk.epoch;
   const size_t par_off = ll_off + (size_t)(e & 1) * part;
   const unsigned lane = threadIdx.x & 31;
-  const unsigned q = lane >> 3;
   const bool flag_lane = (lane & 7) == 7;
   // This lane's piece of a step: offset and length in elements.
-  const unsigned poff = (flag_lane ? 448 + 8 * q : 16 * (7 * q + (lane & 7))) / sizeof(S);
-  const unsigned m = (flag_lane ? 8 : 16) / sizeof(S);
+  const unsigned poff = ll128_piece_off(lane) / sizeof(S);
+  const unsigned m = ll128_piece_len(lane) / sizeof(S);
   // 32-bit step indices (steps * 512 fits the region, checked above): fewer registers.
   const unsigned nsteps = (unsigned)steps;
   const unsigned warps = gridDim.x * (blockDim.x >> 5);
@@ -1168,7 +1184,7 @@ COLL_DEV void ar_ll128(const typename dtype<D>::S* src, typename dtype<D>::S* ds
   const size_t gap = (size_t)warps * COLL_LL128_STEP_WIRE;  // between a warp's consecutive steps
   // Push: my pieces of U steps at a time (loads first, then the stores) to every peer.
   for (unsigned s0 = w0; s0 < nsteps; s0 += U * warps) {
-    const int lines = (int)min((nsteps - s0 + warps - 1) / warps, (unsigned)U);
+    const int lines = ll128_batch(s0, nsteps, warps, U);
     v16 v[U];
     for (int k = 1; k < t.n; ++k) {
       int j = t.me + k;
@@ -1197,7 +1213,7 @@ COLL_DEV void ar_ll128(const typename dtype<D>::S* src, typename dtype<D>::S* ds
   const S* own_src = src + (size_t)t.me * stride;
   const uint64_t start = symheap::detail::globaltimer();
   for (unsigned s0 = w0; s0 < nsteps; s0 += U * warps) {
-    const int lines = (int)min((nsteps - s0 + warps - 1) / warps, (unsigned)U);
+    const int lines = ll128_batch(s0, nsteps, warps, U);
     v16 own[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -1671,18 +1687,12 @@ namespace coll {
 // Bytes [0, len) (len <= plen, plen 8 or 16) at p as a zero-padded vector: one vector access
 // when whole and `al` (p is then plen-aligned).
 COLL_DEV v16 load_piece_bytes(const uint8_t* p, size_t len, unsigned plen, bool al) {
-  if (al && len == plen && plen == 8) {
-    v16 v;
-    asm volatile("ld.global.cg.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-    v.z = 0;
-    v.w = 0;
-    return v;
-  }
+  if (al && len == plen && plen == 8) return ld8(p);
   return load_part(p, len, al);
 }
 COLL_DEV void store_piece_bytes(uint8_t* p, size_t len, unsigned plen, bool al, const v16& v) {
   if (al && len == plen && plen == 8) {
-    asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
+    st8(p, v);
     return;
   }
   store_part(p, len, al, v);
@@ -1718,8 +1728,8 @@ extern "C" __global__ void __launch_bounds__(1024)
   const size_t par_off = ll_off + (size_t)(e & 1) * part;
   const unsigned lane = threadIdx.x & 31;
   const bool flag_lane = (lane & 7) == 7;
-  const unsigned poff = flag_lane ? 448 + 8 * (lane >> 3) : 16 * (7 * (lane >> 3) + (lane & 7));
-  const unsigned plen = flag_lane ? 8 : 16;
+  const unsigned poff = coll::ll128_piece_off(lane);
+  const unsigned plen = coll::ll128_piece_len(lane);
   // 32-bit step indices (steps * 512 fits the region, checked above): fewer registers.
   const unsigned nsteps = (unsigned)steps;
   const unsigned warps = gridDim.x * (blockDim.x >> 5);
@@ -1740,7 +1750,7 @@ extern "C" __global__ void __launch_bounds__(1024)
     const uint8_t* own_src = mode == COLL_XCHG_ALLTOALL ? src + (size_t)me * bytes : src;
     const bool own_copy = own_src != dst + my_off;
     for (unsigned s0 = w0; s0 < nsteps; s0 += U * warps) {
-      const int lines = (int)min((nsteps - s0 + warps - 1) / warps, (unsigned)U);
+      const int lines = coll::ll128_batch(s0, nsteps, warps, U);
       coll::v16 v[U];
       for (int k = 1; k < n; ++k) {
         int j = me + k;
@@ -1778,7 +1788,7 @@ extern "C" __global__ void __launch_bounds__(1024)
   if (!bcast || me != root) {
     const uint8_t* mine = (const uint8_t*)scratch + par_off + 16 * lane;
     for (unsigned s0 = w0; s0 < nsteps && ok; s0 += U * warps) {
-      const int lines = (int)min((nsteps - s0 + warps - 1) / warps, (unsigned)U);
+      const int lines = coll::ll128_batch(s0, nsteps, warps, U);
       for (int k = 0; k < n && ok; ++k) {
         if (k == me || (bcast && k != root)) continue;
         int r = k - me - 1;
