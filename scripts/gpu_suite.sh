@@ -5,7 +5,8 @@
 #                                .carry/ (git-ignored), which the device call carries along
 #   scripts/gpu_suite.sh run     on the GPU machine (no Rust there): checks the machine, runs the
 #                                self-test scenarios on the CUDA backend at 1 and 2 PEs, the
-#                                benchmarks against the peers, and prints a summary table last
+#                                benchmarks against the peers, the NVLink probe, and prints a
+#                                summary table last
 #
 # Outputs land in $OUT (the device tool fetches them) or ./gpu-results.
 set -uo pipefail
@@ -51,6 +52,12 @@ run)
   step info 60 env SYMHEAP_BACKEND=cuda "$B" launch -n 2 -- "$B" info
   [ "${SKIP_SELFTEST:-0}" = 1 ] || step selftest-gpu "${SELFTEST_LIMIT:-150}" env SYMHEAP_TIMEOUT=30 "$B" selftest --gpu --pes "$PES"
   NGPU=$(nvidia-smi -L | wc -l)
+  # 8 PEs on however many GPUs there are (4 per GPU on two): the n = 8 paths of every kernel on
+  # real devices while the 8-GPU machine is not lent. NCCL and NVSHMEM allow one rank per GPU,
+  # so their scenarios stay out.
+  if [ "${SKIP_PES8:-0}" != 1 ] && [ "$NGPU" -lt 8 ]; then
+    step selftest-gpu-8pe "${SELFTEST8_LIMIT:-200}" env SYMHEAP_TIMEOUT=60 "$B" selftest --gpu --pes 8 --only contract,release,alloc-churn,ring,alltoall,broadcast,all-reduce,atomics,signal,teams,coll-errors,team-mismatch,mismatch,stream-ring,stream-signal,stream-barrier,kernel-translate,kernel-atomics,example-kernel,coll-stream,coll-graph
+  fi
   # The Python package's torch and CUDA tests (the GPU machine has torch; CI does not).
   if ls .carry/wheels/symheap-*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --target /tmp/symheap-py .carry/wheels/symheap-*.whl
@@ -68,6 +75,12 @@ run)
   [ -s "$OUTDIR/torch.json" ] && PEER=(--peer-json "$OUTDIR/torch.json")
   step bench-gpu "${BENCH_LIMIT:-160}" env SYMHEAP_TIMEOUT=30 "$B" bench ${BENCH_WHAT:-all} -n "$NGPU" --json "$OUTDIR/bench-gpu.json" --png "$OUTDIR/bench-gpu.png" "${PEER[@]}" ${BENCH_ARGS:-}
   grep -E "^\|" "$OUTDIR/bench-gpu.log" || true
+  # What the links carry under SM stores, the copy engines and both (the ceiling behind the SM
+  # put and 4 MiB all_reduce numbers). Needs CuPy, which the GPU machine has.
+  if [ "$NGPU" -ge 2 ] && python3 -c "import cupy" 2>/dev/null; then
+    step nvlink-probe "${PROBE_LIMIT:-120}" python3 scripts/nvlink_probe.py
+    cat "$OUTDIR/nvlink-probe.log"
+  fi
   echo
   echo "| step | result | time |"
   echo "|---|---|---|"

@@ -142,8 +142,10 @@ def banner() -> str:
 
 
 def heap_usage() -> Dict[str, int]:
-    """Heap occupancy on this PE: ``{in_use, mapped, capacity, live_blocks}``. The same on every
-    PE after a barrier, which is where released buffers are reclaimed."""
+    """Heap occupancy on this PE: ``{in_use, mapped, capacity, live_blocks, allocation_syncs}``.
+    The same on every PE after a barrier, which is where released buffers are reclaimed.
+    ``allocation_syncs`` counts allocations that had to meet the other PEs (to reclaim released
+    buffers or grow the heap); the others need no communication."""
     return dict(_core.native().heap_usage())
 
 

@@ -46,6 +46,11 @@ fn release_reuse_no_leak() {
 }
 
 #[test]
+fn alloc_release_churn_keeps_headroom() {
+    selftest("alloc-churn");
+}
+
+#[test]
 fn bad_input_and_out_of_memory() {
     selftest("bad-input");
 }

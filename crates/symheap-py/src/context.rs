@@ -370,7 +370,8 @@ impl PyContext {
         self.c().banner()
     }
 
-    /// Heap occupancy on this PE: `{in_use, mapped, capacity, live_blocks}` (bytes, blocks).
+    /// Heap occupancy on this PE: `{in_use, mapped, capacity, live_blocks, allocation_syncs}`
+    /// (bytes, blocks, and allocations that met the other PEs to reclaim or grow).
     fn heap_usage<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let u = self.c().heap_usage();
         let d = PyDict::new(py);
@@ -378,6 +379,7 @@ impl PyContext {
         d.set_item("mapped", u.mapped)?;
         d.set_item("capacity", u.capacity)?;
         d.set_item("live_blocks", u.live_blocks)?;
+        d.set_item("allocation_syncs", u.allocation_syncs)?;
         Ok(d)
     }
 

@@ -150,6 +150,19 @@ fn signals_and_waits_order_at_system_scope() {
     assert_has(signal, "signal fence", &["fence.sc.sys"]);
     assert_has(signal, "signal set", &["st.release.sys.global.u64"]);
     assert_has(signal, "signal add", &["red.release.sys.global.add.u64"]);
+    let fused = entry(&p, "symheap_put_signal");
+    assert_has(
+        fused,
+        "fused put's 16-byte stores",
+        &["st.global.v4.u32", "st.global.v4.b32"],
+    );
+    assert_has(fused, "fused put's block barrier", &["bar.sync"]);
+    assert_has(fused, "fused signal set", &["st.release.sys.global.u64"]);
+    assert_has(
+        fused,
+        "fused signal add",
+        &["red.release.sys.global.add.u64"],
+    );
     let wait = entry(&p, "symheap_wait");
     assert_has(wait, "wait acquire", &["ld.acquire.sys.global.u64"]);
     assert_has(wait, "wait timer", &["%globaltimer"]);

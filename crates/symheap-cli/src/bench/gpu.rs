@@ -313,44 +313,46 @@ fn bench_rma(
     ctx.barrier_all().map_err(e2s)?;
 
     trace(ctx, "RMA bandwidth done");
-    // put+signal ping-pong (8 bytes), PE 0 <-> PE 1, on streams; and NCCL send/recv.
+    // put+signal ping-pong, PE 0 <-> PE 1, on streams; and NCCL send/recv of the same size.
+    // 8 bytes and 4 KiB take the fused single-launch put with signal, 64 KiB its largest size.
+    const PING_SIZES: [u64; 3] = [8, 4096, 64 << 10];
     let sig = ctx.calloc(1, 8).map_err(e2s)?;
-    let buf = ctx.calloc(1, 8).map_err(e2s)?;
-    let rounds = 2000u64;
+    let buf = ctx.calloc(1, 64 << 10).map_err(e2s)?;
+    let mut epoch = 0u64;
     ctx.barrier_all().map_err(e2s)?;
-    if me < 2 {
+    for bytes in PING_SIZES {
+        if me >= 2 {
+            break;
+        }
         let other = 1 - me;
+        let rounds = 2000u64;
+        let put = |i: u64| {
+            ctx.put_signal_on_stream(
+                buf.addr(),
+                buf.addr(),
+                bytes,
+                sig.addr(),
+                i,
+                SignalOp::Set,
+                other,
+                s,
+            )
+            .map_err(e2s)
+        };
+        let wait = |i: u64| {
+            ctx.signal_wait_until_on_stream(sig.addr(), Cmp::Ge, i, s)
+                .map_err(e2s)
+        };
         let (a, b) = (Event::new().map_err(e2s)?, Event::new().map_err(e2s)?);
         a.record(s).map_err(e2s)?;
-        for i in 1..=rounds {
+        for _ in 0..rounds {
+            epoch += 1;
             if me == 0 {
-                ctx.put_signal_on_stream(
-                    buf.addr(),
-                    buf.addr(),
-                    8,
-                    sig.addr(),
-                    i,
-                    SignalOp::Set,
-                    other,
-                    s,
-                )
-                .map_err(e2s)?;
-                ctx.signal_wait_until_on_stream(sig.addr(), Cmp::Ge, i, s)
-                    .map_err(e2s)?;
+                put(epoch)?;
+                wait(epoch)?;
             } else {
-                ctx.signal_wait_until_on_stream(sig.addr(), Cmp::Ge, i, s)
-                    .map_err(e2s)?;
-                ctx.put_signal_on_stream(
-                    buf.addr(),
-                    buf.addr(),
-                    8,
-                    sig.addr(),
-                    i,
-                    SignalOp::Set,
-                    other,
-                    s,
-                )
-                .map_err(e2s)?;
+                wait(epoch)?;
+                put(epoch)?;
             }
         }
         b.record(s).map_err(e2s)?;
@@ -359,11 +361,11 @@ fn bench_rma(
         let nrounds = 500;
         let (c, d) = (Event::new().map_err(e2s)?, Event::new().map_err(e2s)?);
         for _ in 0..5 {
-            nccl.ping_pong(buf.addr(), s).map_err(e2s)?;
+            nccl.ping_pong(buf.addr(), bytes, s).map_err(e2s)?;
         }
         c.record(s).map_err(e2s)?;
         for _ in 0..nrounds {
-            nccl.ping_pong(buf.addr(), s).map_err(e2s)?;
+            nccl.ping_pong(buf.addr(), bytes, s).map_err(e2s)?;
         }
         d.record(s).map_err(e2s)?;
         let nccl_us = c.elapsed_ms(&d).map_err(e2s)? as f64 * 1e3 / nrounds as f64 / 2.0;
@@ -372,8 +374,8 @@ fn bench_rma(
             rows.push(GpuRow {
                 group: "rma".into(),
                 op: "put+signal one-way latency (ping-pong / 2)".into(),
-                dtype: "u64".into(),
-                bytes: 8,
+                dtype: "bytes".into(),
+                bytes,
                 eager_us: Some(sym_us),
                 peer: "NCCL send/recv ping-pong / 2".into(),
                 peer_eager_us: Some(nccl_us),
@@ -395,6 +397,16 @@ fn bench_rma(
         drop(b);
     }
     t.sort_by(|x, y| x.partial_cmp(y).unwrap());
+    trace(
+        ctx,
+        &format!(
+            "allocate_symmetric 1 MiB: p10 {:.2} us, median {:.2}, p90 {:.2}, max {:.2}",
+            t[t.len() / 10],
+            t[t.len() / 2],
+            t[t.len() * 9 / 10],
+            t[t.len() - 1]
+        ),
+    );
     if me == 0 {
         rows.push(GpuRow {
             group: "alloc".into(),

@@ -74,6 +74,16 @@ pub const SCENARIOS: &[Scenario] = &[
         run: scenarios::release,
     },
     Scenario {
+        name: "alloc-churn",
+        about: "allocate/release alternating on a full heap: one chunk of headroom, few syncs",
+        min_pes: 1,
+        env: &[("SYMHEAP_CHUNK_SIZE", "8M")],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: false,
+        run: scenarios::alloc_churn,
+    },
+    Scenario {
         name: "bad-input",
         about: "invalid arguments and out-of-memory are errors on every PE; context stays usable",
         min_pes: 1,

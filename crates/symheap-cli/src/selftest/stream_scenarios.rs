@@ -91,14 +91,16 @@ pub fn stream_signal(ctx: &Context, a: PeArgs) -> Outcome {
     let prev = (me + n - 1) % n;
     let s = stream(ctx)?;
     let rounds = 40usize;
-    // Most rounds go through the SM copy kernel; every fourth is large enough for the copy
-    // engines under Engine::Auto.
-    let size = |r: usize| {
-        if r % 4 != 0 {
-            4096 + r
-        } else {
-            (1 << 20) + 8 * r
-        }
+    // Each path of put_signal_on_stream in turn: a few odd bytes and a few KiB in the fused
+    // single-block launch (its largest size too), just above it the SM copy kernel plus a signal
+    // launch, and from 1 MiB the copy engines under Engine::Auto.
+    let fused = symheap::cuda::FUSED_PUT_SIGNAL_MAX as usize;
+    let size = |r: usize| match r % 5 {
+        0 => (1 << 20) + 8 * r,
+        1 => 1 + r % 13,
+        2 => 4096 + r,
+        3 if r % 2 == 1 => fused,
+        _ => fused + 1 + r,
     };
     let slot = |r: usize| -> usize { (0..r).map(|q| size(q).div_ceil(256) * 256).sum() };
     let total = slot(rounds + 1) as u64;

@@ -103,6 +103,12 @@ pub trait Backend: Send + Sync {
     fn slot_base(&self, pe: usize) -> Option<u64>;
     /// Collective. Backs `[mapped(), new_mapped)` of every reachable PE's heap with memory.
     fn grow(&self, new_mapped: u64) -> Result<()>;
+    /// Whether this PE could back `bytes` more without crowding out other users of the
+    /// memory: asked before growing the heap for headroom no allocation needs yet. The
+    /// default says yes (memory that costs nothing until touched).
+    fn can_spare(&self, _bytes: u64) -> bool {
+        true
+    }
     /// Copies host bytes to `addr`, which the caller has checked lies in a mapped part of a
     /// direct PE's heap.
     fn write_bytes(&self, addr: u64, src: &[u8]) -> Result<()>;

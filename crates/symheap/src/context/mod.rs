@@ -35,6 +35,10 @@ pub struct HeapUsage {
     pub capacity: u64,
     /// Allocations not yet reclaimed.
     pub live_blocks: usize,
+    /// Allocations so far that could not be placed at once and met the other PEs to reclaim
+    /// released blocks or grow the heap (a host round trip each; the rest need no
+    /// communication).
+    pub allocation_syncs: u64,
 }
 
 pub(crate) struct Inner {
@@ -421,10 +425,29 @@ impl Inner {
         let block = match st.try_alloc(bytes, span, align) {
             Some(b) => b,
             None => {
-                // Would grow or fail: first reclaim what every PE has released.
-                self.sync_point(&mut st, call, &[])?;
+                // Would grow or fail: first reclaim what every PE has released, and learn
+                // whether every PE could spare a chunk of headroom.
+                st.note_allocation_sync();
+                let chunk = align_up(self.cfg.chunk_size, self.backend.granularity())
+                    .ok_or_else(|| oom(&st))?;
+                let spare = [u8::from(self.backend.can_spare(chunk))];
+                let votes = self.sync_point(&mut st, call, &spare)?;
                 match st.try_alloc(bytes, span, align) {
-                    Some(b) => b,
+                    Some(b) => {
+                        // Reclaiming made just enough room: with frees and allocations
+                        // alternating, every further allocation would meet the other PEs
+                        // again (one host round trip each). Half a chunk left free keeps
+                        // that to one in many. Every PE decides alike: same heap, same votes.
+                        let mapped = self.backend.mapped();
+                        let all_spare = votes.iter().all(|v| v.as_slice() == [1]);
+                        if all_spare
+                            && st.free_bytes() < chunk / 2
+                            && mapped.checked_add(chunk).is_some_and(|t| t <= cap)
+                        {
+                            self.grow(&mut st, mapped + chunk)?;
+                        }
+                        b
+                    }
                     None => {
                         let need = st.end_needed_for(span, align).ok_or_else(|| oom(&st))?;
                         let mapped = self.backend.mapped();
@@ -803,6 +826,7 @@ impl Context {
             mapped: self.inner.backend.mapped(),
             capacity: self.inner.backend.capacity(),
             live_blocks: st.live_blocks(),
+            allocation_syncs: st.allocation_syncs(),
         }
     }
 

@@ -40,6 +40,8 @@ pub struct HeapState {
     by_offset: BTreeMap<u64, BlockId>,
     /// For each block released somewhere but not yet reclaimed: how many PEs released it.
     release_counts: HashMap<BlockId, usize>,
+    /// Allocations that had to meet the other PEs (to reclaim or to grow).
+    allocation_syncs: u64,
 }
 
 impl HeapState {
@@ -72,6 +74,21 @@ impl HeapState {
     /// Bytes in use (allocated and not reclaimed).
     pub fn in_use(&self) -> u64 {
         self.alloc.in_use()
+    }
+
+    /// Bytes of the managed range not handed out (in one piece or several).
+    pub fn free_bytes(&self) -> u64 {
+        self.alloc.end() - self.alloc.in_use()
+    }
+
+    /// Counts an allocation that had to meet the other PEs.
+    pub fn note_allocation_sync(&mut self) {
+        self.allocation_syncs += 1;
+    }
+
+    /// Allocations so far that had to meet the other PEs.
+    pub fn allocation_syncs(&self) -> u64 {
+        self.allocation_syncs
     }
 
     /// Number of live (not reclaimed) blocks.

@@ -191,10 +191,21 @@ impl Context {
             .with_pe(self.my_pe()));
         }
         let remote_sig = self.inner.remote(sig, 8, pe, CALL)?;
-        self.put_on_stream(dest, src, bytes, pe, stream)?;
         match self.inner.backend.as_cuda() {
-            Some(cu) => cu.signal_on_stream(remote_sig, value, op == SignalOp::Add, stream),
+            Some(cu) => {
+                let remote = self.inner.remote(dest, bytes, pe, CALL)?;
+                cu.put_signal_on_stream(
+                    remote,
+                    src,
+                    bytes,
+                    remote_sig,
+                    value,
+                    op == SignalOp::Add,
+                    stream,
+                )
+            }
             None => {
+                self.put_on_stream(dest, src, bytes, pe, stream)?;
                 self.inner.backend.fence();
                 let aop = match op {
                     SignalOp::Set => crate::AtomicOp::Store,

@@ -375,6 +375,17 @@ pub(crate) fn stream_destroy(s: Stream) {
 }
 
 /// Waits for all work on `s`.
+/// Free and total bytes of the current context's device memory.
+pub(crate) fn mem_info() -> Result<(u64, u64)> {
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: writes two sizes; the caller has bound the context.
+    check(
+        unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) },
+        "cuMemGetInfo",
+    )?;
+    Ok((free as u64, total as u64))
+}
+
 pub(crate) fn stream_sync(s: u64) -> Result<()> {
     // SAFETY: `s` is a stream handle (or 0, the legacy default stream).
     check(

@@ -39,6 +39,24 @@ extern "C" __global__ void symheap_signal(uint64_t* sig, uint64_t value, int op)
   }
 }
 
+// One block: copies `bytes` from src to dst (dst a peer's memory), then thread 0 updates the
+// signal with a release at system scope (op 0 set, 1 add). A small put with signal is one launch
+// instead of two (copy, then symheap_signal): the second launch cost more than the copy. The
+// block barrier makes every thread's stores precede thread 0's release, which is cumulative, so
+// an acquire that sees the signal sees the data (symheap.cuh's put_block + signal pattern).
+extern "C" __global__ void symheap_put_signal(uint8_t* dst, const uint8_t* src, uint64_t bytes,
+                                              uint64_t* sig, uint64_t value, int op) {
+  if (blockIdx.x != 0) return;
+  symheap::detail::copy_bytes_inline(dst, src, (size_t)bytes, threadIdx.x, blockDim.x);
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  if (op == 0) {
+    symheap::detail::st_release(sig, value);
+  } else if (op == 1) {
+    symheap::detail::red_add_release(sig, value);
+  }
+}
+
 // One thread: waits until *sig compares `cmp` (SYMHEAP_CMP_*) to `value`; on timeout stores 1 to
 // the host-visible *error and returns. timeout_ns == 0 tests once; ~0 waits without bound.
 extern "C" __global__ void symheap_wait(const uint64_t* sig, int cmp, uint64_t value,

@@ -51,9 +51,20 @@ pub enum Engine {
 /// Transfers at least this large go to the copy engines under `Engine::Auto`.
 pub const CE_THRESHOLD: u64 = 1 << 20;
 
+/// Largest put with signal done by one single-block launch. Below it, the launch a separate
+/// signal kernel costs (about 2 us) outweighs what more blocks would gain on the copy.
+pub const FUSED_PUT_SIGNAL_MAX: u64 = 64 << 10;
+
+/// Threads of the single-block put with signal: one 16-byte vector per thread and step, at least
+/// one warp, at most 512.
+fn fused_put_signal_threads(bytes: u64) -> u32 {
+    bytes.div_ceil(16).next_multiple_of(32).clamp(32, 512) as u32
+}
+
 struct Kernels {
     _module: Module,
     copy: Function,
+    put_signal: Function,
     signal: Function,
     wait: Function,
     barrier: Function,
@@ -242,6 +253,7 @@ fn compile_kernels(dev: &Device, driver_version: i32) -> Result<Kernels> {
     let (module, origin) = build(dev, driver_version, nvrtc::KERNELS, "symheap_kernels.cu")?;
     Ok(Kernels {
         copy: module.function("symheap_copy")?,
+        put_signal: module.function("symheap_put_signal")?,
         signal: module.function("symheap_signal")?,
         wait: module.function("symheap_wait")?,
         barrier: module.function("symheap_barrier")?,
@@ -419,6 +431,43 @@ impl CudaBackend {
             0,
             stream,
             &[Arg::U64(sig), Arg::U64(value), Arg::I32(i32::from(add))],
+        )
+    }
+
+    /// Enqueues a copy of `bytes` from `src` to `dst` followed by a signal update as
+    /// `signal_on_stream` does: whoever observes the signal observes the data. Up to
+    /// `FUSED_PUT_SIGNAL_MAX` bytes this is one single-block launch; above, the copy as
+    /// `copy_on_stream` with `Engine::Auto` chooses it, then the signal.
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_signal_on_stream(
+        &self,
+        dst: u64,
+        src: u64,
+        bytes: u64,
+        sig: u64,
+        value: u64,
+        add: bool,
+        stream: u64,
+    ) -> Result<()> {
+        if bytes > FUSED_PUT_SIGNAL_MAX {
+            self.copy_on_stream(dst, src, bytes, stream, Engine::Auto)?;
+            return self.signal_on_stream(sig, value, add, stream);
+        }
+        self.bind()?;
+        driver::launch(
+            self.kernels.put_signal,
+            1,
+            fused_put_signal_threads(bytes),
+            0,
+            stream,
+            &[
+                Arg::U64(dst),
+                Arg::U64(src),
+                Arg::U64(bytes),
+                Arg::U64(sig),
+                Arg::U64(value),
+                Arg::I32(i32::from(add)),
+            ],
         )
     }
 
@@ -670,6 +719,12 @@ impl Backend for CudaBackend {
         self.is_direct(pe).then(|| self.slot(pe))
     }
 
+    fn can_spare(&self, bytes: u64) -> bool {
+        // Headroom only while the device keeps four times as much free besides, so it never
+        // takes memory PyTorch or the user's own allocations are about to need.
+        self.bind().is_ok() && driver::mem_info().is_ok_and(|(free, _)| free / 5 >= bytes)
+    }
+
     fn grow(&self, new_mapped: u64) -> Result<()> {
         self.bind()?;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -885,5 +940,22 @@ mod coll_source_tests {
         ));
         assert!(src.ends_with(nvrtc::COLL));
         assert_eq!(coll_source(&[]), nvrtc::COLL);
+    }
+}
+
+#[cfg(test)]
+mod put_signal_tests {
+    use super::*;
+
+    #[test]
+    fn fused_put_signal_block_fits_the_data() {
+        // A signal alone or a word: one warp; one vector per thread up to 512 threads.
+        assert_eq!(fused_put_signal_threads(0), 32);
+        assert_eq!(fused_put_signal_threads(8), 32);
+        assert_eq!(fused_put_signal_threads(32 * 16), 32);
+        assert_eq!(fused_put_signal_threads(32 * 16 + 1), 64);
+        assert_eq!(fused_put_signal_threads(4096), 256);
+        assert_eq!(fused_put_signal_threads(8192), 512);
+        assert_eq!(fused_put_signal_threads(FUSED_PUT_SIGNAL_MAX), 512);
     }
 }

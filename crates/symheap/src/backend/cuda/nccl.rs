@@ -269,59 +269,48 @@ impl Nccl {
         check(unsafe { sys::ncclGroupEnd() }, "ncclGroupEnd")
     }
 
-    /// 8-byte ping-pong step: PE 0 sends to PE 1 and receives back (PE 1 the reverse).
-    pub fn ping_pong(&mut self, buf: u64, stream: u64) -> Result<()> {
+    /// Ping-pong step of `bytes` bytes: PE 0 sends to PE 1 and receives back, PE 1 the reverse.
+    pub fn ping_pong(&mut self, buf: u64, bytes: u64, stream: u64) -> Result<()> {
         let peer = if self.me == 0 { 1 } else { 0 };
-        // SAFETY: `buf` holds at least 8 bytes of device memory; the send completes before the
-        // receive on the same stream.
-        unsafe {
-            if self.me == 0 {
-                check(
+        let send = || {
+            // SAFETY: `buf` holds at least `bytes` bytes of device memory, which the caller
+            // keeps alive until the stream has run this step.
+            check(
+                unsafe {
                     sys::ncclSend(
                         buf as *const _,
-                        1,
-                        ncclDataType_t::ncclUint64,
+                        bytes as usize,
+                        ncclDataType_t::ncclUint8,
                         peer,
                         self.comm,
                         stream as _,
-                    ),
-                    "ncclSend",
-                )?;
-                check(
+                    )
+                },
+                "ncclSend",
+            )
+        };
+        let recv = || {
+            // SAFETY: as for the send; the receive lands after the send on the same stream.
+            check(
+                unsafe {
                     sys::ncclRecv(
                         buf as *mut _,
-                        1,
-                        ncclDataType_t::ncclUint64,
+                        bytes as usize,
+                        ncclDataType_t::ncclUint8,
                         peer,
                         self.comm,
                         stream as _,
-                    ),
-                    "ncclRecv",
-                )
-            } else {
-                check(
-                    sys::ncclRecv(
-                        buf as *mut _,
-                        1,
-                        ncclDataType_t::ncclUint64,
-                        peer,
-                        self.comm,
-                        stream as _,
-                    ),
-                    "ncclRecv",
-                )?;
-                check(
-                    sys::ncclSend(
-                        buf as *const _,
-                        1,
-                        ncclDataType_t::ncclUint64,
-                        peer,
-                        self.comm,
-                        stream as _,
-                    ),
-                    "ncclSend",
-                )
-            }
+                    )
+                },
+                "ncclRecv",
+            )
+        };
+        if self.me == 0 {
+            send()?;
+            recv()
+        } else {
+            recv()?;
+            send()
         }
     }
 }
