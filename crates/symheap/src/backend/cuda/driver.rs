@@ -374,7 +374,6 @@ pub(crate) fn stream_destroy(s: Stream) {
     let _ = unsafe { sys::cuStreamDestroy_v2(s.0 as sys::CUstream) };
 }
 
-/// Waits for all work on `s`.
 /// Free and total bytes of the current context's device memory.
 pub(crate) fn mem_info() -> Result<(u64, u64)> {
     let (mut free, mut total) = (0usize, 0usize);
@@ -386,6 +385,7 @@ pub(crate) fn mem_info() -> Result<(u64, u64)> {
     Ok((free as u64, total as u64))
 }
 
+/// Waits for all work on `s`.
 pub(crate) fn stream_sync(s: u64) -> Result<()> {
     // SAFETY: `s` is a stream handle (or 0, the legacy default stream).
     check(
