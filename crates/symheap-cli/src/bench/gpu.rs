@@ -483,8 +483,10 @@ fn run(ctx: &Context, plan: &GpuPlan) -> Result<Vec<GpuRow>, String> {
     let note = |what: &str| trace(ctx, what);
     note("collectives done");
     if plan.rma && ctx.n_pes() >= 2 {
-        let sizes: Vec<u64> = (0..=9)
-            .map(|i| 4096u64 << (2 * i))
+        // 64 B and 1 KiB too: where launch costs alone decide between the SM and the copy engine.
+        let sizes: Vec<u64> = [64u64, 1024]
+            .into_iter()
+            .chain((0..=9).map(|i| 4096u64 << (2 * i)))
             .filter(|&b| b <= 1 << 30)
             .collect();
         bench_rma(ctx, &mut nccl, s, &sizes, &mut rows)?;

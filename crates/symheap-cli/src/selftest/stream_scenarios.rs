@@ -92,8 +92,8 @@ pub fn stream_signal(ctx: &Context, a: PeArgs) -> Outcome {
     let s = stream(ctx)?;
     let rounds = 40usize;
     // Each path of put_signal_on_stream in turn: a few odd bytes and a few KiB in the fused
-    // single-block launch (its largest size too), just above it the SM copy kernel plus a signal
-    // launch, and from 1 MiB the copy engines under Engine::Auto.
+    // single-block launch (its largest size too), above it a copy-engine copy and a signal
+    // launch, from just above the fused limit to over 1 MiB.
     let fused = symheap::cuda::FUSED_PUT_SIGNAL_MAX as usize;
     let size = |r: usize| match r % 5 {
         0 => (1 << 20) + 8 * r,

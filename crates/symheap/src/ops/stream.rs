@@ -96,7 +96,7 @@ fn cmp_code(c: Cmp) -> i32 {
 impl Context {
     /// Enqueues a put of `bytes` from local memory `src` (device memory on CUDA; on the host
     /// backend it must lie in this PE's symmetric heap) to PE `pe`'s copy of the symmetric
-    /// range at `dest`. Large transfers use the copy engines, small ones an SM kernel.
+    /// range at `dest`, by the copy engines (`Engine::Auto`; `put_on_stream_with` chooses).
     pub fn put_on_stream(
         &self,
         dest: u64,

@@ -39,17 +39,17 @@ const ERR_COLL: usize = 16;
 /// How a stream copy is executed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Engine {
-    /// Copy engine for large transfers, SM kernel for small ones.
+    /// The copy engines, at every size: over NVLink (2 x H200) they finished back-to-back puts
+    /// and gets sooner than the SM kernel at every size measured, 64 B to 1 GiB (BENCHMARKS.md),
+    /// and they leave the SMs to the caller's kernels.
     #[default]
     Auto,
-    /// A kernel whose threads load and store (lowest latency; NVLink bandwidth with enough SMs).
+    /// A kernel whose threads load and store: for callers that keep the copy engines busy
+    /// with their own transfers, or want the copy to queue with their kernels.
     Sm,
     /// The DMA copy engines (`cuMemcpyAsync`), leaving the SMs free.
     CopyEngine,
 }
-
-/// Transfers at least this large go to the copy engines under `Engine::Auto`.
-pub const CE_THRESHOLD: u64 = 1 << 20;
 
 /// Largest put with signal done by one single-block launch. Below it, the launch a separate
 /// signal kernel costs (about 2 us) outweighs what more blocks would gain on the copy.
@@ -398,7 +398,7 @@ impl CudaBackend {
     }
 
     /// Enqueues a copy of `bytes` from `src` to `dst` (device addresses, any direct PE) on
-    /// `stream`, by SM kernel or copy engine.
+    /// `stream`, by the copy engines (`Auto`, `CopyEngine`) or an SM kernel (`Sm`).
     pub fn copy_on_stream(
         &self,
         dst: u64,
@@ -408,15 +408,10 @@ impl CudaBackend {
         engine: Engine,
     ) -> Result<()> {
         self.bind()?;
-        let ce = match engine {
-            Engine::Auto => bytes >= CE_THRESHOLD,
-            Engine::Sm => false,
-            Engine::CopyEngine => true,
-        };
-        if ce {
-            driver::copy_async(dst, src, bytes, stream)
-        } else {
-            self.launch_copy(dst, src, bytes, stream)
+        match engine {
+            _ if bytes == 0 => Ok(()),
+            Engine::Sm => self.launch_copy(dst, src, bytes, stream),
+            Engine::Auto | Engine::CopyEngine => driver::copy_async(dst, src, bytes, stream),
         }
     }
 
@@ -436,8 +431,8 @@ impl CudaBackend {
 
     /// Enqueues a copy of `bytes` from `src` to `dst` followed by a signal update as
     /// `signal_on_stream` does: whoever observes the signal observes the data. Up to
-    /// `FUSED_PUT_SIGNAL_MAX` bytes this is one single-block launch; above, the copy as
-    /// `copy_on_stream` with `Engine::Auto` chooses it, then the signal.
+    /// `FUSED_PUT_SIGNAL_MAX` bytes this is one single-block launch; above, a copy-engine copy,
+    /// then the signal.
     #[allow(clippy::too_many_arguments)]
     pub fn put_signal_on_stream(
         &self,
