@@ -313,13 +313,32 @@ fn supervise(
     Ok(outcome)
 }
 
-/// A port that was free a moment ago, for rank 0's rendezvous listener. There is a window in
-/// which something else can take it; torchrun has the same one.
+/// Where `free_port` looks first: below Linux's ephemeral range (32768 and up by default),
+/// from which the kernel picks the local port of every outgoing connection.
+const LAUNCH_PORTS: std::ops::Range<u16> = 20000..32000;
+
+/// A port that was free a moment ago, for rank 0's rendezvous listener (and torch's store when
+/// the program starts torch.distributed itself). It comes from below the ephemeral range: a
+/// port the kernel handed out by `bind(0)` is one it can also give to any outgoing connection
+/// before the PE listens on it (seen: torch's TCPStore failing with EADDRINUSE). The window in
+/// which another listener could take it remains; torchrun has the same one.
 fn free_port() -> Result<u16> {
-    TcpListener::bind(("127.0.0.1", 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| backend("launch", format!("cannot find a free TCP port: {e}")))
+    let mut seed = [0u8; 2];
+    let start = match getrandom::fill(&mut seed) {
+        Ok(()) => u16::from_le_bytes(seed),
+        Err(_) => std::process::id() as u16,
+    };
+    let span = LAUNCH_PORTS.end - LAUNCH_PORTS.start;
+    (0..span)
+        .map(|i| LAUNCH_PORTS.start + (start.wrapping_add(i)) % span)
+        .find(|&p| TcpListener::bind(("0.0.0.0", p)).is_ok())
+        .map(Ok)
+        .unwrap_or_else(|| {
+            TcpListener::bind(("127.0.0.1", 0))
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .map_err(|e| backend("launch", format!("cannot find a free TCP port: {e}")))
+        })
 }
 
 /// The job secret every rendezvous connection must present: 32 random bytes as hex.
@@ -694,6 +713,24 @@ mod tests {
         let (out, err, o, e) = sinks();
         let outcome = launch_with_output(opts, o, e).expect("launch");
         (outcome, text(&out), text(&err))
+    }
+
+    #[test]
+    fn launch_ports_stay_below_the_ephemeral_range_and_are_free() {
+        let held: Vec<TcpListener> = (0..20)
+            .map(|_| {
+                let p = free_port().expect("a port");
+                assert!(LAUNCH_PORTS.contains(&p), "port {p}");
+                // Free when chosen: this test can listen on it (and holds it, so the next
+                // choice must differ).
+                TcpListener::bind(("0.0.0.0", p)).expect("the chosen port is free")
+            })
+            .collect();
+        let ports: std::collections::HashSet<u16> = held
+            .iter()
+            .map(|l| l.local_addr().unwrap().port())
+            .collect();
+        assert_eq!(ports.len(), held.len());
     }
 
     #[test]
