@@ -4,9 +4,10 @@
 #   scripts/gpu_suite.sh build   on the development machine: builds the release binaries into
 #                                .carry/ (git-ignored), which the device call carries along
 #   scripts/gpu_suite.sh run     on the GPU machine (no Rust there): checks the machine, runs the
-#                                self-test scenarios on the CUDA backend at 1 and 2 PEs, the
-#                                benchmarks against the peers, the NVLink probe, and prints a
-#                                summary table last
+#                                self-test scenarios on the CUDA backend at 1 and 2 PEs and at 8
+#                                PEs on the GPUs there are, the Python tests, the benchmarks
+#                                against the peers, the NVLink probe, and prints a summary table
+#                                last
 #
 # Outputs land in $OUT (the device tool fetches them) or ./gpu-results.
 set -uo pipefail

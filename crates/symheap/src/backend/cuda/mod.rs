@@ -51,8 +51,9 @@ pub enum Engine {
     CopyEngine,
 }
 
-/// Largest put with signal done by one single-block launch. Below it, the launch a separate
-/// signal kernel costs (about 2 us) outweighs what more blocks would gain on the copy.
+/// Largest put with signal done by one single-block launch (data, then the signal). One block
+/// moves 64 KiB in about 1.2 us more than 8 bytes (the ping-pong in BENCHMARKS.md), less than
+/// the second launch (copy, then a signal kernel) that larger puts take.
 pub const FUSED_PUT_SIGNAL_MAX: u64 = 64 << 10;
 
 /// Threads of the single-block put with signal: one 16-byte vector per thread and step, at least
