@@ -183,26 +183,26 @@ pub fn contract(ctx: &Context, a: PeArgs) -> Outcome {
 pub fn alloc_churn(ctx: &Context, a: PeArgs) -> Outcome {
     const MIB: u64 = 1 << 20;
     const STEPS: u64 = 48;
-    let (me, n) = (ctx.my_pe(), ctx.n_pes() as u64);
-    // Block sizes as the allocator counts them: 16-byte granules plus the peer table.
-    let span = |bytes: u64| bytes.div_ceil(16) * 16 + (8 * n).div_ceil(16) * 16;
+    let me = ctx.my_pe();
     ctx.barrier_all().map_err(e2s)?;
     let x = ctx.malloc(MIB).map_err(e2s)?;
     // Larger than everything free: the heap grows to exactly what it needs (to the
-    // granularity), then a second buffer takes what that leaves.
+    // granularity), then a second buffer takes what that leaves at the end, less 1 KiB for
+    // its peer table and alignment.
     let u = ctx.heap_usage();
     let chunk = 8 * MIB; // the scenario's SYMHEAP_CHUNK_SIZE
     let big = ctx.malloc(u.mapped - u.in_use + chunk).map_err(e2s)?;
-    let mapped = ctx.heap_usage().mapped;
-    let slack = mapped - (big.offset() + span(big.len_bytes()));
-    let rest = if slack > span(0) + 512 {
-        Some(ctx.malloc(slack - span(0) - 512).map_err(e2s)?)
+    let grown = ctx.heap_usage();
+    let big_span = grown.in_use - u.in_use;
+    let slack = grown.mapped - (big.offset() + big_span);
+    let rest = if slack > 2048 {
+        Some(ctx.malloc(slack - 1024).map_err(e2s)?)
     } else {
         None
     };
     let full = ctx.heap_usage();
     ensure!(
-        full.mapped - full.in_use < span(MIB),
+        full.mapped - full.in_use < MIB,
         "setup: {} bytes still free after filling a {}-byte heap",
         full.mapped - full.in_use,
         full.mapped

@@ -439,7 +439,8 @@ impl Inner {
                         // again (one host round trip each). Half a chunk left free keeps
                         // that to one in many. Every PE decides alike: same heap, same votes.
                         let mapped = self.backend.mapped();
-                        let all_spare = votes.iter().all(|v| v.as_slice() == [1]);
+                        let all_spare =
+                            !votes.is_empty() && votes.iter().all(|v| v.as_slice() == [1]);
                         if all_spare
                             && st.free_bytes() < chunk / 2
                             && mapped.checked_add(chunk).is_some_and(|t| t <= cap)
