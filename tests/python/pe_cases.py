@@ -433,6 +433,91 @@ def case_errors() -> None:
     symheap.barrier_all()
 
 
+def _ring_check_tail(put_tail, read_tail, n: int, me: int, name: str) -> None:
+    """Every PE puts 4 KiB of random bytes into the last 4 KiB of its right neighbour's buffer
+    (memory only just added to every heap) and checks what its left neighbour put."""
+    data = rng_for(name).integers(0, 256, size=(n, 4096), dtype=np.uint8)
+    put_tail(data[me], (me + 1) % n)
+    symheap.barrier_all()
+    assert np.array_equal(read_tail(), data[(me - 1) % n])
+    symheap.barrier_all()
+
+
+@case
+def case_grow_failure() -> None:
+    """Heap growth that fails on one PE (its file-size limit is below a chunk, so sizing the
+    chunk's memfd fails with EFBIG) fails the allocation on every PE with the same
+    SymheapMemoryError naming that PE; no heap grows, nobody hangs, and the context keeps
+    working. With the limit lifted the same allocation grows every heap."""
+    import resource
+    import signal
+
+    me, n = symheap.my_pe(), symheap.n_pes()
+    short = n - 1
+    symheap.barrier_all()
+    u0 = symheap.heap_usage()
+    size = u0["mapped"] + (1 << 20)  # more than the whole heap: it must grow
+    old = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if me == short:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the failure is reported as EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, old[1]))
+    e = raises(SymheapMemoryError, sn.empty, size, dtype=np.uint8)
+    msg = str(e)
+    assert e.kind == "out_of_memory" and e.pe == me, msg
+    assert f"failed on PE {short}: " in msg and "no PE grew" in msg and "File too large" in msg, msg
+    assert symheap.heap_usage()["mapped"] == u0["mapped"]
+    # The heap is still symmetric and usable: a collective on existing memory.
+    y = sn.zeros(4, dtype=np.int64)
+    y[...] = me + 1
+    z = sn.zeros(4, dtype=np.int64)
+    symheap.all_reduce(z, y)
+    assert z.tolist() == [n * (n + 1) // 2] * 4
+    if me == short:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old)
+    a = sn.empty(size, dtype=np.uint8)
+    assert symheap.heap_usage()["mapped"] > u0["mapped"]
+    tail = a[-4096:]
+    _ring_check_tail(lambda d, pe: symheap.put(tail, d, pe), lambda: tail, n, me, "grow_failure")
+
+
+@case
+def case_torch_grow_failure() -> None:
+    """On the CUDA backend: the last PE's GPU is filled (by PyTorch) so that cuMemCreate of a
+    heap chunk fails there; every PE gets the same SymheapMemoryError naming that PE and the
+    CUDA error, no heap grows, and once that memory is freed the allocation succeeds."""
+    import symheap.torch as st
+    import torch
+
+    me, n = symheap.my_pe(), symheap.n_pes()
+    short = n - 1
+    symheap.barrier_all()
+    u0 = symheap.heap_usage()
+    size = u0["mapped"] + (1 << 20)
+    filler = None
+    if me == short:
+        free, _ = torch.cuda.mem_get_info()
+        # Leave less than one chunk (SYMHEAP_CHUNK_SIZE, 64 MiB by default) free.
+        filler = torch.empty(max(free - (16 << 20), 0), dtype=torch.uint8, device=st.device())
+    symheap.barrier_all()
+    e = raises(SymheapMemoryError, st.empty, size, dtype=torch.uint8)
+    msg = str(e)
+    assert e.kind == "out_of_memory" and e.pe == me, msg
+    assert f"failed on PE {short}: " in msg and "OUT_OF_MEMORY" in msg and "no PE grew" in msg, msg
+    assert symheap.heap_usage()["mapped"] == u0["mapped"]
+    symheap.barrier_all()
+    del filler
+    torch.cuda.empty_cache()
+    a = st.empty(size, dtype=torch.uint8)
+    assert symheap.heap_usage()["mapped"] > u0["mapped"]
+    tail = a[-4096:]
+
+    def put_tail(d, pe):
+        symheap.put(tail, torch.from_numpy(d).to(tail.device), pe)
+        torch.cuda.synchronize()
+
+    _ring_check_tail(put_tail, lambda: tail.cpu().numpy(), n, me, "torch_grow_failure")
+
+
 @case
 def case_mismatch() -> None:
     me, n = symheap.my_pe(), symheap.n_pes()

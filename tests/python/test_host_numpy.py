@@ -21,6 +21,7 @@ CASES = [
     "errors",  # each typed exception for bad arguments; the context still works after
     "gc",  # release on garbage collection and free(); heap usage returns to start
     "dlpack",  # DLPack round trip (numpy.from_dlpack), array interface, peer views
+    "grow_failure",  # heap growth failing on one PE fails it everywhere, then works
 ]
 
 
@@ -28,6 +29,11 @@ CASES = [
 @pytest.mark.parametrize("case", CASES)
 def test_case(case: str, n: int) -> None:
     run_cases(n, case)
+
+
+def test_grow_failure_at_8_pes() -> None:
+    """Heap growth failing on one of 8 PEs fails the allocation on all 8 alike."""
+    run_cases(8, "grow_failure")
 
 
 @pytest.mark.parametrize("n", [2, 4])

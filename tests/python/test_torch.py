@@ -22,3 +22,9 @@ def test_cuda_tensors(cuda_gpus: int) -> None:
     """CUDA tensors on the CUDA backend, one PE per GPU (up to 2)."""
     n = min(cuda_gpus, 2)
     run_cases(n, "torch", "torch_coll", env={"SYMHEAP_BACKEND": "cuda"})
+
+
+def test_cuda_grow_failure(cuda_gpus: int) -> None:
+    """A GPU too full for a heap chunk on one PE fails the allocation on every PE alike (no PE
+    left waiting for the others' handles); after PyTorch frees that memory it succeeds."""
+    run_cases(min(cuda_gpus, 2), "torch_grow_failure", env={"SYMHEAP_BACKEND": "cuda"})

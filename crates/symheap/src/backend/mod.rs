@@ -14,7 +14,11 @@ use std::time::Duration;
 pub use reduce::ReduceOp;
 
 use crate::element::DType;
-use crate::error::Result;
+use crate::error::{Error, Result};
+
+/// How [`Backend::grow`] learns whether every PE got its new memory: called with this PE's own
+/// failure (None when it got the memory), it returns Ok only when no PE failed.
+pub type GrowVote<'a> = &'a dyn Fn(Option<&Error>) -> Result<()>;
 
 /// An atomic read-modify-write on a 4- or 8-byte word. Every variant returns the old value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -102,7 +106,13 @@ pub trait Backend: Send + Sync {
     /// addressable from here (another node, no peer-to-peer path).
     fn slot_base(&self, pe: usize) -> Option<u64>;
     /// Collective. Backs `[mapped(), new_mapped)` of every reachable PE's heap with memory.
-    fn grow(&self, new_mapped: u64) -> Result<()>;
+    ///
+    /// Calls `vote` exactly once, after this PE got (or failed to get) its new memory and
+    /// before any peer's memory is touched, passing its own failure if any. `vote` returns Ok
+    /// only when every PE got its memory; otherwise the backend gives its new memory back and
+    /// returns `vote`'s error, so that either every PE grows or none does (one PE short of
+    /// memory must not leave the others waiting for its handles).
+    fn grow(&self, new_mapped: u64, vote: GrowVote<'_>) -> Result<()>;
     /// Whether this PE could back `bytes` more without crowding out other users of the
     /// memory: asked before growing the heap for headroom no allocation needs yet. The
     /// default says yes (memory that costs nothing until touched).

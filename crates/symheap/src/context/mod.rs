@@ -206,7 +206,7 @@ impl ContextBuilder {
             let first = ctx.inner.grow_target(0, 1).ok_or_else(|| {
                 invalid("init", "heap capacity is smaller than one page").with_pe(rank)
             })?;
-            ctx.inner.grow(&mut st, first)?;
+            ctx.inner.grow(&mut st, first, first)?;
         }
         ctx.inner.init_device_sync()?;
         ctx.inner.init_device_teams()?;
@@ -363,15 +363,59 @@ impl Inner {
         }
     }
 
-    fn grow(&self, st: &mut HeapState, target: u64) -> Result<()> {
+    /// Collective: every PE's heap grows to `target` bytes, or none does. A PE that cannot get
+    /// the memory makes every PE fail with the same OutOfMemory error naming it (`requested`:
+    /// the allocation the growth is for) instead of leaving them waiting for its handles.
+    fn grow(&self, st: &mut HeapState, target: u64, requested: u64) -> Result<()> {
         let from = self.backend.mapped();
         self.record(
             "grow",
             format!("{} to {}", human_bytes(from), human_bytes(target)),
         );
+        const CALL: &str = "allocate (heap growth)";
+        let (in_use, cap) = (st.in_use(), self.backend.capacity());
+        let vote = |mine: Option<&Error>| -> Result<()> {
+            // A ballot is 0 when this PE got its memory, else 1 and why not.
+            let mut ballot = vec![u8::from(mine.is_some())];
+            if let Some(e) = mine {
+                ballot.extend_from_slice(e.kind().to_string().as_bytes());
+            }
+            let all = self
+                .boot
+                .all_gather(CALL, &ballot)
+                .map_err(|e| e.during(CALL).with_pe(self.rank))?;
+            let short: Vec<String> = all
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.first() != Some(&0))
+                .map(|(pe, b)| {
+                    format!("PE {pe}: {}", String::from_utf8_lossy(&b[b.len().min(1)..]))
+                })
+                .collect();
+            if short.is_empty() {
+                return Ok(());
+            }
+            Err(Error::new(
+                Some(self.rank),
+                CALL,
+                ErrorKind::OutOfMemory {
+                    requested,
+                    in_use,
+                    capacity: cap,
+                    hint: format!(
+                        "growing every PE's heap by {} failed on {}; no PE grew. Free memory there or lower SYMHEAP_CHUNK_SIZE",
+                        human_bytes(target - from),
+                        short.join("; ")
+                    ),
+                },
+            ))
+        };
         self.backend
-            .grow(target)
-            .map_err(|e| e.during("allocate (heap growth)").with_pe(self.rank))?;
+            .grow(target, &vote)
+            .map_err(|e| match e.kind() {
+                ErrorKind::OutOfMemory { .. } => e,
+                _ => e.during(CALL).with_pe(self.rank),
+            })?;
         st.extend(target);
         tracing::debug!(rank = self.rank, from, to = target, "symmetric heap grew");
         Ok(())
@@ -445,7 +489,14 @@ impl Inner {
                             && st.free_bytes() < chunk / 2
                             && mapped.checked_add(chunk).is_some_and(|t| t <= cap)
                         {
-                            self.grow(&mut st, mapped + chunk)?;
+                            match self.grow(&mut st, mapped + chunk, bytes) {
+                                // The allocation fits without the headroom, and every PE saw
+                                // the same ballots, so every PE goes on without it alike.
+                                Err(e) if matches!(e.kind(), ErrorKind::OutOfMemory { .. }) => {
+                                    tracing::debug!(rank = self.rank, "no heap headroom: {e}");
+                                }
+                                r => r?,
+                            }
                         }
                         b
                     }
@@ -453,7 +504,7 @@ impl Inner {
                         let need = st.end_needed_for(span, align).ok_or_else(|| oom(&st))?;
                         let mapped = self.backend.mapped();
                         let target = self.grow_target(mapped, need).ok_or_else(|| oom(&st))?;
-                        self.grow(&mut st, target)?;
+                        self.grow(&mut st, target, bytes)?;
                         st.try_alloc(bytes, span, align).ok_or_else(|| oom(&st))?
                     }
                 }
@@ -702,6 +753,10 @@ impl Context {
 
     /// Collective: allocates `bytes` aligned to `alignment`. Allocation needs no communication
     /// unless the heap must grow or reclaim; it is not a synchronisation point.
+    ///
+    /// Fails with [`ErrorKind::OutOfMemory`] on every PE alike when the request does not fit
+    /// the heap's capacity, or when some PE could not get the memory to grow its heap (the
+    /// error names it; no PE's heap grows and the context stays usable).
     pub fn allocate_bytes(&self, bytes: u64, alignment: u64) -> Result<SymmetricBuffer> {
         let block = self.inner.allocate(bytes, alignment, "allocate")?;
         Ok(SymmetricBuffer::new(self.inner.clone(), block))

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use self::driver::{Device, Function, MappedHost, Module, Stream};
 use super::reduce::reduce_bytes;
-use super::{AtomicOp, Backend, BackendKind, ChunkInfo, ReduceOp};
+use super::{AtomicOp, Backend, BackendKind, ChunkInfo, GrowVote, ReduceOp};
 use crate::bootstrap::{Bootstrap, NodeChannel, NodeInfo};
 use crate::element::DType;
 use crate::error::{backend, err, invalid, ErrorKind, Result};
@@ -721,8 +721,11 @@ impl Backend for CudaBackend {
         self.bind().is_ok() && driver::mem_info().is_ok_and(|(free, _)| free / 5 >= bytes)
     }
 
-    fn grow(&self, new_mapped: u64) -> Result<()> {
-        self.bind()?;
+    fn grow(&self, new_mapped: u64, vote: GrowVote<'_>) -> Result<()> {
+        if let Err(e) = self.bind() {
+            vote(Some(&e))?;
+            return Err(e);
+        }
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let from = st.chunks.last().map(|c| c.offset + c.bytes).unwrap_or(0);
         if new_mapped <= from || new_mapped > self.capacity || new_mapped % self.gran != 0 {
@@ -735,26 +738,34 @@ impl Backend for CudaBackend {
             ));
         }
         let len = new_mapped - from;
-        let handle = self.dev.create(len).map_err(|e| {
-            backend(
-                "grow",
-                format!(
-                    "{} (GPU memory exhausted? the chunk was {} MiB)",
-                    e.kind(),
-                    len >> 20
-                ),
-            )
-        })?;
+        let handle = match self.dev.create(len) {
+            Ok(h) => h,
+            Err(e) => {
+                let e = backend(
+                    "grow",
+                    format!(
+                        "{} (GPU memory exhausted? the chunk was {} MiB)",
+                        e.kind(),
+                        len >> 20
+                    ),
+                );
+                vote(Some(&e))?;
+                return Err(e);
+            }
+        };
         let own = self.slot(self.rank) + from;
-        let fd = match driver::map(own, len, handle)
+        // Everything up to the vote is local and undone the same way whether this PE failed
+        // or another one did.
+        let fd = driver::map(own, len, handle)
             .and_then(|_| self.dev.set_access(own, len))
             .and_then(|_| driver::export_fd(handle))
-        {
+            .map_err(|e| e.during("grow"));
+        let fd = match vote(fd.as_ref().err()).and(fd) {
             Ok(fd) => fd,
             Err(e) => {
                 driver::unmap(own, len);
                 driver::release(handle);
-                return Err(e.during("grow"));
+                return Err(e);
             }
         };
         st.maps.push(Mapping {

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use reservation::{memfd, Reservation};
 
 use super::reduce::reduce_bytes;
-use super::{AtomicOp, Backend, BackendKind, ChunkInfo, ReduceOp};
+use super::{AtomicOp, Backend, BackendKind, ChunkInfo, GrowVote, ReduceOp};
 use crate::bootstrap::{Bootstrap, NodeChannel, NodeInfo};
 use crate::element::DType;
 use crate::error::{backend, invalid, Result};
@@ -124,7 +124,7 @@ impl Backend for HostBackend {
         (pe < self.direct.len() && self.direct[pe]).then(|| self.slot_addr(pe))
     }
 
-    fn grow(&self, new_mapped: u64) -> Result<()> {
+    fn grow(&self, new_mapped: u64, vote: GrowVote<'_>) -> Result<()> {
         let mut chunks = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let from = chunks.last().map(|c| c.offset + c.bytes).unwrap_or(0);
         if new_mapped <= from || new_mapped > self.capacity || new_mapped % self.page != 0 {
@@ -138,7 +138,11 @@ impl Backend for HostBackend {
         }
         let len = new_mapped - from;
         let fd = memfd(&format!("symheap-pe{}-at{:x}", self.rank, from), len)
-            .map_err(|e| e.during("grow"))?;
+            .map_err(|e| e.during("grow"));
+        // Sizing the memfd is where a PE runs short (memory or file-size limits); until every PE
+        // has its chunk nothing is mapped, so a failed vote only drops the memfd.
+        vote(fd.as_ref().err())?;
+        let fd = fd?;
         self.map_at(self.rank, from, len, &fd)?;
         let all = self
             .channel
