@@ -36,6 +36,11 @@ def test_grow_failure_at_8_pes() -> None:
     run_cases(8, "grow_failure")
 
 
+def test_grow_failure_across_nodes() -> None:
+    """The same with every PE on its own node: the failure reaches PEs that share no memory."""
+    run_cases(3, "grow_failure", env={"PE_CASES_NODE_PER_PE": "1"})
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_collective_mismatch_is_detected(n: int) -> None:
     """PEs calling broadcast with different roots all get SymheapMismatchError."""
