@@ -5,6 +5,7 @@ symm_mem.empty + rendezvous for 1 MiB. Writes a JSON list of {op, bytes, name, u
 `symheap bench --peer-json` merges into its table.
 
 Launch: torchrun --nproc-per-node 2 bench/torch_symm_mem.py OUT.json [SIZES...]"""
+
 import json
 import os
 import statistics
@@ -60,8 +61,11 @@ def main():
         symm_mem.rendezvous(t, group)
         out_t = torch.empty_like(t)
         for name, fn in [
-            ("torch symm_mem one_shot", lambda: torch.ops.symm_mem.one_shot_all_reduce_out(t, "sum", group, out_t)),
-            ("torch symm_mem two_shot", lambda: torch.ops.symm_mem.two_shot_all_reduce_(t, "sum", group)),
+            (
+                "torch symm_mem one_shot",
+                lambda t=t, out_t=out_t: torch.ops.symm_mem.one_shot_all_reduce_out(t, "sum", group, out_t),
+            ),
+            ("torch symm_mem two_shot", lambda t=t: torch.ops.symm_mem.two_shot_all_reduce_(t, "sum", group)),
         ]:
             try:
                 us = graph_time_us(fn, k, trials)
@@ -73,14 +77,21 @@ def main():
         torch.cuda.empty_cache()
     # Allocation: empty + rendezvous of 1 MiB, after a warm-up (first call sets things up).
     lat = []
-    for i in range(30):
+    for _ in range(30):
         dist.barrier()
         t0 = time.perf_counter()
         t = symm_mem.empty(1 << 19, dtype=torch.bfloat16, device=dev)
         symm_mem.rendezvous(t, group)
         lat.append((time.perf_counter() - t0) * 1e6)
         del t
-    rows.append({"op": "allocate_symmetric", "bytes": 1 << 20, "name": "torch SymmetricMemory empty+rendezvous", "us": statistics.median(lat[5:])})
+    rows.append(
+        {
+            "op": "allocate_symmetric",
+            "bytes": 1 << 20,
+            "name": "torch SymmetricMemory empty+rendezvous",
+            "us": statistics.median(lat[5:]),
+        }
+    )
     if rank == 0:
         with open(out, "w") as f:
             json.dump(rows, f)

@@ -15,6 +15,7 @@ Run by scripts/gpu_suite.sh; alone: python3 scripts/nvlink_probe.py. Two tables:
    A 2-PE all_reduce must move its whole message once each way, so "both ways" is the floor
    under any 2-PE all_reduce of that size.
 """
+
 import sys
 
 import cupy as cp
@@ -115,8 +116,13 @@ def main() -> int:
 
     def tma_put(d, st, nbytes, off=0):
         src, dst = buf[d][0].data.ptr + off, buf[1 - d][1].data.ptr + off
-        tma[d]((nsm,), (32 * TMA_WARPS,), (src, dst, np.uint64(nbytes), np.uint32(TMA_CHUNK)),
-               stream=st, shared_mem=TMA_WARPS * 2 * TMA_CHUNK)
+        tma[d](
+            (nsm,),
+            (32 * TMA_WARPS,),
+            (src, dst, np.uint64(nbytes), np.uint32(TMA_CHUNK)),
+            stream=st,
+            shared_mem=TMA_WARPS * 2 * TMA_CHUNK,
+        )
 
     def ce(d, st, nbytes, off=0):
         src, dst = buf[d][0].data.ptr + off, buf[1 - d][1].data.ptr + off
@@ -213,7 +219,7 @@ def main() -> int:
         reps = 8 if nbytes < (1 << 30) else 4
         rows = []
 
-        def one(fn, name):
+        def one(fn, name, rows=rows, nbytes=nbytes, reps=reps):
             nonlocal ok
             rows.append((name + " one way", timed([(0, 0, lambda st: fn(0, st, nbytes))], reps)))
             both = [(d, 0, lambda st, d=d: fn(d, st, nbytes)) for d in (0, 1)]
@@ -226,13 +232,16 @@ def main() -> int:
         for frac in (0.35, 0.5):
             ceb = int(nbytes * frac) // 4096 * 4096
             smb = nbytes - ceb
-            work = [(0, 0, lambda st: sm(0, st, smb, ceb)), (0, 1, lambda st: ce(0, st, ceb))]
+            work = [
+                (0, 0, lambda st, smb=smb, ceb=ceb: sm(0, st, smb, ceb)),
+                (0, 1, lambda st, ceb=ceb: ce(0, st, ceb)),
+            ]
             rows.append((f"SM+CE one way ({frac:.0%} CE)", timed(work, reps)))
         both = []
         half = nbytes // 2 // 4096 * 4096
         for d in (0, 1):
-            both.append((d, 0, lambda st, d=d: sm(d, st, nbytes - half, half)))
-            both.append((d, 1, lambda st, d=d: ce(d, st, half)))
+            both.append((d, 0, lambda st, d=d, nbytes=nbytes, half=half: sm(d, st, nbytes - half, half)))
+            both.append((d, 1, lambda st, d=d, half=half: ce(d, st, half)))
         rows.append(("SM+CE both ways (50% CE)", timed(both, reps)))
         ok = check(nbytes, "SM+CE") and ok
         base = rows[0][1]

@@ -1,28 +1,50 @@
 #!/usr/bin/env bash
 # The whole CPU test suite: what CI runs (through .ci/run) and what README tells users to run.
+#
+# Needs Rust and a python3 (a bare interpreter is enough: nothing is installed into it). Every
+# Python package the tests use (maturin, zig, NVRTC, NumPy, pytest, ruff, torch, Triton) goes into
+# the project-local venv target/venv. Each step says what it runs; a failing step is named with
+# its exit status, so this never ends silently.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# NVRTC from PyPI, so every CUDA kernel and the device header compile in the tests (no GPU needed).
+# shellcheck source=lib/steps.sh
+source scripts/lib/steps.sh
+T0=$SECONDS
+
+VENV="$PWD/target/venv"
+step "project venv ($VENV, from scripts/requirements-test.txt)" scripts/venv.sh "$VENV"
+export PATH="$VENV/bin:$PATH"
+step "NVRTC setup on a fresh machine (bare python3, set -euo pipefail)" scripts/check_nvrtc_env.sh
+# NVRTC from the venv, so every CUDA kernel and the device header compile in the tests (no GPU).
 # shellcheck source=nvrtc_env.sh
 source scripts/nvrtc_env.sh
-# Open MPI, so the tests can check that programs run unchanged under mpirun.
-if ! command -v mpirun >/dev/null; then
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get install -y -q openmpi-bin >/dev/null || {
-    $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q openmpi-bin >/dev/null
-  }
-fi
-cargo test --workspace --locked
 
-# The Python package (crates/symheap-py + python/symheap): build the abi3 wheel, install it in a
-# fresh venv with NumPy, pytest and Triton, and run the multi-PE tests on the host backend
-# (torch/GPU tests skip when torch is absent). Triton (a ~190 MB wheel, ~10 s to install) lets
-# test_triton_compile.py compile every symheap.triton function for sm_90 without a GPU (~15 s).
-# The dev profile reuses the build `cargo test` just made.
-PYVENV=target/py-venv
-rm -rf "$PYVENV" target/py-wheels
-python3 -m venv "$PYVENV"
-"$PYVENV/bin/pip" install -q --disable-pip-version-check maturin numpy pytest "triton==3.6.0"
-"$PYVENV/bin/maturin" build --profile dev --locked -o target/py-wheels
-"$PYVENV/bin/pip" install -q --disable-pip-version-check --no-deps target/py-wheels/symheap-*.whl
-(cd tests/python && "../../$PYVENV/bin/python" -m pytest -q -p no:cacheprovider .)
+# Open MPI, so the tests can check that programs run unchanged under mpirun.
+install_mpi() {
+  command -v mpirun >/dev/null && return 0
+  local sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get install -y -q openmpi-bin >/dev/null ||
+    { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q openmpi-bin >/dev/null; }
+}
+step "Open MPI (apt-get install openmpi-bin)" install_mpi
+
+step "cargo fmt --check" cargo fmt --all --check
+step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
+step "ruff check" ruff check python tests scripts bench examples
+step "ruff format --check" ruff format --check python tests scripts bench examples
+step "cargo test" cargo test --workspace --locked
+
+# The wheel as it ships (manylinux_2_28, kernels prebuilt), installed from the built file: into a
+# fresh venv to check what a pip user gets, and into the test venv (which has torch and Triton)
+# for the multi-PE Python tests.
+rm -rf target/py-wheels
+step "wheel (scripts/build_wheel.sh)" scripts/build_wheel.sh --out target/py-wheels
+WHEEL="$(ls target/py-wheels/symheap-*-manylinux_2_28_x86_64.whl)"
+step "the wheel in a fresh venv: symheap command, launch, numpy front" scripts/check_wheel.sh "$WHEEL"
+step "install the wheel into the test venv" \
+  python -m pip install -q --disable-pip-version-check --no-deps --force-reinstall "$WHEEL"
+# From tests/python, so `import symheap` is the installed wheel, not python/ in this checkout.
+pytest_all() { (cd tests/python && python -m pytest -q -p no:cacheprovider -rs .); }
+step "pytest (multi-PE, host backend; torch on CPU)" pytest_all
+echo "test.sh: every step passed in $((SECONDS - T0)) s" >&2

@@ -151,6 +151,8 @@ def init(
                 comm = mpi.COMM_WORLD
     if device is not None:
         os.environ["SYMHEAP_DEVICE"] = str(int(device))
+    # NVRTC and NVSHMEM come from pip wheels in this interpreter's site-packages.
+    _native.set_python_search_path([p for p in sys.path if p])
     native = _native.Context.init(
         store=store,
         comm=comm,

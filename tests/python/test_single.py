@@ -181,7 +181,8 @@ symheap.init(backend="host", capacity=1 << 28)
 _core._before_finalize.append(lambda: print("HOOK-AT-EXIT", symheap.is_initialized()))
 print("OK")
 """
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_ID")}
+    launcher = ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_ID")
+    env = {k: v for k, v in os.environ.items() if k not in launcher}
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.split() == ["OK", "HOOK-AT-EXIT", "True"], r.stdout + r.stderr

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use pyo3::prelude::*;
-use symheap::launch::{launch as rust_launch, LaunchOptions};
+use symheap_launch::{launch as rust_launch, LaunchOptions};
 
 use crate::errors::{value_error, IntoPyResult};
 
@@ -34,4 +34,21 @@ pub fn launch(
     opts.prefix_output = prefix_output;
     let outcome = py.detach(move || rust_launch(&opts)).py()?;
     Ok(outcome.exit_code())
+}
+
+/// Runs the `symheap` command with `argv` (the program name first) and returns its exit status.
+/// `self_command` is how the command starts itself again for the PEs of `selftest` and `bench`
+/// (`[sys.executable, "-m", "symheap"]`). Runs with the GIL released.
+#[pyfunction]
+pub fn cli_main(py: Python<'_>, argv: Vec<String>, self_command: Vec<String>) -> i32 {
+    symheap_cli::set_self_command(self_command.into_iter().map(Into::into).collect());
+    let args = argv.into_iter().map(Into::into).collect();
+    py.detach(move || symheap_cli::run_status(args))
+}
+
+/// Tells the runtime which directories (`sys.path`) to search for NVIDIA's pip wheels
+/// (`nvidia-cuda-nvrtc`, `nvidia-nvshmem-cu13`) when it loads NVRTC or NVSHMEM.
+#[pyfunction]
+pub fn set_python_search_path(dirs: Vec<String>) {
+    symheap::set_python_search_path(dirs.into_iter().map(Into::into).collect());
 }

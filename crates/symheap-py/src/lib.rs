@@ -3,7 +3,9 @@
 //! It exposes the Rust runtime on raw symmetric addresses: `Context` (init, rank information,
 //! allocation, RMA, atomics, signals, barriers, teams, collectives), `SymmetricBuffer` and
 //! `HeapView` (memory exported through DLPack and the array interfaces), `NvshmemProvider`
-//! (NVSHMEM as an allocator satisfying the contract), `launch`, and the exception classes. The `symheap` Python package builds the array/tensor API on top.
+//! (NVSHMEM as an allocator satisfying the contract), `launch`, the `symheap` command
+//! (`cli_main`), and the exception classes. The `symheap` Python package builds the
+//! array/tensor API on top.
 
 mod buffer;
 mod context;
@@ -43,6 +45,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<buffer::HeapView>()?;
     m.add_class::<provider::PyNvshmem>()?;
     m.add_function(wrap_pyfunction!(launch::launch, m)?)?;
+    m.add_function(wrap_pyfunction!(launch::cli_main, m)?)?;
+    m.add_function(wrap_pyfunction!(launch::set_python_search_path, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_size, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_name, m)?)?;
     Ok(())

@@ -109,6 +109,10 @@ pub const SYMHEAP_VARIABLES: &[(&str, &str)] = &[
         "libnvshmem_host.so.3 (or its directory) for the NVSHMEM provider",
     ),
     (
+        "SYMHEAP_NVRTC_LIB",
+        "libnvrtc.so.13 (or its directory) for kernels not prebuilt (default: the nvidia-cuda-nvrtc wheel on the Python path, then the loader's path)",
+    ),
+    (
         "SYMHEAP_COLL_DEFINES",
         "tuning: NAME=VALUE,... collective-kernel constants (SYMHEAP_COLL_*), for experiments",
     ),

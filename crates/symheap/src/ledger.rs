@@ -2,7 +2,7 @@
 //! collective points, so diverging call sequences fail on every PE with the first differing
 //! call named, instead of hanging or silently corrupting memory.
 
-use crate::bootstrap::fnv1a;
+use crate::util::fnv1a;
 
 /// At most this many calls since the last agreed point are kept verbatim for the message; the
 /// running hash still covers every call.

@@ -24,11 +24,11 @@ mod context;
 pub mod element;
 pub mod error;
 pub mod heap;
-pub mod launch;
 pub mod ledger;
 pub mod ops;
 pub mod provider;
 pub mod table;
+mod util;
 
 pub use backend::cuda;
 pub use backend::cuda::Engine;
@@ -40,3 +40,11 @@ pub use error::{Error, ErrorKind, Result};
 pub use ops::{AllReduceAlgo, AtomicBitwise, AtomicElement, AtomicInt, Cmp, SignalOp, Team};
 pub use provider::{Allocation, NativeHeap, Nvshmem, NvshmemLibrary, Provider};
 pub use table::{translate, PeerMask, SymmetricAddressMap};
+
+/// Tells symheap which Python directories (`sys.path`) to search for NVIDIA's pip wheels
+/// (`nvidia-cuda-nvrtc`, `nvidia-nvshmem-cu13`) instead of asking the `python3` on PATH. The
+/// Python package calls it when it is imported; a Rust program rarely needs it. Affects only
+/// libraries not loaded yet.
+pub fn set_python_search_path(dirs: Vec<std::path::PathBuf>) {
+    util::libsearch::set_python_path(dirs);
+}

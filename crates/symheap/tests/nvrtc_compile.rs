@@ -5,7 +5,8 @@
 //! collectives' data path, no register spills).
 //!
 //! These tests FAIL when libnvrtc cannot be loaded: run them after `source scripts/nvrtc_env.sh`
-//! (installs `nvidia-cuda-nvrtc==13.0.*` and sets LD_LIBRARY_PATH).
+//! (installs `nvidia-cuda-nvrtc` 13.0 into the project venv and sets `SYMHEAP_NVRTC_LIB`), or with
+//! a `python3` on PATH whose site-packages hold that wheel.
 
 use symheap::backend::cuda::nvrtc;
 
@@ -25,8 +26,8 @@ fn require_nvrtc() {
     if let Err(e) = nvrtc::version() {
         panic!(
             "NVRTC is required for this test and could not be loaded: {e}\n\
-             Fix: `source scripts/nvrtc_env.sh` (pip-installs nvidia-cuda-nvrtc==13.0.* and adds \
-             its lib directory to LD_LIBRARY_PATH), then rerun."
+             Fix: `source scripts/nvrtc_env.sh` (installs nvidia-cuda-nvrtc 13.0 into the project \
+             venv and sets SYMHEAP_NVRTC_LIB), then rerun."
         );
     }
 }
@@ -469,65 +470,13 @@ fn coll_barriers_order_at_system_scope() {
 }
 
 /// Compiles `source` to CUBIN for `arch` with `--ptxas-options=-v` and returns NVRTC's log
-/// (ptxas' register / spill report). Calls libnvrtc directly: `nvrtc::compile_cubin` keeps the
-/// log only on failure.
+/// (ptxas' register / spill report).
 fn ptxas_report(source: &str, name: &str, arch: u32) -> String {
-    use cudarc::nvrtc::sys;
-    use std::ffi::{c_char, CString};
-    use std::ptr;
-
     require_nvrtc();
-    let src = CString::new(source).expect("source without NUL");
-    let prog_name = CString::new(name).expect("name without NUL");
-    let header = CString::new(nvrtc::HEADER).expect("header without NUL");
-    let header_name = CString::new(nvrtc::HEADER_NAME).expect("header name without NUL");
-    let headers = [header.as_ptr()];
-    let header_names = [header_name.as_ptr()];
-    let options: Vec<CString> = [
-        format!("--gpu-architecture=sm_{arch}"),
-        "-std=c++17".to_string(),
-        "-default-device".to_string(),
-        "--ptxas-options=-v".to_string(),
-    ]
-    .into_iter()
-    .map(|o| CString::new(o).expect("option without NUL"))
-    .collect();
-    let option_ptrs: Vec<*const c_char> = options.iter().map(|o| o.as_ptr()).collect();
-    let mut prog: sys::nvrtcProgram = ptr::null_mut();
-    // SAFETY: every pointer refers to a live NUL-terminated CString of this frame; the header
-    // arrays hold one valid pointer each; `prog` is a valid out-pointer. NVRTC copies the strings.
-    let r = unsafe {
-        sys::nvrtcCreateProgram(
-            &mut prog,
-            src.as_ptr(),
-            prog_name.as_ptr(),
-            1,
-            headers.as_ptr(),
-            header_names.as_ptr(),
-        )
-    };
-    assert_eq!(r, sys::nvrtcResult::NVRTC_SUCCESS, "nvrtcCreateProgram");
-    let n_opts = i32::try_from(option_ptrs.len()).expect("few options");
-    // SAFETY: `prog` was created above; `option_ptrs` holds `n_opts` live C strings.
-    let compiled = unsafe { sys::nvrtcCompileProgram(prog, n_opts, option_ptrs.as_ptr()) };
-    let mut size = 0usize;
-    // SAFETY: `prog` is live; `size` is a valid out-pointer.
-    let r = unsafe { sys::nvrtcGetProgramLogSize(prog, &mut size) };
-    assert_eq!(r, sys::nvrtcResult::NVRTC_SUCCESS, "nvrtcGetProgramLogSize");
-    let mut log = vec![0u8; size.max(1)];
-    // SAFETY: `log` holds at least the `size` bytes NVRTC reported (log and its NUL).
-    let r = unsafe { sys::nvrtcGetProgramLog(prog, log.as_mut_ptr().cast::<c_char>()) };
-    assert_eq!(r, sys::nvrtcResult::NVRTC_SUCCESS, "nvrtcGetProgramLog");
-    // SAFETY: `prog` is live and destroyed exactly once, here.
-    let _ = unsafe { sys::nvrtcDestroyProgram(&mut prog) };
-    let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
-    let log = String::from_utf8_lossy(&log[..end]).into_owned();
-    assert_eq!(
-        compiled,
-        sys::nvrtcResult::NVRTC_SUCCESS,
-        "{name} does not compile for sm_{arch}:\n{log}"
-    );
-    log
+    match nvrtc::compile_cubin_with_log(source, name, arch, &headers(), &["--ptxas-options=-v"]) {
+        Ok((_, log)) => log,
+        Err(log) => panic!("{name} does not compile for sm_{arch}:\n{log}"),
+    }
 }
 
 /// (registers, spill store bytes, spill load bytes, stack frame bytes) per kernel, from ptxas'

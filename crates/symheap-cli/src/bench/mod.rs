@@ -118,7 +118,7 @@ fn build_mpi_peer(dir: &Path) -> Option<PathBuf> {
     let out = Command::new("mpicc")
         .arg("-O2")
         .arg("-o")
-        .arg(&exe)
+        .args(&exe)
         .arg(&src)
         .output();
     match out {
@@ -185,19 +185,19 @@ pub const HOST_ALLREDUCE_SIZES: [u64; 4] = [1 << 10, 64 << 10, 1 << 20, 16 << 20
 
 /// The main job on a machine without GPUs: host backend, `n` PEs.
 pub fn run_host(n: usize, json: Option<&Path>) -> i32 {
-    let exe = std::env::current_exe().expect("own path");
+    let exe = crate::selfcmd::argv();
     let tmp = std::env::temp_dir().join(format!("symheap-bench-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&tmp);
     let out = tmp.join("host.json");
     eprintln!(
         "bench: host backend, {n} PEs: put/get vs memcpy, barrier and all_reduce vs Open MPI"
     );
-    let st = Command::new(&exe)
+    let st = crate::selfcmd::command()
         .arg("launch")
         .arg("-n")
         .arg(n.to_string())
         .arg("--")
-        .arg(&exe)
+        .args(&exe)
         .arg("bench-pe")
         .arg("--out")
         .arg(&out)
@@ -339,7 +339,7 @@ pub fn run_gpu(o: &GpuOptions) -> i32 {
     if sizes.is_empty() {
         sizes = GPU_SIZES.to_vec();
     }
-    let exe = std::env::current_exe().expect("own path");
+    let exe = crate::selfcmd::argv();
     let tmp = std::env::temp_dir().join(format!("symheap-bench-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&tmp);
     let out = tmp.join("gpu.json");
@@ -353,12 +353,12 @@ pub fn run_gpu(o: &GpuOptions) -> i32 {
         },
         if rma { ", RMA and allocation" } else { "" }
     );
-    let mut cmd = Command::new(&exe);
+    let mut cmd = crate::selfcmd::command();
     cmd.arg("launch")
         .arg("-n")
         .arg(o.n.to_string())
         .arg("--")
-        .arg(&exe)
+        .args(&exe)
         .arg("bench-pe-gpu")
         .arg("--out")
         .arg(&out)

@@ -20,7 +20,7 @@ mod scenarios;
 mod stream_scenarios;
 
 use std::io::Read;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use scenarios::{Outcome, PeArgs};
@@ -387,19 +387,19 @@ struct Verdict {
 }
 
 fn run_case(s: &Scenario, n: usize, victim: usize, seed: u64, gpu: bool) -> Verdict {
-    let exe = std::env::current_exe().expect("own path");
+    let exe = crate::selfcmd::argv();
     let label = if s.victims || s.expect == Expect::VictimKilled {
         format!("{} (victim PE {victim})", s.name)
     } else {
         s.name.to_string()
     };
     let t0 = Instant::now();
-    let mut cmd = Command::new(&exe);
+    let mut cmd = crate::selfcmd::command();
     cmd.arg("launch")
         .arg("-n")
         .arg(n.to_string())
         .arg("--")
-        .arg(&exe)
+        .args(&exe)
         .arg("selftest-pe")
         .arg(s.name)
         .arg("--seed")
@@ -422,7 +422,7 @@ fn run_case(s: &Scenario, n: usize, victim: usize, seed: u64, gpu: bool) -> Verd
                 label,
                 ok: false,
                 secs: 0.0,
-                detail: format!("cannot start {}: {e}", exe.display()),
+                detail: format!("cannot start {:?}: {e}", exe),
             }
         }
     };

@@ -6,6 +6,7 @@
 
 use crate::config::Config;
 use crate::error::{invalid, Result};
+use crate::util::fnv1a;
 
 /// Which launcher started this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -234,16 +235,6 @@ pub fn first_host(list: &str) -> Option<String> {
             Some(format!("{prefix}{lo}"))
         }
     }
-}
-
-/// FNV-1a, 64 bit: a stable hash that every PE and every symheap build computes alike.
-pub fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ mod single;
 mod tcp;
 pub mod wire;
 
-pub use env::{first_host, fnv1a, LaunchEnv, Launcher};
+pub use env::{first_host, LaunchEnv, Launcher};
 pub use health::{Failure, Health};
 pub use node::{NodeChannel, NodeInfo};
 pub use single::SingleBootstrap;

@@ -19,8 +19,9 @@ use nix::sys::socket::{
     getsockopt, recvmsg, sendmsg, sockopt, ControlMessage, ControlMessageOwned, MsgFlags,
 };
 
-use super::{fnv1a, Bootstrap};
+use super::Bootstrap;
 use crate::error::{bootstrap, Error, ErrorKind, Result};
+use crate::util::fnv1a;
 
 /// Where this PE sits among the nodes of the job.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -56,6 +56,13 @@ pub(crate) fn render(c: &Inner) -> String {
             "derived from the job id (set SYMHEAP_TOKEN for a secret)"
         }
     );
+    if let Some(p) = c.init_phases.get() {
+        let _ = write!(s, "  init      : {}", p.render());
+        if let Some(cu) = be.as_cuda() {
+            let _ = write!(s, "; backend: {}", cu.init_breakdown());
+        }
+        let _ = writeln!(s);
+    }
     if c.cfg.env_read.is_empty() {
         let _ = write!(s, "  environment: (no symheap or launcher variables set)");
     } else {

@@ -63,6 +63,8 @@ pub(crate) struct Inner {
     pub(crate) dsync: std::sync::OnceLock<crate::ops::stream::DeviceSync>,
     /// Team slots in use on this PE (bit 0: the world).
     pub(crate) slots_used: Mutex<u64>,
+    /// Where init's time went, for the banner (set once init is done).
+    pub(crate) init_phases: std::sync::OnceLock<crate::util::Phases>,
     finalized: AtomicBool,
 }
 
@@ -119,6 +121,7 @@ impl ContextBuilder {
         if cfg.capacity == 0 || cfg.chunk_size == 0 {
             return Err(invalid("init", "capacity and chunk size must be positive"));
         }
+        let mut phases = crate::util::Phases::start();
         let (boot, launcher, token, token_is_secret): (Arc<dyn Bootstrap>, _, _, _) =
             match self.bootstrap {
                 Some(b) => {
@@ -138,6 +141,7 @@ impl ContextBuilder {
         let rank = boot.rank();
         let world = boot.size();
         let with_pe = |e: Error| e.with_pe(rank);
+        phases.mark("rendezvous");
 
         let node = NodeInfo::discover(boot.as_ref()).map_err(with_pe)?;
         agree_on_settings(boot.as_ref(), &cfg).map_err(with_pe)?;
@@ -145,12 +149,14 @@ impl ContextBuilder {
         let control = SharedArea::new(&node, &channel, boot.health(), rank, SyncArea::bytes(world))
             .map_err(with_pe)?;
         let area = SyncArea::new((0..world).map(|pe| control.base(pe)).collect());
+        phases.mark("node");
 
         let use_cuda = match cfg.backend {
             BackendChoice::Host => false,
             BackendChoice::Cuda => true,
             BackendChoice::Auto => crate::backend::cuda::gpu_visible(),
         };
+        phases.mark("probe");
         let backend: Arc<dyn Backend> = if use_cuda {
             // LOCAL_RANK as the launcher numbers it, else our own node-local rank.
             let local = std::env::var("LOCAL_RANK")
@@ -176,6 +182,7 @@ impl ContextBuilder {
                     .map_err(with_pe)?,
             )
         };
+        phases.mark("backend");
         agree_on_backend(boot.as_ref(), backend.as_ref()).map_err(with_pe)?;
         let inner = Arc::new(Inner {
             cfg,
@@ -198,6 +205,7 @@ impl ContextBuilder {
             dsync: std::sync::OnceLock::new(),
             dteams: std::sync::OnceLock::new(),
             slots_used: Mutex::new(1),
+            init_phases: std::sync::OnceLock::new(),
             finalized: AtomicBool::new(false),
         });
         let ctx = Context { inner };
@@ -208,9 +216,13 @@ impl ContextBuilder {
             })?;
             ctx.inner.grow(&mut st, first, first)?;
         }
+        phases.mark("first chunk");
         ctx.inner.init_device_sync()?;
         ctx.inner.init_device_teams()?;
+        phases.mark("device state");
         ctx.barrier_all()?;
+        phases.mark("barrier");
+        let _ = ctx.inner.init_phases.set(phases);
         if ctx.inner.cfg.debug >= DebugLevel::Info {
             eprintln!("{}", ctx.banner());
         }

@@ -81,9 +81,9 @@ fn load_api(
     let (dirs, note) = match site_dirs {
         Some(d) => (d.to_vec(), None),
         None if explicit_or_env => (Vec::new(), None),
-        None => sys::python_sys_path(),
+        None => crate::util::libsearch::python_sys_path(),
     };
-    let cands = sys::candidates(lib, env.as_deref(), &dirs);
+    let cands = sys::NVSHMEM.candidates(lib, env.as_deref(), &dirs);
     sys::load(&cands, note.as_deref())
 }
 

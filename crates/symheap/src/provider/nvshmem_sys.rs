@@ -12,11 +12,13 @@
 //! initialising; unloading its code under them would crash. A process loads it at most once.
 
 use std::collections::HashSet;
-use std::ffi::{c_int, c_uint, c_void, OsStr};
+use std::ffi::{c_int, c_uint, c_void};
 use std::mem::ManuallyDrop;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
+
+use crate::util::libsearch::{self, Candidate, Library};
 
 /// The host library's file name (the loader name of the 3.x ABI).
 pub(crate) const LIB_NAME: &str = "libnvshmem_host.so.3";
@@ -158,13 +160,6 @@ pub(crate) struct Api {
 }
 
 /// A loader error with its cause (libloading's own text is only "dlopen failed").
-fn with_source(e: &libloading::Error) -> String {
-    match std::error::Error::source(e) {
-        Some(s) => format!("{e}: {s}"),
-        None => e.to_string(),
-    }
-}
-
 /// The entry points resolved from `lib`, or which one is missing.
 fn resolve(lib: libloading::Library, path: &Path) -> Result<Api, String> {
     // Never closed, even when it turns out unusable: its initialisers have run (NVSHMEM
@@ -177,7 +172,13 @@ fn resolve(lib: libloading::Library, path: &Path) -> Result<Api, String> {
             // host/nvshmem_coll_api.h). The function pointer is copied out of the `Symbol`;
             // it stays valid because the library is never unloaded (`Api` is leaked).
             let s = unsafe { lib.get::<$ty>(concat!($name, "\0").as_bytes()) };
-            *s.map_err(|e| format!("lacks {} ({}); is it NVSHMEM 3.x?", $name, with_source(&e)))?
+            *s.map_err(|e| {
+                format!(
+                    "lacks {} ({}); is it NVSHMEM 3.x?",
+                    $name,
+                    libsearch::with_source(&e)
+                )
+            })?
         }};
     }
     let version_info = sym!("nvshmemx_vendor_get_version_info", VersionInfo);
@@ -208,94 +209,13 @@ fn resolve(lib: libloading::Library, path: &Path) -> Result<Api, String> {
     })
 }
 
-/// One place the library is looked for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Candidate {
-    /// A file path, or the bare `LIB_NAME` for the loader's own search.
-    pub(crate) path: PathBuf,
-    /// Where the candidate came from, for the error message.
-    pub(crate) origin: &'static str,
-    /// Only a file path: skipped (reported as absent) when the file does not exist.
-    pub(crate) is_file: bool,
-}
-
-fn as_file(p: &Path) -> PathBuf {
-    if p.is_dir() {
-        p.join(LIB_NAME)
-    } else {
-        p.to_path_buf()
-    }
-}
-
-/// Where to look, in order: `explicit` alone when given, else `$SYMHEAP_NVSHMEM_LIB` alone
-/// when set (a file or a directory holding it; neither falls back, so a wrong setting is an
-/// error rather than a surprise), else the `nvidia-nvshmem-cu13` wheel's library folder under
-/// every Python search directory in `site_dirs`, else the loader's own search path.
-pub(crate) fn candidates(
-    explicit: Option<&Path>,
-    env: Option<&OsStr>,
-    site_dirs: &[PathBuf],
-) -> Vec<Candidate> {
-    if let Some(p) = explicit {
-        return vec![Candidate {
-            path: as_file(p),
-            origin: "the path given",
-            is_file: true,
-        }];
-    }
-    if let Some(v) = env.filter(|v| !v.is_empty()) {
-        return vec![Candidate {
-            path: as_file(Path::new(v)),
-            origin: ENV_LIB,
-            is_file: true,
-        }];
-    }
-    let mut out: Vec<Candidate> = Vec::new();
-    for d in site_dirs {
-        let path = d.join("nvidia").join("nvshmem").join("lib").join(LIB_NAME);
-        if !out.iter().any(|c| c.path == path) {
-            out.push(Candidate {
-                path,
-                origin: "the nvidia-nvshmem-cu13 Python package",
-                is_file: true,
-            });
-        }
-    }
-    out.push(Candidate {
-        path: PathBuf::from(LIB_NAME),
-        origin: "the dynamic loader's search path",
-        is_file: false,
-    });
-    out
-}
-
-/// The search directories of the `python3` on PATH (`sys.path`), where pip puts
-/// `nvidia/nvshmem/lib`. Empty (with the reason) when there is no usable python3.
-pub(crate) fn python_sys_path() -> (Vec<PathBuf>, Option<String>) {
-    let out = std::process::Command::new("python3")
-        .args(["-c", "import sys\nfor p in sys.path:\n    if p: print(p)"])
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .output();
-    match out {
-        Ok(o) if o.status.success() => (
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .filter(|l| !l.trim().is_empty())
-                .map(PathBuf::from)
-                .collect(),
-            None,
-        ),
-        Ok(o) => (
-            Vec::new(),
-            Some(format!("python3 could not list sys.path ({})", o.status)),
-        ),
-        Err(e) => (
-            Vec::new(),
-            Some(format!("no python3 to ask for its site-packages ({e})")),
-        ),
-    }
-}
+/// What is searched for (see [`Library::candidates`] for the order).
+pub(crate) const NVSHMEM: Library = Library {
+    file: LIB_NAME,
+    env: ENV_LIB,
+    wheel_dir: "nvidia/nvshmem/lib",
+    wheel: "nvidia-nvshmem-cu13",
+};
 
 /// The library this process loaded (never unloaded).
 static LOADED: Mutex<Option<&'static Api>> = Mutex::new(None);
@@ -318,47 +238,17 @@ pub(crate) fn load(cands: &[Candidate], note: Option<&str>) -> Result<&'static A
         }
         return Ok(api);
     }
-    let mut tried = Vec::new();
-    for c in cands {
-        if c.is_file && !c.path.is_file() {
-            tried.push(format!("{} ({}): no such file", c.path.display(), c.origin));
-            continue;
-        }
+    let api = NVSHMEM.load_first(cands, note, |c| {
         // SAFETY: loading runs the library's static initialisers, which only set up NVSHMEM's
         // own globals (no NVSHMEM call is made until `Session::init`). The file is what the
         // user or the NVSHMEM wheel names as NVSHMEM's host library.
-        let lib = match unsafe { libloading::Library::new(&c.path) } {
-            Ok(l) => l,
-            Err(e) => {
-                tried.push(format!(
-                    "{} ({}): {}",
-                    c.path.display(),
-                    c.origin,
-                    with_source(&e)
-                ));
-                continue;
-            }
-        };
-        match resolve(lib, &c.path) {
-            Ok(api) => {
-                let api: &'static Api = Box::leak(Box::new(api));
-                *loaded = Some(api);
-                return Ok(api);
-            }
-            Err(why) => tried.push(format!("{} ({}): {why}", c.path.display(), c.origin)),
-        }
-    }
-    let mut msg = format!(
-        "cannot load the NVSHMEM host library {LIB_NAME}; looked in: {}",
-        tried.join("; ")
-    );
-    if let Some(n) = note {
-        msg.push_str(&format!(" ({n})"));
-    }
-    msg.push_str(&format!(
-        ". Set {ENV_LIB} to the library (or its directory), or `pip install nvidia-nvshmem-cu13` (found through the Python search path)"
-    ));
-    Err(msg)
+        let lib =
+            unsafe { libloading::Library::new(&c.path) }.map_err(|e| libsearch::with_source(&e))?;
+        resolve(lib, &c.path)
+    })?;
+    let api: &'static Api = Box::leak(Box::new(api));
+    *loaded = Some(api);
+    Ok(api)
 }
 
 /// Whether this process has an initialised NVSHMEM (NVSHMEM is a per-process singleton).
@@ -525,6 +415,7 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::ffi::OsStr;
     use std::mem::{align_of, offset_of, size_of};
 
     /// Sizes, alignments and offsets as a C++ compiler lays out the NVSHMEM 3.4.5 headers
@@ -572,7 +463,7 @@ mod tests {
     fn search_order() {
         let site = [PathBuf::from("/a/site"), PathBuf::from("/b/dist")];
         // Explicit path: alone.
-        let c = candidates(
+        let c = NVSHMEM.candidates(
             Some(Path::new("/x/lib.so")),
             Some(OsStr::new("/env")),
             &site,
@@ -580,11 +471,11 @@ mod tests {
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].path, PathBuf::from("/x/lib.so"));
         // The environment variable: alone.
-        let c = candidates(None, Some(OsStr::new("/env/libn.so")), &site);
+        let c = NVSHMEM.candidates(None, Some(OsStr::new("/env/libn.so")), &site);
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].origin, ENV_LIB);
         // Otherwise every Python directory, then the loader.
-        let c = candidates(None, Some(OsStr::new("")), &site);
+        let c = NVSHMEM.candidates(None, Some(OsStr::new("")), &site);
         let paths: Vec<_> = c.iter().map(|c| c.path.clone()).collect();
         assert_eq!(
             paths,
@@ -600,12 +491,12 @@ mod tests {
     #[test]
     fn a_missing_library_names_every_place_searched() {
         let site = [PathBuf::from("/nonexistent/site-packages")];
-        let mut c = candidates(None, None, &site);
+        let mut c = NVSHMEM.candidates(None, None, &site);
         // Not the loader's search here: this machine may have NVSHMEM installed.
         c.pop();
         c.push(Candidate {
             path: PathBuf::from("/nonexistent/explicit/libnvshmem_host.so.3"),
-            origin: "the path given",
+            origin: "the path given".into(),
             is_file: true,
         });
         let e = match load(&c, Some("a note")) {

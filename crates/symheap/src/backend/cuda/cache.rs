@@ -3,8 +3,6 @@
 
 use std::path::PathBuf;
 
-use crate::bootstrap::fnv1a;
-
 /// Where cubins are kept: `SYMHEAP_CACHE_DIR`, else `$XDG_CACHE_HOME/symheap`, else
 /// `~/.cache/symheap`, else the temp dir.
 pub(crate) fn dir() -> PathBuf {
@@ -24,14 +22,9 @@ pub(crate) fn dir() -> PathBuf {
     }
 }
 
-/// The cache file for `sources` compiled for `arch` under driver `driver` by NVRTC `nvrtc`.
-pub(crate) fn path(sources: &[&str], arch: u32, driver: i32, nvrtc: (i32, i32)) -> PathBuf {
-    let mut bytes = Vec::new();
-    for s in sources {
-        bytes.extend_from_slice(s.as_bytes());
-        bytes.push(0);
-    }
-    let h = fnv1a(&bytes);
+/// The cache file for sources with hash `h` ([`super::prebuilt::source_hash`]) compiled for
+/// `arch` under driver `driver` by NVRTC `nvrtc`.
+pub(crate) fn path(h: u64, arch: u32, driver: i32, nvrtc: (i32, i32)) -> PathBuf {
     dir().join(format!(
         "kernels-{h:016x}-sm{arch}-drv{driver}-nvrtc{}.{}.cubin",
         nvrtc.0, nvrtc.1

@@ -12,6 +12,8 @@ mod cache;
 pub(crate) mod driver;
 pub mod nccl;
 pub mod nvrtc;
+mod nvrtc_sys;
+mod prebuilt;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -108,6 +110,8 @@ pub struct CudaBackend {
     timeout: Duration,
     /// `SYMHEAP_COLL_DEFINES`, compiled into the collective kernels.
     coll_defines: Vec<(String, u64)>,
+    /// Where `new`'s time went, for the banner.
+    init_phases: crate::util::Phases,
 }
 
 fn ceil_to(x: u64, g: u64) -> u64 {
@@ -143,11 +147,40 @@ pub fn gpu_count() -> usize {
     driver::device_count().unwrap_or(0)
 }
 
-/// Compiles (or loads from the cache) one of symheap's kernel sources for `dev`.
+/// Loads one of symheap's kernel sources for `dev`: the image embedded at build time when there
+/// is one for this arch ([`prebuilt`]), else the on-disk cache, else NVRTC (then cached).
+/// Returns the module and where its image came from (for the banner).
 fn build(dev: &Device, driver_version: i32, source: &str, name: &str) -> Result<(Module, String)> {
     let arch = (dev.cc.0 * 10 + dev.cc.1) as u32;
-    let nv = nvrtc::version().map_err(|m| err("init", ErrorKind::Unsupported(m)))?;
-    let path = cache::path(&[nvrtc::HEADER, source], arch, driver_version, nv);
+    let hash = prebuilt::source_hash(&[nvrtc::HEADER, source]);
+    let mut skipped = String::new();
+    if let Some((image_arch, image)) = prebuilt::find(hash, arch) {
+        match Module::load(image) {
+            Ok(m) => return Ok((m, format!("prebuilt for sm_{image_arch}"))),
+            // A driver older than the NVRTC that built the image: compile here instead.
+            Err(e) => skipped = format!("; the prebuilt sm_{image_arch} image did not load: {e}"),
+        }
+    }
+    let nv = nvrtc::version().map_err(|m| {
+        let shipped = prebuilt::archs();
+        let have = if shipped.is_empty() {
+            "this build carries no prebuilt kernels".to_string()
+        } else {
+            let list: Vec<String> = shipped.iter().map(|a| format!("sm_{a}")).collect();
+            format!(
+                "this build carries prebuilt kernels for {}",
+                list.join(", ")
+            )
+        };
+        err(
+            "init",
+            ErrorKind::Unsupported(format!(
+                "{} is sm_{arch} and {have}{skipped}, so NVRTC must compile {name}: {m}",
+                dev.name
+            )),
+        )
+    })?;
+    let path = cache::path(hash, arch, driver_version, nv);
     let (image, origin) = match cache::load(&path) {
         Some(img) => (img, format!("cached {}", path.display())),
         None => {
@@ -177,6 +210,26 @@ fn build(dev: &Device, driver_version: i32, source: &str, name: &str) -> Result<
         )
     })?;
     Ok((module, origin))
+}
+
+/// symheap's own kernel sources as the backend compiles them with no tuning overrides: (program
+/// name, source). `symheap kernels` compiles these ahead of time for the wheel.
+pub fn shipped_sources() -> Vec<(&'static str, String)> {
+    vec![
+        ("symheap_kernels.cu", nvrtc::KERNELS.to_string()),
+        ("symheap_coll.cu", coll_source(&[])),
+    ]
+}
+
+/// The file name under which the image of `source` (from [`shipped_sources`]) for `arch` is
+/// embedded by a build with `SYMHEAP_PREBUILT_KERNELS`.
+pub fn prebuilt_file_name(source: &str, arch: u32) -> String {
+    prebuilt::file_name(prebuilt::source_hash(&[nvrtc::HEADER, source]), arch)
+}
+
+/// The architectures this build carries prebuilt kernels for.
+pub fn prebuilt_archs() -> Vec<u32> {
+    prebuilt::archs()
 }
 
 /// Names of the collective kernels (coll.cu), looked up once at init.
@@ -275,8 +328,11 @@ impl CudaBackend {
         timeout: Duration,
         coll_defines: Vec<(String, u64)>,
     ) -> Result<CudaBackend> {
+        let mut phases = crate::util::Phases::start();
         let driver_version = driver::init()?;
+        phases.mark("driver");
         let dev = Device::open(device)?;
+        phases.mark("device");
         if dev.cc < MIN_ARCH {
             return Err(err(
                 "init",
@@ -287,7 +343,9 @@ impl CudaBackend {
             ));
         }
         let kernels = compile_kernels(&dev, driver_version)?;
+        phases.mark("kernels");
         let coll = compile_coll(&dev, driver_version, &coll_defines)?;
+        phases.mark("collective kernels");
         let gran = dev.granularity()?;
         let capacity = ceil_to(capacity, gran);
         let world = boot.size();
@@ -305,6 +363,7 @@ impl CudaBackend {
             .collect();
         let stream = driver::stream_create()?;
         let flags = MappedHost::new(64)?;
+        phases.mark("address space and stream");
         Ok(CudaBackend {
             rank: boot.rank(),
             capacity,
@@ -328,7 +387,13 @@ impl CudaBackend {
             ops: Mutex::new(()),
             timeout,
             coll_defines,
+            init_phases: phases,
         })
+    }
+
+    /// Where the backend's start-up time went (driver, device, kernels, ...), for the banner.
+    pub fn init_breakdown(&self) -> String {
+        self.init_phases.render()
     }
 
     fn slot(&self, pe: usize) -> u64 {
@@ -638,7 +703,8 @@ impl CudaBackend {
         self.bind()?;
         let arch = (self.dev.cc.0 * 10 + self.dev.cc.1) as u32;
         let nv = nvrtc::version().map_err(|m| err("compile_module", ErrorKind::Unsupported(m)))?;
-        let path = cache::path(&[nvrtc::HEADER, source], arch, self.driver_version, nv);
+        let hash = prebuilt::source_hash(&[nvrtc::HEADER, source]);
+        let path = cache::path(hash, arch, self.driver_version, nv);
         let image = match cache::load(&path) {
             Some(i) => i,
             None => {

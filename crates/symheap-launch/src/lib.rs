@@ -24,7 +24,15 @@ use nix::unistd::Pid;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
-use crate::error::{backend, invalid, Result};
+use symheap::{Error, ErrorKind, Result};
+
+fn invalid(call: &'static str, why: impl Into<String>) -> Error {
+    Error::new(None, call, ErrorKind::InvalidArgument(why.into()))
+}
+
+fn backend(call: &'static str, why: impl Into<String>) -> Error {
+    Error::new(None, call, ErrorKind::Backend(why.into()))
+}
 
 /// How long PEs get to end on their own after the first failure, and again after SIGTERM, unless
 /// [`LaunchOptions::grace`] says otherwise.

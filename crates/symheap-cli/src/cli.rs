@@ -1,0 +1,307 @@
+//! The command line: parsing and dispatch of every subcommand.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+use crate::{bench, selftest};
+
+#[derive(Parser)]
+#[command(
+    name = "symheap",
+    version,
+    about = "Symmetric memory across GPUs and CPU processes"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start N PEs of PROGRAM on this machine with a torchrun-style environment.
+    Launch {
+        /// Number of PEs.
+        #[arg(short = 'n', long = "nproc", default_value_t = 1)]
+        n: usize,
+        /// Seconds the other PEs get to exit on their own after one fails (then SIGTERM, then
+        /// SIGKILL).
+        #[arg(long, default_value_t = 3.0)]
+        grace: f64,
+        /// Do not prefix output lines with `[PE r]`.
+        #[arg(long)]
+        no_prefix: bool,
+        /// The program and its arguments.
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        program: Vec<OsString>,
+    },
+    /// Initialise symheap (one PE, or every PE under a launcher) and print what it sees.
+    Info {
+        /// Also list every environment variable symheap reads.
+        #[arg(long)]
+        vars: bool,
+    },
+    /// Run the multi-PE self-test scenarios at several PE counts.
+    Selftest {
+        /// PE counts to run at.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+        pes: Vec<usize>,
+        /// Only these scenarios (comma separated).
+        #[arg(long)]
+        only: Option<String>,
+        /// Random seed shared by all PEs (default: from the clock).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// List the scenarios and exit.
+        #[arg(long)]
+        list: bool,
+        /// Run every PE on the CUDA backend and include the GPU-only scenarios.
+        #[arg(long)]
+        gpu: bool,
+    },
+    /// The main job: start PEs on whatever this machine has and run the standard sweep against
+    /// the peer available there, printing the comparison table.
+    Bench {
+        /// What to run: `all` (the standard sweep), `coll` (collectives only) or `rma`.
+        #[arg(default_value = "all")]
+        what: String,
+        /// Number of PEs (default: every GPU; on the host one per CPU, 2 to 8).
+        #[arg(short = 'n', long)]
+        pes: Option<usize>,
+        /// Collectives to sweep (comma separated): all_reduce, all_gather, reduce_scatter,
+        /// broadcast, alltoall.
+        #[arg(long, value_delimiter = ',')]
+        op: Vec<String>,
+        /// Message sizes (comma separated, e.g. 8K,512K,4M,1G).
+        #[arg(long, value_delimiter = ',')]
+        sizes: Vec<String>,
+        /// Element type of the collectives.
+        #[arg(long, default_value = "bf16")]
+        dtype: String,
+        /// Also write the rows as JSON here.
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+        /// Also draw a PNG chart here (needs python3 with matplotlib).
+        #[arg(long)]
+        png: Option<std::path::PathBuf>,
+        /// Merge peer numbers measured in the same run by another program (torch script JSON).
+        #[arg(long)]
+        peer_json: Option<std::path::PathBuf>,
+        /// Force the host backend even when GPUs are visible.
+        #[arg(long)]
+        host: bool,
+    },
+    /// Compile symheap's own kernels to cubins ahead of time (NVRTC, no GPU needed), for a build
+    /// with `SYMHEAP_PREBUILT_KERNELS=DIR` to embed (the wheel and release builds do).
+    Kernels {
+        /// Folder to write `kernels-<hash>-sm<arch>.cubin` into.
+        #[arg(long)]
+        out: std::path::PathBuf,
+        /// Architectures (comma separated sm numbers).
+        #[arg(long, value_delimiter = ',', default_value = "80,90,100,120")]
+        arch: Vec<u32>,
+    },
+    /// One PE of the benchmark (started by `bench`).
+    #[command(hide = true)]
+    BenchPe {
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
+    /// One PE of the GPU benchmark (started by `bench`).
+    #[command(hide = true)]
+    BenchPeGpu {
+        #[arg(long)]
+        out: std::path::PathBuf,
+        #[arg(long, value_delimiter = ',')]
+        ops: Vec<String>,
+        #[arg(long, value_delimiter = ',')]
+        sizes: Vec<u64>,
+        #[arg(long)]
+        dtype: String,
+        #[arg(long)]
+        rma: bool,
+    },
+    /// One PE of a self-test scenario (started by `selftest`).
+    #[command(hide = true)]
+    SelftestPe {
+        scenario: String,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long, default_value_t = 0)]
+        victim: usize,
+    },
+}
+
+/// An exit status in the range a process can return.
+fn code(c: i32) -> i32 {
+    c.clamp(0, 255)
+}
+
+/// Parses `args` (the program name first) and runs the subcommand; returns the exit status.
+pub fn run(args: Vec<OsString>) -> i32 {
+    // A second call in one process (the Python package's tests) keeps the first subscriber.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SYMHEAP_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let cli = match Cli::try_parse_from(args) {
+        Ok(c) => c,
+        Err(e) => {
+            // --help and --version are "errors" that print to stdout and exit 0.
+            let _ = e.print();
+            return code(e.exit_code());
+        }
+    };
+    match cli.cmd {
+        Cmd::Launch {
+            n,
+            grace,
+            no_prefix,
+            mut program,
+        } => {
+            let prog = program.remove(0);
+            let mut opts = symheap_launch::LaunchOptions::new(n, prog);
+            opts.args = program;
+            opts.prefix_output = !no_prefix;
+            if !(grace.is_finite() && grace >= 0.0) {
+                eprintln!("symheap launch: --grace must be a non-negative number of seconds");
+                return code(2);
+            }
+            opts.grace = Duration::from_secs_f64(grace);
+            match symheap_launch::launch(&opts) {
+                Ok(outcome) => code(outcome.exit_code()),
+                Err(e) => {
+                    eprintln!("{e}");
+                    code(1)
+                }
+            }
+        }
+        Cmd::Info { vars } => info(vars),
+        Cmd::Selftest {
+            pes,
+            only,
+            seed,
+            list,
+            gpu,
+        } => {
+            if list {
+                for s in selftest::SCENARIOS {
+                    println!("{:<10} {}", s.name, s.about);
+                }
+                return code(0);
+            }
+            let seed = seed.unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(1)
+            });
+            code(selftest::run_suite(&pes, only.as_deref(), seed, gpu))
+        }
+        Cmd::Bench {
+            what,
+            pes,
+            op,
+            sizes,
+            dtype,
+            json,
+            png,
+            peer_json,
+            host,
+        } => {
+            let gpus = if host { 0 } else { symheap::cuda::gpu_count() };
+            if gpus == 0 {
+                let n = pes.unwrap_or_else(|| bench::cpus().clamp(2, 8));
+                return code(bench::run_host(n, json.as_deref()));
+            }
+            let opts = bench::GpuOptions {
+                what,
+                n: pes.unwrap_or(gpus),
+                ops: op,
+                sizes,
+                dtype,
+                json,
+                png,
+                peer_json,
+            };
+            code(bench::run_gpu(&opts))
+        }
+        Cmd::Kernels { out, arch } => code(crate::kernels::build(&out, &arch)),
+        Cmd::BenchPe { out } => code(bench::bench_pe_host(&out)),
+        Cmd::BenchPeGpu {
+            out,
+            ops,
+            sizes,
+            dtype,
+            rma,
+        } => {
+            let Some(dtype) = symheap::DType::parse(&dtype) else {
+                eprintln!("unknown dtype {dtype}");
+                return code(2);
+            };
+            let plan = bench::gpu::GpuPlan {
+                ops,
+                sizes,
+                dtype,
+                rma,
+            };
+            code(bench::gpu::bench_pe_gpu(&plan, &out))
+        }
+        Cmd::SelftestPe {
+            scenario,
+            seed,
+            victim,
+        } => code(selftest::run_pe(&scenario, seed, victim)),
+    }
+}
+
+/// Which kernels this build carries compiled and whether NVRTC (for the rest) is loadable.
+fn kernel_sources() -> String {
+    let archs = symheap::cuda::prebuilt_archs();
+    let prebuilt = if archs.is_empty() {
+        "none prebuilt in this build".to_string()
+    } else {
+        let a: Vec<String> = archs.iter().map(|a| format!("sm_{a}")).collect();
+        format!("prebuilt for {}", a.join(", "))
+    };
+    let nvrtc = match (
+        symheap::cuda::nvrtc::version(),
+        symheap::cuda::nvrtc::library_path(),
+    ) {
+        (Ok((major, minor)), Ok(p)) => format!("NVRTC {major}.{minor} at {}", p.display()),
+        _ => "NVRTC not found (needed for other GPUs, tuning overrides and your own kernels; \
+              `pip install nvidia-cuda-nvrtc` or set SYMHEAP_NVRTC_LIB)"
+            .to_string(),
+    };
+    format!("{prebuilt} | {nvrtc}")
+}
+
+fn info(vars: bool) -> i32 {
+    let ctx = match symheap::Context::init() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return code(1);
+        }
+    };
+    println!("{}", ctx.banner());
+    println!("  kernels   : {}", kernel_sources());
+    if vars && ctx.my_pe() == 0 {
+        println!("variables symheap reads:");
+        for (name, what) in symheap::config::SYMHEAP_VARIABLES {
+            println!("  {name:<24} {what}");
+        }
+        println!("  launcher variables: RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT (torchrun, symheap launch), OMPI_COMM_WORLD_* (Open MPI), PMI_RANK PMI_SIZE (MPICH), SLURM_PROCID SLURM_STEP_NUM_TASKS SLURM_LOCALID (srun)");
+    }
+    match ctx.finalize() {
+        Ok(()) => code(0),
+        Err(e) => {
+            eprintln!("{e}");
+            code(1)
+        }
+    }
+}

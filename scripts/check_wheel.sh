@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# `scripts/check_wheel.sh WHEEL`: what a pip user gets. Installs WHEEL into a fresh venv (pulling
+# its dependencies, NumPy, from PyPI) and checks, with that venv's bin first on PATH and no Rust:
+# the `symheap` command (info, launch -n 4 -- symheap info, selftest), `python -m symheap`, the
+# NumPy front, and the wheel's tag and contents (manylinux_2_28, licenses, prebuilt kernels).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WHEEL="$1"
+case "$(basename "$WHEEL")" in
+  *-cp39-abi3-manylinux_2_28_x86_64.whl | *-cp39-abi3-manylinux_2_28_aarch64.whl) ;;
+  *) echo "check_wheel.sh: $WHEEL is not an abi3 manylinux_2_28 wheel" >&2; exit 1 ;;
+esac
+V="$PWD/target/wheel-check"
+rm -rf "$V"
+python3 -m venv "$V"
+"$V/bin/python" -m pip install -q --disable-pip-version-check "$WHEEL"
+fail() { echo "check_wheel.sh: $*" >&2; exit 1; }
+# Outside the checkout, so nothing can come from the source tree.
+cd "$V"
+export PATH="$V/bin:/usr/bin:/bin"
+unset SYMHEAP_NVRTC_LIB
+command -v symheap >/dev/null || fail "no symheap command on PATH after pip install"
+[ "$(command -v symheap)" = "$V/bin/symheap" ] || fail "symheap is not the venv's: $(command -v symheap)"
+symheap --version | grep -q "^symheap " || fail "symheap --version"
+info="$(SYMHEAP_BACKEND=host symheap info)" || fail "symheap info"
+grep -q "PE 0 of 1" <<<"$info" || fail "symheap info: $info"
+grep -q "kernels   : prebuilt for sm_80, sm_90, sm_100, sm_120" <<<"$info" || fail "no prebuilt kernels: $info"
+out="$(SYMHEAP_BACKEND=host symheap launch -n 4 -- symheap info)" || fail "symheap launch -n 4 -- symheap info"
+for r in 0 1 2 3; do
+  grep -q "\[PE $r\] symheap .* | PE $r of 4" <<<"$out" || fail "PE $r missing from launch output: $out"
+done
+SYMHEAP_BACKEND=host python -m symheap selftest --pes 1,2 --only contract | grep -q "2 of 2 runs passed" ||
+  fail "python -m symheap selftest"
+python -c "import symheap.numpy, numpy; print(symheap.__version__)" >/dev/null || fail "import symheap.numpy"
+python - <<'PY' || fail "wheel contents"
+import importlib.metadata as md
+dist = md.distribution("symheap")
+files = {str(f) for f in dist.files}
+for want in ("symheap/include/symheap.cuh", "symheap/py.typed"):
+    assert want in files, want
+lic = [f for f in files if f.endswith(("LICENSE-MIT", "LICENSE-APACHE"))]
+assert len(lic) == 2, lic
+assert dist.metadata["License-Expression"] == "MIT OR Apache-2.0", dist.metadata["License-Expression"]
+assert any(e.name == "symheap" for e in dist.entry_points), "no symheap console script"
+PY
+echo "check_wheel.sh: ok ($(basename "$WHEEL"))"
