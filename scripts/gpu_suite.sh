@@ -69,8 +69,12 @@ run)
   step info 60 env SYMHEAP_BACKEND=cuda "$B" launch -n 2 -- "$B" info
   # The command as pip installs it (python -m symheap = the console script), on the GPU.
   step pip-command 60 env SYMHEAP_BACKEND=cuda python3 -m symheap launch -n 2 -- python3 -m symheap info
-  [ "${SKIP_SELFTEST:-0}" = 1 ] || step selftest-gpu "${SELFTEST_LIMIT:-240}" env SYMHEAP_TIMEOUT=30 "$B" selftest --gpu --pes "$PES"
   NGPU=$(nvidia-smi -L | wc -l)
+  # NCCL takes one rank per GPU: with one GPU its scenario runs at 1 PE only.
+  SKIP=()
+  [ "$NGPU" -lt 2 ] && SKIP=(--skip coll-nccl)
+  [ "${SKIP_SELFTEST:-0}" = 1 ] || step selftest-gpu "${SELFTEST_LIMIT:-240}" env SYMHEAP_TIMEOUT=30 "$B" selftest --gpu --pes "$PES" "${SKIP[@]}"
+  [ "$NGPU" -lt 2 ] && step selftest-gpu-nccl-1pe 60 env SYMHEAP_TIMEOUT=30 "$B" selftest --gpu --pes 1 --only coll-nccl
   # 8 PEs on however many GPUs there are (4 per GPU on two): the n = 8 paths of every kernel on
   # real devices while the 8-GPU machine is not lent. NCCL and NVSHMEM allow one rank per GPU,
   # so their scenarios stay out.

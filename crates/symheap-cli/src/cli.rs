@@ -50,6 +50,9 @@ enum Cmd {
         /// Only these scenarios (comma separated).
         #[arg(long)]
         only: Option<String>,
+        /// Not these scenarios (comma separated).
+        #[arg(long)]
+        skip: Option<String>,
         /// Random seed shared by all PEs (default: from the clock).
         #[arg(long)]
         seed: Option<u64>,
@@ -184,6 +187,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
         Cmd::Selftest {
             pes,
             only,
+            skip,
             seed,
             list,
             gpu,
@@ -200,7 +204,11 @@ pub fn run(args: Vec<OsString>) -> i32 {
                     .map(|d| d.as_nanos() as u64)
                     .unwrap_or(1)
             });
-            code(selftest::run_suite(&pes, only.as_deref(), seed, gpu))
+            let sel = selftest::Selection {
+                only: only.as_deref(),
+                skip: skip.as_deref(),
+            };
+            code(selftest::run_suite(&pes, &sel, seed, gpu))
         }
         Cmd::Bench {
             what,

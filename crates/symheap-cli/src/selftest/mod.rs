@@ -505,13 +505,25 @@ fn run_case(s: &Scenario, n: usize, victim: usize, seed: u64, gpu: bool) -> Verd
     }
 }
 
+/// Which scenarios a run takes: `only` (comma separated) or all, less `skip`.
+pub struct Selection<'a> {
+    /// Only these scenarios, when given.
+    pub only: Option<&'a str>,
+    /// Not these (e.g. `coll-nccl` where NCCL cannot run: several PEs on one GPU).
+    pub skip: Option<&'a str>,
+}
+
 /// Runner mode: every selected scenario at every PE count. Returns the process exit code.
 /// With `gpu`, every PE runs on the CUDA backend and the GPU-only scenarios are included.
-pub fn run_suite(pes: &[usize], only: Option<&str>, seed: u64, gpu: bool) -> i32 {
+pub fn run_suite(pes: &[usize], sel: &Selection<'_>, seed: u64, gpu: bool) -> i32 {
+    let listed =
+        |list: Option<&str>, name: &str| list.is_some_and(|l| l.split(',').any(|x| x == name));
+    let only = sel.only;
     let selected: Vec<&Scenario> = SCENARIOS
         .iter()
         .filter(|s| gpu || !s.gpu)
-        .filter(|s| only.is_none_or(|o| o.split(',').any(|x| x == s.name)))
+        .filter(|s| only.is_none() || listed(only, s.name))
+        .filter(|s| !listed(sel.skip, s.name))
         .collect();
     if selected.is_empty() {
         eprintln!(
