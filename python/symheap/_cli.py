@@ -13,6 +13,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     from . import _native
 
     args = sys.argv[1:] if argv is None else list(argv)
+    # NVRTC and NVSHMEM come from pip wheels in this interpreter's site-packages.
+    _native.set_python_search_path([p for p in sys.path if p])
     # The PEs that selftest and bench start run this same command again, through this Python.
     try:
         return _native.cli_main(["symheap", *args], [sys.executable, "-m", "symheap"])

@@ -276,14 +276,16 @@ fn kernel_sources() -> String {
         let a: Vec<String> = archs.iter().map(|a| format!("sm_{a}")).collect();
         format!("prebuilt for {}", a.join(", "))
     };
-    let nvrtc = match (
-        symheap::cuda::nvrtc::version(),
-        symheap::cuda::nvrtc::library_path(),
-    ) {
-        (Ok((major, minor)), Ok(p)) => format!("NVRTC {major}.{minor} at {}", p.display()),
-        _ => "NVRTC not found (needed for other GPUs, tuning overrides and your own kernels; \
-              `pip install nvidia-cuda-nvrtc` or set SYMHEAP_NVRTC_LIB)"
-            .to_string(),
+    let nvrtc = match symheap::cuda::nvrtc::version() {
+        Ok((major, minor)) => format!(
+            "NVRTC {major}.{minor} at {}",
+            symheap::cuda::nvrtc::library_path()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        ),
+        Err(e) => format!(
+            "NVRTC not found, needed only for other GPUs, tuning overrides and your own kernels: {e}"
+        ),
     };
     format!("{prebuilt} | {nvrtc}")
 }
