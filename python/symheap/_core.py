@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _native
 from ._native import (
+    HeapView,
     SymheapError,
     SymheapValueError,
     SymmetricBuffer,
@@ -260,6 +261,56 @@ def allocate(shape: Tuple[int, ...], dtype: str, *, zero: bool = False, align: i
     return buf
 
 
+# The SymmetricBuffer (or HeapView) behind each tensor made from one, by the tensor's storage:
+# every view of the tensor shares it, and a stale tensor keeps its storage alive, so the key
+# cannot be reused by a new allocation at the same address while the stale tensor exists.
+_tensor_owner: Dict[int, "weakref.ref[Any]"] = {}
+
+
+def register_tensor(t: Any, owner: Any) -> Any:
+    """Remembers that tensor ``t`` (from ``torch.from_dlpack(owner)``) shows ``owner``'s memory,
+    so an operation on ``t`` (or any view of it) after ``owner`` was freed is refused even once
+    the memory has been reused. Returns ``t``."""
+    key = int(t.untyped_storage()._cdata)
+
+    def forget(r: "weakref.ref[Any]", key: int = key) -> None:
+        if _tensor_owner.get(key) is r:
+            del _tensor_owner[key]
+
+    _tensor_owner[key] = weakref.ref(owner, forget)
+    return t
+
+
+def _owner_of(a: "Arr") -> Optional[SymmetricBuffer]:
+    """The SymmetricBuffer whose memory ``a`` shows, when the Python layer made it from one."""
+    o: Any = None
+    if a.kind == "buffer":
+        o = a.obj
+    elif a.kind == "numpy":
+        b = a.obj
+        for _ in range(32):  # a chain of views of views ends at the exporter
+            b = getattr(b, "base", None)
+            if b is None or isinstance(b, (SymmetricBuffer, HeapView)):
+                o = b
+                break
+    elif a.kind == "torch":
+        ref = _tensor_owner.get(int(a.obj.untyped_storage()._cdata))
+        o = ref() if ref is not None else None
+    if isinstance(o, HeapView):
+        o = o.owner
+    return o if isinstance(o, SymmetricBuffer) else None
+
+
+def check_not_freed(a: "Arr", what: str) -> None:
+    """Raises :class:`SymheapValueError` when ``a`` shows the memory of a freed buffer."""
+    o = _owner_of(a)
+    if o is not None and o.freed:
+        raise SymheapValueError(
+            f"{what} shows the memory of a symheap buffer (at {o.addr:#x}) that was freed; "
+            "nothing made from a freed buffer may be used"
+        )
+
+
 def allocation_of(addr: int) -> Optional[SymmetricBuffer]:
     """The live allocation (of the Python layer) that holds address ``addr``, if any."""
     for base, ref in list(_allocations.items()):
@@ -348,7 +399,14 @@ def numpy_dtype_name(dt: Any) -> str:
 
 
 def describe(x: Any, what: str = "argument") -> Arr:
-    """An :class:`Arr` for a numpy array, a torch tensor or a SymmetricBuffer."""
+    """An :class:`Arr` for a numpy array, a torch tensor or a SymmetricBuffer; refuses one that
+    shows a freed buffer's memory."""
+    a = _describe(x, what)
+    check_not_freed(a, what)
+    return a
+
+
+def _describe(x: Any, what: str) -> Arr:
     if is_ndarray(x):
         dtype = numpy_dtype_name(x.dtype)
         item = x.dtype.itemsize
@@ -425,6 +483,7 @@ def symmetric(x: Any, what: str) -> Arr:
             f"{what} (at {a.ptr:#x}, {a.nbytes} bytes) is not in this PE's symmetric heap; "
             "allocate it with symheap (empty/zeros/... or as_symmetric)"
         )
+    ctx.check_symmetric(a.ptr, max(a.nbytes, 1), what)
     return a
 
 

@@ -36,6 +36,7 @@ def in_heap(x: Any, what: str) -> Arr:
         raise SymheapValueError(f"{what} is a CUDA tensor, but symheap runs on the host backend")
     if not ctx.is_symmetric(a.ptr, max(extent, 1)):
         raise SymheapValueError(f"{what} (at {a.ptr:#x}) is not in this PE's symmetric heap; allocate it with symheap")
+    ctx.check_symmetric(a.ptr, max(extent, 1), what)
     return a
 
 

@@ -62,7 +62,7 @@ def _dtype(dtype: Any) -> str:
 def _new(shape: Tuple[int, ...], dtype: str, dev: Any, zero: bool = False) -> _torch.Tensor:
     _check_device(dev)
     buf = _core.allocate(shape, dtype, zero=zero)
-    return _torch.from_dlpack(buf)
+    return _core.register_tensor(_torch.from_dlpack(buf), buf)
 
 
 def empty(*size: Any, dtype: Any = None, device: Any = None) -> _torch.Tensor:
@@ -196,7 +196,8 @@ def get_peer_tensor(x: _torch.Tensor, pe: int) -> _torch.Tensor:
     pointer of the mapped peer copy on the host backend, a device pointer on CUDA). Reads and
     writes go straight to the peer's memory: synchronise with barriers or signals. It keeps
     ``x`` alive. Not collective."""
-    return _torch.from_dlpack(_peers.peer_view(x, pe))
+    view = _peers.peer_view(x, pe)
+    return _core.register_tensor(_torch.from_dlpack(view), view)
 
 
 def heap_bases() -> _torch.Tensor:

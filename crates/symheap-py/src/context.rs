@@ -403,6 +403,25 @@ impl PyContext {
         }
     }
 
+    /// Raises `SymheapValueError` (naming `what` and the reason) unless `[addr, addr + nbytes)`
+    /// lies in one live allocation of this PE's heap that was not freed here.
+    #[pyo3(signature = (addr, nbytes, what))]
+    fn check_symmetric(&self, addr: u64, nbytes: u64, what: &str) -> PyResult<()> {
+        self.c()
+            .check_symmetric(addr, nbytes)
+            .map_err(|e| {
+                let symheap::ErrorKind::InvalidArgument(why) = e.kind() else {
+                    return e;
+                };
+                symheap::Error::new(
+                    e.pe(),
+                    "check_symmetric",
+                    symheap::ErrorKind::InvalidArgument(format!("{what}: {why}")),
+                )
+            })
+            .py()
+    }
+
     /// Translates `addr` (in PE `src_pe`'s heap) to the same byte of PE `dst_pe`'s heap; None
     /// when PE `dst_pe` is not directly addressable. Raises for an address outside the heap.
     fn translate(&self, addr: u64, src_pe: usize, dst_pe: usize) -> PyResult<Option<u64>> {

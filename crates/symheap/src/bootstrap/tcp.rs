@@ -105,6 +105,7 @@ fn abort_kind(
             waited: Duration::from_millis(waited_ms),
             missing: missing.into_iter().map(|m| m as usize).collect(),
         },
+        AbortClass::Mismatch => ErrorKind::CollectiveMismatch(reason),
     }
 }
 
@@ -125,6 +126,7 @@ fn kind_to_abort(origin: usize, kind: &ErrorKind) -> Msg {
             missing.iter().map(|&m| m as u32).collect(),
             waited.as_millis() as u64,
         ),
+        ErrorKind::CollectiveMismatch(m) => (origin, AbortClass::Mismatch, m.clone(), vec![], 0),
         other => (origin, AbortClass::Error, other.to_string(), vec![], 0),
     };
     Msg::Abort {

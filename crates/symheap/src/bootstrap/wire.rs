@@ -76,6 +76,9 @@ pub enum AbortClass {
     Exited,
     /// A collective did not complete in time.
     Timeout,
+    /// PEs made different collective calls (the reason is the mismatch message every PE
+    /// reports).
+    Mismatch,
 }
 
 /// A frame could not be decoded.
@@ -154,6 +157,7 @@ impl Msg {
                     AbortClass::Error => 0,
                     AbortClass::Exited => 1,
                     AbortClass::Timeout => 2,
+                    AbortClass::Mismatch => 3,
                 });
                 put_bytes(&mut p, reason.as_bytes());
                 p.extend_from_slice(&(missing.len() as u32).to_le_bytes());
@@ -233,6 +237,7 @@ impl Msg {
                     0 => AbortClass::Error,
                     1 => AbortClass::Exited,
                     2 => AbortClass::Timeout,
+                    3 => AbortClass::Mismatch,
                     _ => return Err(WireError::Malformed("unknown abort class")),
                 };
                 let reason = r.string()?;
@@ -354,14 +359,19 @@ mod tests {
                 .prop_map(|(seq, parts)| Msg::Gathered { seq, parts }),
             (
                 any::<u32>(),
-                0u8..3,
+                0u8..4,
                 ".{0,40}",
                 proptest::collection::vec(any::<u32>(), 0..9),
                 any::<u64>()
             )
                 .prop_map(|(origin, c, reason, missing, waited_ms)| Msg::Abort {
                     origin,
-                    class: [AbortClass::Error, AbortClass::Exited, AbortClass::Timeout][c as usize],
+                    class: [
+                        AbortClass::Error,
+                        AbortClass::Exited,
+                        AbortClass::Timeout,
+                        AbortClass::Mismatch,
+                    ][c as usize],
                     reason,
                     missing,
                     waited_ms,

@@ -18,7 +18,7 @@ use crate::bootstrap::{
 use crate::config::{BackendChoice, Config, DebugLevel, DEFAULT_ALIGNMENT};
 use crate::element::Element;
 use crate::error::{err, invalid, Error, ErrorKind, Result};
-use crate::heap::{align_up, Block, Heap, HeapState};
+use crate::heap::{align_up, Block, Heap, HeapState, RangeError};
 use crate::ledger::human_bytes;
 use crate::ops::area::SyncArea;
 use crate::ops::team::TeamInner;
@@ -199,6 +199,7 @@ impl ContextBuilder {
                 (0..world).collect(),
                 rank,
                 "the world team".into(),
+                0,
             )),
             control,
             area,
@@ -291,7 +292,7 @@ impl Inner {
     }
 
     fn record(&self, call: &str, args: String) {
-        self.world_team.ledger().record(call, args);
+        self.record_on(&self.world_team, call, args);
     }
 
     /// A host collective point: exchanges the ledger (failing every PE on divergence) and the
@@ -302,7 +303,10 @@ impl Inner {
         call: &'static str,
         payload: &[u8],
     ) -> Result<Vec<Vec<u8>>> {
-        if payload.is_empty() && self.world_fast_sync(call)? {
+        // Every PE meets at the shared-memory barrier first, whatever it exchanges next: a PE
+        // in a different call meets it there too and the mismatch is named, instead of one PE
+        // waiting on the bootstrap while another waits on the barrier.
+        if self.world_fast_sync(call)? && payload.is_empty() {
             return Ok(Vec::new());
         }
         let ledger = self.world_team.ledger().encode();
@@ -433,6 +437,14 @@ impl Inner {
         Ok(())
     }
 
+    /// Collective: an allocation for symheap's own state (device tables): users' addresses never
+    /// reach it.
+    pub(crate) fn allocate_internal(&self, bytes: u64, align: u64) -> Result<Block> {
+        let b = self.allocate(bytes, align, "init")?;
+        self.lock_heap().mark_internal(b.id);
+        Ok(b)
+    }
+
     pub(crate) fn allocate(&self, bytes: u64, align: u64, call: &'static str) -> Result<Block> {
         self.check(call)?;
         if bytes == 0 {
@@ -543,23 +555,22 @@ impl Inner {
             .map_err(|e| e.during("allocate").with_pe(self.rank))
     }
 
-    /// Checks `[addr, addr+len)` lies in the mapped heap of one direct PE; returns that PE.
-    fn locate(&self, addr: u64, len: u64, call: &'static str) -> Result<usize> {
+    /// Checks `[addr, addr+len)` lies in one live user allocation of a directly reachable PE's
+    /// heap (any PE's copy: the heaps are symmetric, so this PE's allocator knows every PE's
+    /// allocations); returns that PE.
+    /// `read` also admits an allocation's own peer table (its trailer), which is documented as
+    /// readable ([`SymmetricBuffer::peer_bases_addr`]); nothing may write it.
+    fn locate(&self, addr: u64, len: u64, read: bool, call: &'static str) -> Result<usize> {
         let mapped = self.backend.mapped();
         for pe in 0..self.world {
             if let Some(base) = self.backend.slot_base(pe) {
                 if addr >= base && addr < base + mapped {
-                    let end = addr.saturating_add(len);
-                    if end > base + mapped {
-                        return Err(invalid(
-                            call,
-                            format!(
-                                "{len} bytes at {addr:#x} run past the end of PE {pe}'s mapped heap"
-                            ),
-                        )
-                        .with_pe(self.rank));
-                    }
-                    return Ok(pe);
+                    let off = addr - base;
+                    return match self.user_range(pe, off, len, call) {
+                        Ok(_) => Ok(pe),
+                        Err(_) if read && self.in_user_table(off, len) => Ok(pe),
+                        Err(e) => Err(e),
+                    };
                 }
             }
         }
@@ -570,8 +581,55 @@ impl Inner {
         .with_pe(self.rank))
     }
 
-    /// Checks `[addr, addr+bytes)` lies inside one live allocation of this PE's heap and returns
-    /// its heap offset.
+    /// Whether `[off, off + len)` lies in the peer table of a live user allocation.
+    fn in_user_table(&self, off: u64, len: u64) -> bool {
+        let st = self.lock_heap();
+        let Some(b) = st.block_before(off) else {
+            return false;
+        };
+        let t = table_offset(&b);
+        !st.is_internal(b.id)
+            && !self.heap.is_freed_here(b.id)
+            && off >= t
+            && off.saturating_add(len) <= t + 8 * self.world as u64
+    }
+
+    /// Checks `[off, off+bytes)` of the heap is a range of one live user allocation (not freed
+    /// on this PE, not symheap's own), naming what is wrong otherwise; `pe` is whose copy the
+    /// address was in, for the message.
+    fn user_range(&self, pe: usize, off: u64, bytes: u64, call: &'static str) -> Result<Block> {
+        let base = self.backend.slot_base(pe).unwrap_or(0);
+        let addr = base + off;
+        let st = self.lock_heap();
+        let whose = if pe == self.rank {
+            "this PE's".to_string()
+        } else {
+            format!("PE {pe}'s")
+        };
+        let why = match self.heap.user_block(&st, off, bytes) {
+            Ok(b) => return Ok(b),
+            Err(RangeError::NotAllocated) => format!(
+                "address {addr:#x} is in {whose} symmetric heap but not in a live allocation"
+            ),
+            Err(RangeError::Freed(b)) => format!(
+                "address {addr:#x} is in a {}-byte allocation (at {:#x}) that was freed on this PE; nothing made from a freed buffer may be used",
+                b.bytes,
+                base + b.offset
+            ),
+            Err(RangeError::Internal) => format!(
+                "address {addr:#x} is in symheap's own state, not in an allocation of yours"
+            ),
+            Err(RangeError::PastEnd(b)) => format!(
+                "{bytes} bytes at {addr:#x} run past the end of their {}-byte allocation (which starts at {:#x})",
+                b.bytes,
+                base + b.offset
+            ),
+        };
+        Err(invalid(call, why).with_pe(self.rank))
+    }
+
+    /// Checks `[addr, addr+bytes)` lies inside one live user allocation of this PE's heap and
+    /// returns its heap offset.
     pub(crate) fn own_offset(&self, addr: u64, bytes: u64, call: &'static str) -> Result<u64> {
         let base = self
             .backend
@@ -589,23 +647,20 @@ impl Inner {
             .with_pe(self.rank));
         }
         let off = addr - base;
-        let block = self.lock_heap().block_at(off);
-        match block {
-            Some(b) if off.saturating_add(bytes) <= b.offset + b.bytes => Ok(off),
-            Some(b) => Err(invalid(
-                call,
-                format!(
-                    "{bytes} bytes at {addr:#x} run past the end of their {}-byte allocation (which starts at {:#x})",
-                    b.bytes,
-                    base + b.offset
-                ),
-            )
-            .with_pe(self.rank)),
-            None => Err(invalid(
-                call,
-                format!("address {addr:#x} is in the heap but not in a live allocation"),
-            )
-            .with_pe(self.rank)),
+        self.user_range(self.rank, off, bytes, call)?;
+        Ok(off)
+    }
+
+    /// A collective's ledger arguments with the heap offsets of its buffers appended: the same
+    /// symmetric buffer is at the same offset on every PE, so a PE that passes a different
+    /// buffer of the same size is a named mismatch instead of a silent wrong result.
+    pub(crate) fn coll_args(&self, args: String, dest: u64, src: u64) -> String {
+        let base = self.backend.slot_base(self.rank).unwrap_or(0);
+        let at = |a: u64| format!("heap+{:#x}", a.wrapping_sub(base));
+        if dest == src {
+            format!("{args}, in place at {}", at(dest))
+        } else {
+            format!("{args}, dest {}, src {}", at(dest), at(src))
         }
     }
 
@@ -828,6 +883,16 @@ impl Context {
         }
     }
 
+    /// Checks that `[addr, addr + bytes)` lies in one live allocation of this PE's heap made by
+    /// the caller (not released on this PE, not symheap's own state); the error says which of
+    /// those it is not.
+    pub fn check_symmetric(&self, addr: u64, bytes: u64) -> Result<()> {
+        self.inner.check("check_symmetric")?;
+        self.inner
+            .own_offset(addr, bytes.max(1), "check_symmetric")
+            .map(drop)
+    }
+
     /// Translates `addr`, an address in PE `from`'s heap, to the same byte of PE `to`'s heap.
     /// `Ok(None)` when PE `to` is not directly addressable from here.
     pub fn translate(&self, addr: u64, from: usize, to: usize) -> Result<Option<u64>> {
@@ -858,7 +923,8 @@ impl Context {
     pub fn write_at<T: Element>(&self, addr: u64, data: &[T]) -> Result<()> {
         self.inner.check("write_at")?;
         let bytes: &[u8] = bytemuck::cast_slice(data);
-        self.inner.locate(addr, bytes.len() as u64, "write_at")?;
+        self.inner
+            .locate(addr, bytes.len() as u64, false, "write_at")?;
         self.inner.backend.write_bytes(addr, bytes)
     }
 
@@ -866,7 +932,8 @@ impl Context {
     pub fn read_at<T: Element>(&self, addr: u64, out: &mut [T]) -> Result<()> {
         self.inner.check("read_at")?;
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
-        self.inner.locate(addr, bytes.len() as u64, "read_at")?;
+        self.inner
+            .locate(addr, bytes.len() as u64, true, "read_at")?;
         self.inner.backend.read_bytes(addr, bytes)
     }
 
@@ -880,10 +947,11 @@ impl Context {
     }
 
     /// Collective: every PE contributes `data`, every PE gets all contributions in rank order.
-    /// A host-side exchange for small control data (seeds, sizes), ledger-checked.
+    /// A host-side exchange for small control data (seeds, sizes, pickled objects), ledger-
+    /// checked; the contributions may differ in length (gathering them is what it is for).
     pub fn all_gather_bytes(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
         self.inner
-            .collective("all_gather_bytes", format!("{} bytes", data.len()), data)
+            .collective("all_gather_bytes", String::new(), data)
     }
 
     /// Heap occupancy on this PE (the same on every PE at collective points).

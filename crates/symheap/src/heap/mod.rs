@@ -8,7 +8,7 @@
 
 pub mod allocator;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
 
 pub use allocator::{align_up, Allocator, GRANULE};
@@ -40,6 +40,9 @@ pub struct HeapState {
     by_offset: BTreeMap<u64, BlockId>,
     /// For each block released somewhere but not yet reclaimed: how many PEs released it.
     release_counts: HashMap<BlockId, usize>,
+    /// Blocks symheap allocated for itself (device tables, team state): never reachable
+    /// through an address a user passes.
+    internal: HashSet<BlockId>,
     /// Allocations that had to meet the other PEs (to reclaim or to grow).
     allocation_syncs: u64,
 }
@@ -102,6 +105,35 @@ impl HeapState {
         let b = self.live.get(id)?;
         (off < b.offset + b.bytes).then_some(*b)
     }
+
+    /// The live block starting at or before heap offset `off` (`off` may be past its end).
+    pub fn block_before(&self, off: u64) -> Option<Block> {
+        let (_, id) = self.by_offset.range(..=off).next_back()?;
+        self.live.get(id).copied()
+    }
+
+    /// Marks `id` as symheap's own: [`Heap::user_block`] refuses it.
+    pub fn mark_internal(&mut self, id: BlockId) {
+        self.internal.insert(id);
+    }
+
+    /// Whether `id` is one of symheap's own blocks.
+    pub fn is_internal(&self, id: BlockId) -> bool {
+        self.internal.contains(&id)
+    }
+}
+
+/// Why a heap range is not one a caller may use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RangeError {
+    /// Not inside any live allocation (never allocated, or already reclaimed).
+    NotAllocated,
+    /// The allocation holding it was released on this PE.
+    Freed(Block),
+    /// It belongs to symheap's internal state.
+    Internal,
+    /// It starts in the allocation but runs past its end.
+    PastEnd(Block),
 }
 
 /// The heap of one PE.
@@ -113,6 +145,9 @@ pub struct Heap {
     /// Released here, not yet told to the other PEs. Its own lock, so releasing never waits
     /// for a collective in progress.
     released: Mutex<Vec<BlockId>>,
+    /// Released here and not yet reclaimed: every access through them is refused, even while
+    /// the other PEs still use their copies.
+    freed_here: Mutex<HashSet<BlockId>>,
 }
 
 impl Heap {
@@ -122,15 +157,54 @@ impl Heap {
             world,
             state: Mutex::new(HeapState::default()),
             released: Mutex::new(Vec::new()),
+            freed_here: Mutex::new(HashSet::new()),
         }
     }
 
     /// Local, non-blocking release. Safe from any thread and from destructors.
     pub fn release(&self, id: BlockId) {
+        self.mark_freed(id);
+        self.announce(id);
+    }
+
+    /// From now on, accesses to `id` on this PE are refused (see [`Heap::user_block`]).
+    pub fn mark_freed(&self, id: BlockId) {
+        self.freed_here
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id);
+    }
+
+    /// Queues `id` for the next exchange of releases (once no device work uses it).
+    pub fn announce(&self, id: BlockId) {
         self.released
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(id);
+    }
+
+    /// Whether `id` was released on this PE and not reclaimed yet.
+    pub fn is_freed_here(&self, id: BlockId) -> bool {
+        self.freed_here
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&id)
+    }
+
+    /// The allocation `[off, off + bytes)` lies in, if a caller may use it: a live block that
+    /// is neither symheap's own nor released on this PE, holding the whole range.
+    pub fn user_block(&self, st: &HeapState, off: u64, bytes: u64) -> Result<Block, RangeError> {
+        let b = st.block_at(off).ok_or(RangeError::NotAllocated)?;
+        if st.is_internal(b.id) {
+            return Err(RangeError::Internal);
+        }
+        if self.is_freed_here(b.id) {
+            return Err(RangeError::Freed(b));
+        }
+        if off.saturating_add(bytes) > b.offset + b.bytes {
+            return Err(RangeError::PastEnd(b));
+        }
+        Ok(b)
     }
 
     /// Whether releases are waiting to be exchanged.
@@ -169,8 +243,11 @@ impl Heap {
         }
         done.sort_unstable();
         let mut out = Vec::with_capacity(done.len());
+        let mut freed = self.freed_here.lock().unwrap_or_else(|p| p.into_inner());
         for id in done {
             st.release_counts.remove(&id);
+            freed.remove(&id);
+            st.internal.remove(&id);
             if let Some(b) = st.live.remove(&id) {
                 st.by_offset.remove(&b.offset);
                 st.alloc.free(b.offset, b.span);

@@ -9,6 +9,10 @@
 //! 64     mailbox_len: u64, then MAILBOX bytes: a ledger copy for mismatch diagnostics
 //! ...    per team slot: board[2] of {count, hash, flags, aux} (32 B each, double-buffered by
 //!        barrier parity), then arrivals[world]: u64 epoch written by each member
+//! ...    the watch (see `ops/watch.rs`): the wait this PE is blocked in (WAIT_WORDS words),
+//!        per team slot a ring of RING recent calls (ENTRY_WORDS words each), and a verdict
+//!        (VERDICT_WORDS words; only PE 0's is used: the first PE to name a divergence
+//!        writes its message there, so every PE reports the same text)
 //! ```
 
 /// Team slots (WORLD is slot 0). Like NVSHMEM's team limit, a fixed pool keeps the heap
@@ -16,6 +20,14 @@
 pub const MAX_TEAMS: usize = 32;
 /// Bytes for a ledger copy in the mailbox.
 pub const MAILBOX: u64 = 16 << 10;
+/// Words of the wait record.
+pub const WAIT_WORDS: u64 = 8;
+/// Recent calls kept per team slot.
+pub const RING: u64 = 8;
+/// Words of one ring entry: seq, position, hash, text length, then the text.
+pub const ENTRY_WORDS: u64 = 32;
+/// Words of the verdict: owner, ready, length, then the text.
+pub const VERDICT_WORDS: u64 = 3 + 512;
 
 const HEADER: u64 = 64;
 const MAILBOX_AT: u64 = HEADER;
@@ -34,7 +46,32 @@ pub struct SyncArea {
 impl SyncArea {
     /// Bytes the area needs for `world` PEs.
     pub fn bytes(world: usize) -> u64 {
+        Self::watch_at(world)
+            + 8 * (WAIT_WORDS + MAX_TEAMS as u64 * RING * ENTRY_WORDS + VERDICT_WORDS)
+    }
+
+    fn watch_at(world: usize) -> u64 {
         SLOTS_AT + MAX_TEAMS as u64 * Self::stride(world)
+    }
+
+    /// Word `w` of PE `pe`'s wait record.
+    pub fn wait_word(&self, pe: usize, w: u64) -> u64 {
+        debug_assert!(w < WAIT_WORDS);
+        self.bases[pe] + Self::watch_at(self.world) + 8 * w
+    }
+
+    /// Word `w` of entry `i` of PE `pe`'s ring of recent calls on team `slot`.
+    pub fn ring_word(&self, pe: usize, slot: usize, i: u64, w: u64) -> u64 {
+        debug_assert!(slot < MAX_TEAMS && i < RING && w < ENTRY_WORDS);
+        let entry = (slot as u64 * RING + i) * ENTRY_WORDS + w;
+        self.bases[pe] + Self::watch_at(self.world) + 8 * (WAIT_WORDS + entry)
+    }
+
+    /// Word `w` of PE `pe`'s verdict.
+    pub fn verdict_word(&self, pe: usize, w: u64) -> u64 {
+        debug_assert!(w < VERDICT_WORDS);
+        let at = WAIT_WORDS + MAX_TEAMS as u64 * RING * ENTRY_WORDS + w;
+        self.bases[pe] + Self::watch_at(self.world) + 8 * at
     }
 
     fn stride(world: usize) -> u64 {
@@ -122,6 +159,19 @@ mod tests {
             for s in 0..world {
                 words.push(a.arrival(0, slot, s));
             }
+        }
+        for w in 0..WAIT_WORDS {
+            words.push(a.wait_word(0, w));
+        }
+        for slot in 0..MAX_TEAMS {
+            for i in 0..RING {
+                for w in 0..ENTRY_WORDS {
+                    words.push(a.ring_word(0, slot, i, w));
+                }
+            }
+        }
+        for w in 0..VERDICT_WORDS {
+            words.push(a.verdict_word(0, w));
         }
         let mut sorted = words.clone();
         sorted.sort();

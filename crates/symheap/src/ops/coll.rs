@@ -81,7 +81,7 @@ impl<'a> Coll<'a> {
         }
         let t: &'a Arc<TeamInner> = t;
         let mut st = t.lock();
-        t.ledger().record(call, args);
+        inner.record_on(t, call, args);
         inner.team_sync_point(t, &mut st, call, 0)?;
         Ok(Some(Coll {
             inner,
@@ -148,10 +148,13 @@ impl<'a> Coll<'a> {
 }
 
 fn check_len(inner: &Inner, call: &'static str, what: &str, addr: u64, bytes: usize) -> Result<()> {
-    inner.own_offset(addr, bytes as u64, call).map(drop).map_err(|_| {
+    inner.own_offset(addr, bytes as u64, call).map(drop).map_err(|e| {
         invalid(
             call,
-            format!("the {what} ({bytes} bytes needed at {addr:#x}) is not a symmetric range of that size"),
+            format!(
+                "the {what} ({bytes} bytes needed at {addr:#x}) is not a symmetric range of that size: {}",
+                e.kind()
+            ),
         )
         .with_pe(inner.rank)
     })
@@ -174,7 +177,7 @@ impl Context {
         };
         {
             let mut st = t.lock();
-            t.ledger().record(call, args);
+            self.inner.record_on(t, call, args);
             self.inner.team_sync_point(t, &mut st, call, 0)?;
         }
         let s = cu.internal_stream();
@@ -204,9 +207,13 @@ impl Context {
             .with_pe(self.my_pe()));
         }
         if self.inner.backend.as_cuda().is_some() {
-            return self.on_device(team, CALL, format!("root {root}, {count} x {dtype}"), |s| {
-                self.broadcast_on_stream(team, dest, src, count, dtype, root, s)
-            });
+            return self.on_device(
+                team,
+                CALL,
+                self.inner
+                    .coll_args(format!("root {root}, {count} x {dtype}"), dest, src),
+                |s| self.broadcast_on_stream(team, dest, src, count, dtype, root, s),
+            );
         }
         if team.is_valid() {
             check_len(&self.inner, CALL, "destination", dest, bytes)?;
@@ -216,7 +223,8 @@ impl Context {
             &self.inner,
             team,
             CALL,
-            format!("root {root}, {count} x {dtype}"),
+            self.inner
+                .coll_args(format!("root {root}, {count} x {dtype}"), dest, src),
         )?
         else {
             return Ok(());
@@ -244,15 +252,22 @@ impl Context {
                 Some(me) if src == dest => dest + (me * bytes) as u64,
                 _ => src,
             };
-            return self.on_device(team, CALL, format!("{count} x {dtype}"), |s| {
-                self.all_gather_on_stream(team, dest, src, count, dtype, s)
-            });
+            return self.on_device(
+                team,
+                CALL,
+                self.inner
+                    .coll_args(format!("{count} x {dtype}"), dest, src),
+                |s| self.all_gather_on_stream(team, dest, src, count, dtype, s),
+            );
         }
         if team.is_valid() {
             check_len(&self.inner, CALL, "destination", dest, bytes * team.n_pes())?;
             check_len(&self.inner, CALL, "source", src, bytes)?;
         }
-        let Some(c) = Coll::begin(&self.inner, team, CALL, format!("{count} x {dtype}"))? else {
+        let args = self
+            .inner
+            .coll_args(format!("{count} x {dtype}"), dest, src);
+        let Some(c) = Coll::begin(&self.inner, team, CALL, args)? else {
             return Ok(());
         };
         let in_place = dest == src;
@@ -289,7 +304,8 @@ impl Context {
             return self.on_device(
                 team,
                 CALL,
-                format!("{} {count} x {dtype}", op.name()),
+                self.inner
+                    .coll_args(format!("{} {count} x {dtype}", op.name()), dest, src),
                 |s| self.reduce_scatter_on_stream(team, dest, src, count, dtype, op, s),
             );
         }
@@ -301,7 +317,8 @@ impl Context {
             &self.inner,
             team,
             CALL,
-            format!("{} {count} x {dtype}", op.name()),
+            self.inner
+                .coll_args(format!("{} {count} x {dtype}", op.name()), dest, src),
         )?
         else {
             return Ok(());
@@ -328,7 +345,9 @@ impl Context {
         const CALL: &str = "all_reduce";
         let bytes = count * dtype.size();
         if self.inner.backend.as_cuda().is_some() && crate::backend::cuda::coll_supports(dtype) {
-            let args = format!("{} {count} x {dtype}", op.name());
+            let args = self
+                .inner
+                .coll_args(format!("{} {count} x {dtype}", op.name()), dest, src);
             return self.on_device(team, CALL, args, |s| {
                 self.all_reduce_on_stream(team, dest, src, count, dtype, op, algo, s)
             });
@@ -348,6 +367,7 @@ impl Context {
             AllReduceAlgo::OneShot => AllReduceAlgo::OneShot,
         };
         let args = format!("{} {count} x {dtype}, {}", op.name(), algo.name());
+        let args = self.inner.coll_args(args, dest, src);
         let Some(mut c) = Coll::begin(&self.inner, team, CALL, args)? else {
             return Ok(());
         };
@@ -387,9 +407,13 @@ impl Context {
         const CALL: &str = "alltoall";
         let bytes = count * dtype.size();
         if self.inner.backend.as_cuda().is_some() && !(dest == src && bytes > 0) {
-            return self.on_device(team, CALL, format!("{count} x {dtype}"), |s| {
-                self.alltoall_on_stream(team, dest, src, count, dtype, s)
-            });
+            return self.on_device(
+                team,
+                CALL,
+                self.inner
+                    .coll_args(format!("{count} x {dtype}"), dest, src),
+                |s| self.alltoall_on_stream(team, dest, src, count, dtype, s),
+            );
         }
         if team.is_valid() {
             if dest == src && bytes > 0 {
@@ -402,7 +426,10 @@ impl Context {
             check_len(&self.inner, CALL, "destination", dest, bytes * team.n_pes())?;
             check_len(&self.inner, CALL, "source", src, bytes * team.n_pes())?;
         }
-        let Some(c) = Coll::begin(&self.inner, team, CALL, format!("{count} x {dtype}"))? else {
+        let args = self
+            .inner
+            .coll_args(format!("{count} x {dtype}"), dest, src);
+        let Some(c) = Coll::begin(&self.inner, team, CALL, args)? else {
             return Ok(());
         };
         let me = c.me();

@@ -174,7 +174,7 @@ impl Inner {
         if self.backend.as_cuda().is_none() {
             return Ok(());
         }
-        let block = self.allocate(DeviceTeams::bytes(self.world), 256, "init")?;
+        let block = self.allocate_internal(DeviceTeams::bytes(self.world), 256)?;
         let dt = DeviceTeams::new(block.offset, self.world);
         let own = self.backend.slot_base(self.rank).expect("own heap");
         self.backend
@@ -435,7 +435,7 @@ impl Context {
             .with_pe(self.my_pe()));
         }
         let dt = *self.inner.dteams.get().expect("device teams exist on CUDA");
-        t.ledger().record(call, args);
+        self.inner.record_on(t, call, args);
         let own = self
             .inner
             .backend
@@ -505,6 +505,7 @@ impl Context {
             op.name(),
             if one_shot { "one-shot" } else { "two-shot" }
         );
+        let args = self.inner.coll_args(args, dest, src);
         let Some((l, _)) = self.coll_prepare(team, CALL, args)? else {
             return Ok(());
         };
@@ -568,7 +569,10 @@ impl Context {
         }
         self.check_range(CALL, dest, bytes * team.n_pes() as u64)?;
         self.check_range(CALL, src, bytes)?;
-        let Some((l, t)) = self.coll_prepare(team, CALL, format!("{count} x {dtype}"))? else {
+        let args = self
+            .inner
+            .coll_args(format!("{count} x {dtype}"), dest, src);
+        let Some((l, t)) = self.coll_prepare(team, CALL, args)? else {
             return Ok(());
         };
         if let Some(k) = l.exchange_kernel(bytes) {
@@ -633,6 +637,7 @@ impl Context {
             op.name(),
             if one_shot { "one-shot" } else { "two-round" }
         );
+        let args = self.inner.coll_args(args, dest, src);
         let Some((l, _)) = self.coll_prepare(team, CALL, args)? else {
             return Ok(());
         };
@@ -686,9 +691,10 @@ impl Context {
         }
         self.check_range(CALL, dest, bytes)?;
         self.check_range(CALL, src, bytes)?;
-        let Some((l, _)) =
-            self.coll_prepare(team, CALL, format!("root {root}, {count} x {dtype}"))?
-        else {
+        let args = self
+            .inner
+            .coll_args(format!("root {root}, {count} x {dtype}"), dest, src);
+        let Some((l, _)) = self.coll_prepare(team, CALL, args)? else {
             return Ok(());
         };
         if let Some(k) = l.exchange_kernel(bytes) {
@@ -739,7 +745,10 @@ impl Context {
         let total = bytes * team.n_pes() as u64;
         self.check_range(CALL, dest, total)?;
         self.check_range(CALL, src, total)?;
-        let Some((l, _)) = self.coll_prepare(team, CALL, format!("{count} x {dtype}"))? else {
+        let args = self
+            .inner
+            .coll_args(format!("{count} x {dtype}"), dest, src);
+        let Some((l, _)) = self.coll_prepare(team, CALL, args)? else {
             return Ok(());
         };
         if let Some(k) = l.exchange_kernel(bytes) {

@@ -10,6 +10,7 @@ pub mod rma;
 pub mod stream;
 pub(crate) mod sync;
 pub mod team;
+pub(crate) mod watch;
 
 pub use atomics::{AtomicBitwise, AtomicElement, AtomicInt};
 pub use coll::AllReduceAlgo;

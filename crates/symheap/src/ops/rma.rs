@@ -264,6 +264,7 @@ impl Context {
                 cmp.holds(seen, value)
             },
             &Vec::new,
+            None,
         )?;
         // Acquire: reads after the wait see the data published before the signal.
         fence(Ordering::SeqCst);

@@ -63,7 +63,7 @@ impl Inner {
         if self.backend.as_cuda().is_none() {
             return Ok(());
         }
-        let block = self.allocate(DeviceSync::bytes(self.world), 256, "init")?;
+        let block = self.allocate_internal(DeviceSync::bytes(self.world), 256)?;
         let ds = DeviceSync::new(block.offset, self.world);
         let own = self.backend.slot_base(self.rank).expect("own heap");
         self.backend
@@ -271,7 +271,8 @@ impl Context {
             .backend
             .slot_base(self.my_pe())
             .expect("own heap");
-        self.inner.world_team.ledger().record(CALL, String::new());
+        self.inner
+            .record_on(&self.inner.world_team, CALL, String::new());
         cu.barrier_on_stream(
             own + ds.flags(0),
             own + ds.peer_flags(0),

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::area::{SyncArea, MAILBOX, MAX_TEAMS};
 use super::team::{Team, TeamInner, TeamState};
+use super::watch::{ScanState, Watching};
 use crate::context::{Context, Inner};
 use crate::error::{invalid, Error, ErrorKind, Result};
 
@@ -61,13 +62,16 @@ impl Inner {
     }
 
     /// Waits until `cond()` holds: spins briefly, then yields, then sleeps on this PE's doorbell.
-    /// Fails when the job fails or after the timeout, naming `missing()`.
+    /// Fails when the job fails or after the timeout, naming `missing()`. A collective wait
+    /// (`watch`) is published while it sleeps and watches the other PEs, failing at once with a
+    /// named mismatch when they diverged (see `ops/watch.rs`).
     pub(crate) fn wait_until(
         &self,
         call: &'static str,
         what: &dyn Fn() -> String,
         cond: &mut dyn FnMut() -> bool,
         missing: &dyn Fn() -> Vec<usize>,
+        watch: Option<Watching<'_>>,
     ) -> Result<()> {
         if cond() {
             return Ok(());
@@ -84,18 +88,47 @@ impl Inner {
                 return Ok(());
             }
         }
+        if let Some(w) = &watch {
+            self.begin_wait(w);
+        }
+        let r = self.sleep_until(call, what, cond, missing, watch.as_ref());
+        if watch.is_some() {
+            self.end_wait();
+        }
+        r
+    }
+
+    /// The sleeping phase of `wait_until`.
+    fn sleep_until(
+        &self,
+        call: &'static str,
+        what: &dyn Fn() -> String,
+        cond: &mut dyn FnMut() -> bool,
+        missing: &dyn Fn() -> Vec<usize>,
+        watch: Option<&Watching<'_>>,
+    ) -> Result<()> {
         let a = self.area();
         let bell = a.doorbell(self.rank);
         let sleepers = a.sleepers(self.rank);
         let start = Instant::now();
         let deadline = start + self.cfg.timeout;
         let nap = self.backend.poll_interval().unwrap_or(NAP).min(NAP);
+        let mut scan = ScanState::default();
         loop {
             let seen = self.control.load32(bell);
             if cond() {
                 return Ok(());
             }
             self.check(call)?;
+            if let Some(w) = watch {
+                if let Some(msg) = self.watch_scan(w, &mut scan) {
+                    if cond() {
+                        return Ok(());
+                    }
+                    let kind = self.diverged_for_good(msg);
+                    return Err(Error::new(Some(self.rank), call, kind));
+                }
+            }
             let now = Instant::now();
             if now >= deadline {
                 let kind = ErrorKind::Timeout {
@@ -171,6 +204,11 @@ impl Inner {
                     .filter(|&m| !arrived(m))
                     .collect()
             },
+            Some(Watching {
+                team,
+                pos: count,
+                hash,
+            }),
         )?;
         st.epoch = e;
         if !read_boards {
@@ -242,14 +280,18 @@ impl Inner {
                 msg
             }
         };
-        let kind = ErrorKind::CollectiveMismatch(msg);
-        self.boot.health().fail(kind.clone());
+        // Every member computed this text from the same ledgers; the PEs outside the team
+        // learn it too instead of waiting for members that are gone.
+        let kind = self.diverged_for_good(msg);
         Error::new(Some(self.rank), call, kind)
     }
 
     /// The world's collective point fast path: a shared-memory barrier. Returns true when the
     /// ledgers agree and nobody has releases to exchange; false when every PE must take the
-    /// bootstrap path (the same answer on every PE, since all read the same boards).
+    /// bootstrap path (the same answer on every PE, since all read the same boards); a named
+    /// mismatch on every PE when the ledgers differ (whatever call each PE is in, they all met
+    /// at this barrier, so they all take the mailbox exchange: none is left waiting on the
+    /// bootstrap for the others).
     pub(crate) fn world_fast_sync(&self, call: &'static str) -> Result<bool> {
         if !self.area.all_direct() {
             return Ok(false);
@@ -265,12 +307,12 @@ impl Inner {
         let agreed = boards
             .iter()
             .all(|b| b.count == boards[0].count && b.hash == boards[0].hash);
-        let releases = boards.iter().any(|b| b.flags & FLAG_RELEASES != 0);
-        if agreed && !releases {
-            team.ledger().mark_agreed();
-            return Ok(true);
+        if !agreed {
+            return Err(self.diverged(team, &mut st, call));
         }
-        Ok(false)
+        team.ledger().mark_agreed();
+        let releases = boards.iter().any(|b| b.flags & FLAG_RELEASES != 0);
+        Ok(!releases)
     }
 
     pub(crate) fn team_inner<'t>(
@@ -320,7 +362,7 @@ impl Context {
             return self.barrier_all();
         }
         let mut st = t.lock();
-        t.ledger().record(call, String::new());
+        self.inner.record_on(t, call, String::new());
         self.inner.backend.fence();
         self.inner.team_sync_point(t, &mut st, call, 0).map(|_| ())
     }
@@ -348,8 +390,12 @@ impl Context {
             .with_pe(self.inner.rank));
         }
         let mut st = p.lock();
-        p.ledger()
-            .record(CALL, format!("start {start}, stride {stride}, size {size}"));
+        self.inner.record_on(
+            p,
+            CALL,
+            format!("start {start}, stride {stride}, size {size}"),
+        );
+        let split_at = p.ledger().digest();
         let free = !*self
             .inner
             .slots_used
@@ -378,7 +424,14 @@ impl Context {
             "team {slot} (start {start}, stride {stride}, size {size} of {})",
             p.name
         );
-        let inner = Arc::new(TeamInner::new(slot, members, me, name));
+        let id = crate::util::fnv1a(
+            &[p.id, split_at.0, split_at.1, slot as u64]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        )
+        .max(1);
+        let inner = Arc::new(TeamInner::new(slot, members, me, name, id));
         // This PE's copy of the slot's member tables for the collective kernels; peers only
         // write our (zeroed) flags, so no further agreement is needed before the first launch.
         self.inner.init_device_team(&inner)?;
@@ -398,7 +451,7 @@ impl Context {
             );
         }
         let mut st = t.lock();
-        t.ledger().record(CALL, String::new());
+        self.inner.record_on(t, CALL, String::new());
         self.inner.team_sync_point(t, &mut st, CALL, 0)?;
         // Once a second barrier completes, every member has finished reading the first one's
         // boards and has made its last write into this slot, so clearing our copy is safe.

@@ -23,18 +23,22 @@ pub(crate) struct TeamInner {
     pub me: usize,
     /// Readable description for messages.
     pub name: String,
+    /// The same on every member and different for every team a slot ever holds (the world: 0),
+    /// so published calls of a destroyed team are never taken for this one's.
+    pub id: u64,
     pub state: Mutex<TeamState>,
     pub ledger: Mutex<Ledger>,
     pub destroyed: AtomicBool,
 }
 
 impl TeamInner {
-    pub(crate) fn new(slot: usize, members: Vec<usize>, me: usize, name: String) -> Self {
+    pub(crate) fn new(slot: usize, members: Vec<usize>, me: usize, name: String, id: u64) -> Self {
         TeamInner {
             slot,
             members,
             me,
             name,
+            id,
             state: Mutex::new(TeamState::default()),
             ledger: Mutex::new(Ledger::new()),
             destroyed: AtomicBool::new(false),

@@ -86,6 +86,20 @@ impl SharedArea {
         unsafe { AtomicU64::from_ptr(a as *mut u64) }.store(v, Ordering::SeqCst)
     }
 
+    /// Atomic 64-bit compare-and-swap; returns the value found (`current` when it swapped).
+    pub fn cas64(&self, addr: u64, current: u64, new: u64) -> u64 {
+        let a = self.word::<8>(addr);
+        // SAFETY: as in `load64`.
+        match unsafe { AtomicU64::from_ptr(a as *mut u64) }.compare_exchange(
+            current,
+            new,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        ) {
+            Ok(v) | Err(v) => v,
+        }
+    }
+
     /// Atomic 32-bit load.
     pub fn load32(&self, addr: u64) -> u32 {
         let a = self.word::<4>(addr);

@@ -1,0 +1,489 @@
+//! The watch: how a divergence that no barrier meets is still named within milliseconds.
+//!
+//! A barrier catches PEs that made different calls only when they all reach the same barrier.
+//! When they wait in different places (one PE in a barrier of the world team, another in a
+//! collective of a sub-team, or in a collective whose kernel waits on the device), nobody meets
+//! anybody and the job would wait for `SYMHEAP_TIMEOUT`. So every PE publishes, in its sync area
+//! (host shared memory every PE of the node maps):
+//!
+//! * for each team, its recent calls: a ring of (position in the team's ledger, the ledger's
+//!   running hash there, the call as text), written under a sequence word so a reader never
+//!   takes half an entry;
+//! * the collective wait it is blocked in, if any: the team (slot, identity and members) and its
+//!   position there.
+//!
+//! A PE blocked in a collective wait reads these every few milliseconds. Two members whose
+//! hashes differ at the same position of one team made different calls there: that is certain,
+//! whatever each is doing now. And when a set of PEs is blocked, each waiting for members that
+//! have not reached its call and are themselves blocked in the set, none of them can ever go on:
+//! a deadlock, reported with every blocked PE's call. Either way the first PE to find it writes
+//! its message into PE 0's verdict and every other finder reports that same text, which
+//! `fail_all` then carries to every PE of the job.
+//!
+//! All of this needs every PE of the job on this node (their sync areas mapped); across nodes
+//! the host collective points compare ledgers as before.
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use super::area::{ENTRY_WORDS, RING, VERDICT_WORDS, WAIT_WORDS};
+use super::team::TeamInner;
+use crate::context::Inner;
+use crate::error::ErrorKind;
+
+const _: () = assert!(WAIT_WORDS >= 8, "the wait record has 8 words");
+
+/// Words of call text in a ring entry (after seq, position, hash, team id, length).
+const TEXT_WORDS: u64 = ENTRY_WORDS - 5;
+/// Words of text in the verdict (after owner, ready, length).
+const VERDICT_TEXT: u64 = VERDICT_WORDS - 3;
+/// How long a PE that lost the race to write the verdict waits for the winner's text.
+const VERDICT_WAIT: Duration = Duration::from_millis(500);
+
+/// A team as world ranks: every team is a strided subset of the world (a strided split of a
+/// strided set is strided), so three numbers describe any team to a PE that is not in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shape {
+    start: u64,
+    stride: u64,
+    size: u64,
+}
+
+impl Shape {
+    /// The shape of `members` (world ranks, in team order).
+    pub(crate) fn of(members: &[usize]) -> Shape {
+        let start = members.first().copied().unwrap_or(0) as u64;
+        let stride = match members {
+            [a, b, ..] => (*b as u64).saturating_sub(*a as u64).max(1),
+            _ => 1,
+        };
+        Shape {
+            start,
+            stride,
+            size: members.len() as u64,
+        }
+    }
+
+    fn members(self) -> impl Iterator<Item = usize> {
+        (0..self.size).map(move |k| (self.start + k * self.stride) as usize)
+    }
+
+    fn name(self, slot: u64, world: usize) -> String {
+        if slot == 0 {
+            return "the world team".into();
+        }
+        let pes: Vec<usize> = self.members().collect();
+        if self.size as usize == world {
+            format!("team slot {slot} (every PE)")
+        } else {
+            format!("team slot {slot} (PEs {})", list(&pes))
+        }
+    }
+}
+
+/// One published call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Entry {
+    hash: u64,
+    text: String,
+}
+
+/// What a PE publishes while it is blocked in a collective wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Wait {
+    seq: u64,
+    slot: u64,
+    pos: u64,
+    hash: u64,
+    team: u64,
+    shape: Shape,
+}
+
+/// The wait a waiting PE is in, for [`Inner::watch_scan`].
+#[derive(Clone, Copy)]
+pub(crate) struct Watching<'a> {
+    pub(crate) team: &'a TeamInner,
+    pub(crate) pos: u64,
+    pub(crate) hash: u64,
+}
+
+/// What the previous scan saw, so a deadlock is reported only when every PE of it was blocked
+/// in the same wait across two scans (a PE between two waits is not blocked).
+#[derive(Debug, Default)]
+pub(crate) struct ScanState {
+    waits: Vec<Option<Wait>>,
+    /// When this PE first saw a mismatch some member had not published yet.
+    partial_since: Option<Instant>,
+}
+
+/// How long a PE that sees a mismatch waits for the members that have not published the call
+/// yet, so the message names every PE's call when they come within it.
+const COMPLETE_WAIT: Duration = Duration::from_millis(100);
+
+/// "0, 1, 3".
+fn list(pes: &[usize]) -> String {
+    pes.iter()
+        .map(|p| p.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// "PE 3" / "PEs 0, 2".
+fn pes_named(pes: &[usize]) -> String {
+    if pes.len() == 1 {
+        format!("PE {}", pes[0])
+    } else {
+        format!("PEs {}", list(pes))
+    }
+}
+
+fn text_words(text: &str, max_words: u64) -> (u64, Vec<u64>) {
+    let bytes = text.as_bytes();
+    let mut n = bytes.len().min(8 * max_words as usize);
+    while n > 0 && !text.is_char_boundary(n) {
+        n -= 1;
+    }
+    let words = bytes[..n]
+        .chunks(8)
+        .map(|c| {
+            let mut w = [0u8; 8];
+            w[..c.len()].copy_from_slice(c);
+            u64::from_le_bytes(w)
+        })
+        .collect();
+    (n as u64, words)
+}
+
+fn words_text(len: u64, words: &[u64]) -> String {
+    let mut bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    bytes.truncate(len as usize);
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+impl Inner {
+    /// Whether the watch can run: every PE's sync area is mapped here.
+    fn watch_on(&self) -> bool {
+        self.area.all_direct()
+    }
+
+    /// Records `call(args)` in `team`'s ledger and publishes it in this PE's ring for the team.
+    pub(crate) fn record_on(&self, team: &TeamInner, call: &str, args: String) {
+        let text = format!("{call}({args})");
+        let (pos, hash) = {
+            let mut l = team.ledger();
+            l.record(call, args);
+            l.digest()
+        };
+        self.publish(team, pos, hash, &text);
+    }
+
+    fn publish(&self, team: &TeamInner, pos: u64, hash: u64, text: &str) {
+        if !self.area.is_direct(self.rank) {
+            return;
+        }
+        let a = &self.area;
+        let (me, slot, i) = (self.rank, team.slot, pos % RING);
+        let w = |k: u64| a.ring_word(me, slot, i, k);
+        let (len, words) = text_words(text, TEXT_WORDS);
+        self.control.store64(w(0), 2 * pos + 1);
+        self.control.store64(w(1), pos);
+        self.control.store64(w(2), hash);
+        self.control.store64(w(3), team.id);
+        self.control.store64(w(4), len);
+        for (k, v) in words.iter().enumerate() {
+            self.control.store64(w(5 + k as u64), *v);
+        }
+        self.control.store64(w(0), 2 * pos + 2);
+    }
+
+    /// PE `pe`'s published call at `pos` on team `team` (slot `slot`), if its ring still holds
+    /// it complete.
+    fn entry(&self, pe: usize, slot: usize, team: u64, pos: u64) -> Option<Entry> {
+        let a = &self.area;
+        let w = |k: u64| a.ring_word(pe, slot, pos % RING, k);
+        let seq = self.control.load64(w(0));
+        if seq != 2 * pos + 2 || self.control.load64(w(3)) != team {
+            return None;
+        }
+        let hash = self.control.load64(w(2));
+        let len = self.control.load64(w(4)).min(8 * TEXT_WORDS);
+        let words: Vec<u64> = (0..len.div_ceil(8))
+            .map(|k| self.control.load64(w(5 + k)))
+            .collect();
+        (self.control.load64(w(0)) == seq).then(|| Entry {
+            hash,
+            text: words_text(len, &words),
+        })
+    }
+
+    /// The last position PE `pe` recorded on team `team` (slot `slot`); 0 before any.
+    fn latest(&self, pe: usize, slot: usize, team: u64) -> u64 {
+        let a = &self.area;
+        (0..RING)
+            .filter(|&i| self.control.load64(a.ring_word(pe, slot, i, 3)) == team)
+            .map(|i| self.control.load64(a.ring_word(pe, slot, i, 0)))
+            .filter(|&seq| seq > 0)
+            .map(|seq| (seq - 1) / 2)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Publishes that this PE is blocked at `w` (until [`end_wait`](Self::end_wait)).
+    pub(crate) fn begin_wait(&self, w: &Watching<'_>) {
+        if !self.area.is_direct(self.rank) {
+            return;
+        }
+        let a = &self.area;
+        let at = |k: u64| a.wait_word(self.rank, k);
+        let seq = self.control.load64(at(0));
+        let shape = Shape::of(&w.team.members);
+        let seq = if seq % 2 == 0 { seq + 1 } else { seq + 2 };
+        for (k, v) in [
+            w.team.slot as u64,
+            w.pos,
+            w.hash,
+            w.team.id,
+            shape.start,
+            shape.stride,
+            shape.size,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            self.control.store64(at(1 + k as u64), v);
+        }
+        self.control.store64(at(0), seq);
+    }
+
+    /// Publishes that this PE is no longer blocked.
+    pub(crate) fn end_wait(&self) {
+        if !self.area.is_direct(self.rank) {
+            return;
+        }
+        let at = self.area.wait_word(self.rank, 0);
+        let seq = self.control.load64(at);
+        if seq % 2 == 1 {
+            self.control.store64(at, seq + 1);
+        }
+    }
+
+    fn wait_of(&self, pe: usize) -> Option<Wait> {
+        let a = &self.area;
+        let at = |k: u64| self.control.load64(a.wait_word(pe, k));
+        let seq = at(0);
+        if seq % 2 == 0 {
+            return None;
+        }
+        let w = Wait {
+            seq,
+            slot: at(1),
+            pos: at(2),
+            hash: at(3),
+            team: at(4),
+            shape: Shape {
+                start: at(5),
+                stride: at(6).max(1),
+                size: at(7),
+            },
+        };
+        (at(0) == seq && (w.slot as usize) < super::area::MAX_TEAMS).then_some(w)
+    }
+
+    /// One look at the other PEs from a PE blocked at `w`: the divergence message when the
+    /// PEs certainly diverged (different calls at one position of a team) or are blocked on
+    /// each other for good; None while either may still be a matter of time.
+    pub(crate) fn watch_scan(&self, w: &Watching<'_>, prev: &mut ScanState) -> Option<String> {
+        if !self.watch_on() {
+            return None;
+        }
+        if let Some((m, complete)) = self.mismatch_on(w.team, w.pos) {
+            let since = *prev.partial_since.get_or_insert_with(Instant::now);
+            if complete || since.elapsed() >= COMPLETE_WAIT {
+                return Some(m);
+            }
+            return None;
+        }
+        let waits: Vec<Option<Wait>> = (0..self.world).map(|pe| self.wait_of(pe)).collect();
+        let stable: Vec<Option<Wait>> = waits
+            .iter()
+            .enumerate()
+            .map(|(pe, now)| now.filter(|n| prev.waits.get(pe).copied().flatten() == Some(*n)))
+            .collect();
+        prev.waits = waits;
+        self.deadlock(&stable)
+    }
+
+    /// The first position (among those both rings still hold) where members of `team` made
+    /// different calls, up to `pos`, as the message every PE will report, and whether every
+    /// member had published its call there.
+    fn mismatch_on(&self, team: &TeamInner, pos: u64) -> Option<(String, bool)> {
+        let first = pos.saturating_sub(RING - 1).max(1);
+        for p in first..=pos {
+            let at: Vec<Option<Entry>> = team
+                .members
+                .iter()
+                .map(|&m| self.entry(m, team.slot, team.id, p))
+                .collect();
+            let mut hashes = at.iter().flatten().map(|e| e.hash);
+            let Some(h0) = hashes.next() else { continue };
+            if hashes.all(|h| h == h0) {
+                continue;
+            }
+            let shape = Shape::of(&team.members);
+            let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+            let mut behind = Vec::new();
+            for (k, e) in at.iter().enumerate() {
+                let pe = team.members[k];
+                match e {
+                    Some(e) => match groups.iter_mut().find(|(t, _)| *t == e.text) {
+                        Some((_, g)) => g.push(pe),
+                        None => groups.push((e.text.clone(), vec![pe])),
+                    },
+                    None => behind.push(pe),
+                }
+            }
+            let mut msg = format!(
+                "collective call #{p} on {} differs between PEs: ",
+                shape.name(team.slot as u64, self.world)
+            );
+            let parts: Vec<String> = groups
+                .iter()
+                .map(|(t, g)| format!("{} called {t}", pes_named(g)))
+                .collect();
+            msg.push_str(&parts.join("; "));
+            if !behind.is_empty() {
+                let _ = write!(msg, "; {} had not made that call yet", pes_named(&behind));
+            }
+            return Some((msg, behind.is_empty()));
+        }
+        None
+    }
+
+    /// Among the PEs stably blocked in collective waits (`stable[pe]`), the set that can never
+    /// go on: each waits for members that have not reached its call and are blocked in the set
+    /// themselves. The message names every such PE and its call, when this PE is one of them.
+    fn deadlock(&self, stable: &[Option<Wait>]) -> Option<String> {
+        let mut stuck: Vec<bool> = stable.iter().map(Option::is_some).collect();
+        if !stuck[self.rank] {
+            return None;
+        }
+        let lagging = |w: &Wait, pe: usize| -> Vec<usize> {
+            w.shape
+                .members()
+                .filter(|&m| m != pe && m < self.world)
+                .filter(|&m| self.latest(m, w.slot as usize, w.team) < w.pos)
+                .collect()
+        };
+        loop {
+            let mut changed = false;
+            for pe in 0..self.world {
+                let Some(w) = stable[pe].filter(|_| stuck[pe]) else {
+                    continue;
+                };
+                let lag = lagging(&w, pe);
+                if lag.is_empty() || lag.iter().any(|&m| !stuck[m]) {
+                    stuck[pe] = false;
+                    changed = true;
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+        if !stuck[self.rank] {
+            return None;
+        }
+        // PEs in the same call waiting for the same PEs are one group of the message.
+        let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+        for pe in (0..self.world).filter(|&p| stuck[p]) {
+            let w = stable[pe].expect("stuck PEs are blocked");
+            let call = self
+                .entry(pe, w.slot as usize, w.team, w.pos)
+                .map_or_else(|| "a collective call".to_string(), |e| e.text);
+            let what = format!(
+                "{call} (call #{} on {}) for {}",
+                w.pos,
+                w.shape.name(w.slot, self.world),
+                pes_named(&lagging(&w, pe))
+            );
+            match groups.iter_mut().find(|(t, _)| *t == what) {
+                Some((_, g)) => g.push(pe),
+                None => groups.push((what, vec![pe])),
+            }
+        }
+        let parts: Vec<String> = groups
+            .iter()
+            .map(|(what, g)| {
+                let verb = if g.len() == 1 { "waits" } else { "wait" };
+                format!("{} {verb} in {what}", pes_named(g))
+            })
+            .collect();
+        Some(format!(
+            "PEs are blocked in different collective calls, each waiting for another: {}",
+            parts.join("; ")
+        ))
+    }
+
+    /// The message every PE reports for a divergence this PE found: its own when it is the
+    /// first to find one, else the first finder's (PE 0's verdict), so no two PEs word the same
+    /// failure differently.
+    pub(crate) fn settle(&self, msg: String) -> String {
+        if !self.watch_on() {
+            return msg;
+        }
+        let a = &self.area;
+        let v = |k: u64| a.verdict_word(0, k);
+        let me = self.rank as u64 + 1;
+        if self.control.cas64(v(0), 0, me) == 0 {
+            let (len, words) = text_words(&msg, VERDICT_TEXT);
+            for (k, w) in words.iter().enumerate() {
+                self.control.store64(v(3 + k as u64), *w);
+            }
+            self.control.store64(v(2), len);
+            self.control.store64(v(1), 1);
+            return msg;
+        }
+        let deadline = Instant::now() + VERDICT_WAIT;
+        while self.control.load64(v(1)) == 0 {
+            if Instant::now() >= deadline {
+                return msg;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let len = self.control.load64(v(2)).min(8 * VERDICT_TEXT);
+        let words: Vec<u64> = (0..len.div_ceil(8))
+            .map(|k| self.control.load64(v(3 + k)))
+            .collect();
+        words_text(len, &words)
+    }
+
+    /// A divergence found by this PE: settles the message and fails every PE with it.
+    pub(crate) fn diverged_for_good(&self, msg: String) -> ErrorKind {
+        let kind = ErrorKind::CollectiveMismatch(self.settle(msg));
+        self.boot.fail_all(kind.clone());
+        kind
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_describe_strided_teams() {
+        let s = Shape::of(&[1, 3, 5]);
+        assert_eq!(s.members().collect::<Vec<_>>(), vec![1, 3, 5]);
+        assert_eq!(Shape::of(&[4]).members().collect::<Vec<_>>(), vec![4]);
+        assert_eq!(s.name(2, 8), "team slot 2 (PEs 1, 3, 5)");
+        assert_eq!(Shape::of(&[0, 1]).name(0, 2), "the world team");
+    }
+
+    #[test]
+    fn text_round_trips_through_words_and_truncates_on_a_char_boundary() {
+        let (len, w) = text_words("all_reduce(sum 4 x f32)", 4);
+        assert_eq!(words_text(len, &w), "all_reduce(sum 4 x f32)");
+        let long = "é".repeat(40);
+        let (len, w) = text_words(&long, 2);
+        assert!(len <= 16 && words_text(len, &w).chars().all(|c| c == 'é'));
+    }
+}
