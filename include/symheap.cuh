@@ -575,6 +575,15 @@ SYMHEAP_DEV void atomic_set(T* ptr, SYMHEAP_VAL(T) v, int me, int pe, const int6
 // Signals (uint64_t words)
 // =============================================================================================
 
+// A launcher's "give up" test for long waits: SYMHEAP_GIVE_UP() is evaluated every 64 polls
+// once a wait has polled for a while, and a true result ends the wait as a timeout would.
+// symheap's own kernels define it (before including this header) to read the context's abort
+// word, so their waits end at once when any PE of the job fails; left undefined, waits end only
+// at their timeout.
+#ifndef SYMHEAP_GIVE_UP
+#define SYMHEAP_GIVE_UP() false
+#endif
+
 namespace detail {
 
 SYMHEAP_DEV uint64_t globaltimer() {
@@ -633,6 +642,7 @@ SYMHEAP_DEV bool wait_until_since(const uint64_t* sig, int cmp, uint64_t v, uint
     if (++polls > 64) {
       __nanosleep(sleep_ns);
       if (sleep_ns < 256) sleep_ns *= 2;
+      if ((polls & 63) == 0 && SYMHEAP_GIVE_UP()) return compare(ld_acquire(sig), cmp, v);
     }
   }
 }

@@ -235,8 +235,12 @@ def _at_exit() -> None:
     _ctx = None
     try:
         ctx.native.finalize()
-    except SymheapError:
-        pass
+    except SymheapError as e:
+        # The job did not end cleanly: say so, and do not let the process exit 0 (an exit
+        # handler cannot change the status otherwise).
+        print(f"symheap: PE {ctx.native.my_pe}: finalize at exit failed: {e}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
 
 
 # ---- allocations ---------------------------------------------------------------------------

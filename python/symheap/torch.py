@@ -34,6 +34,7 @@ __all__ = [
     "get_peer_tensor",
     "heap_bases",
     "free",
+    "record_stream",
     "device",
 ]
 
@@ -62,6 +63,10 @@ def _dtype(dtype: Any) -> str:
 def _new(shape: Tuple[int, ...], dtype: str, dev: Any, zero: bool = False) -> _torch.Tensor:
     _check_device(dev)
     buf = _core.allocate(shape, dtype, zero=zero)
+    if buf.device.startswith("cuda"):
+        # Like PyTorch's allocator: the allocating stream's later work on the tensor (torch's own
+        # kernels, which symheap does not see) finishes before the memory can be reused.
+        buf.record_stream(_torch.cuda.current_stream(_torch.device(buf.device)).cuda_stream)
     return _core.register_tensor(_torch.from_dlpack(buf), buf)
 
 
@@ -203,6 +208,17 @@ def get_peer_tensor(x: _torch.Tensor, pe: int) -> _torch.Tensor:
 def heap_bases() -> _torch.Tensor:
     """Start of every PE's heap in this process (int64 on the symmetric device)."""
     return _torch.tensor(_core.native().heap_bases(), dtype=_torch.int64, device=device())
+
+
+def record_stream(x: _torch.Tensor, stream: Any) -> None:
+    """Like ``torch.Tensor.record_stream``: work enqueued on ``stream`` (a ``torch.cuda.Stream``
+    or a raw handle) uses the symmetric tensor ``x``, so releasing it waits for everything
+    enqueued there until the release before any PE may reuse the memory. symheap's own
+    operations and the stream current at allocation are recorded already. Not collective."""
+    buf = _core.allocation_of(int(x.data_ptr()))
+    if buf is None:
+        raise SymheapValueError("record_stream: the tensor is not in a live symheap allocation")
+    buf.record_stream(stream)
 
 
 def free(x: _torch.Tensor) -> None:

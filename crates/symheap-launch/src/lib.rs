@@ -11,8 +11,8 @@ use std::ffi::OsString;
 use std::fmt;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::sys::signal::{killpg, Signal};
+use nix::sys::wait::WaitStatus;
 use nix::unistd::Pid;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -98,14 +99,6 @@ impl PeEnd {
     /// True for a zero exit status.
     pub fn success(&self) -> bool {
         *self == PeEnd::Exited(0)
-    }
-
-    fn from_status(st: ExitStatus) -> PeEnd {
-        match (st.code(), st.signal()) {
-            (Some(c), _) => PeEnd::Exited(c),
-            (None, Some(s)) => PeEnd::Signaled(s),
-            (None, None) => PeEnd::Lost,
-        }
     }
 
     /// The status a shell would report for a process that ended like this.
@@ -416,6 +409,11 @@ struct Job<'a> {
     opts: &'a LaunchOptions,
     err: Sink,
     children: Vec<Child>,
+    /// Each PE's end as its waiter thread saw it, in the order the PEs ended: the first
+    /// failure is the one that really came first, even when several PEs end within one poll
+    /// (a PE that fails because another died often exits a few milliseconds after it).
+    exits_tx: Sender<(usize, PeEnd)>,
+    exits_rx: Receiver<(usize, PeEnd)>,
     ends: Vec<Option<PeEnd>>,
     /// Whether the launcher sent this PE its own SIGTERM/SIGKILL.
     stopped: Vec<bool>,
@@ -432,10 +430,13 @@ struct Job<'a> {
 impl<'a> Job<'a> {
     fn new(opts: &'a LaunchOptions, err: Sink) -> Self {
         let (done_tx, done_rx) = mpsc::channel();
+        let (exits_tx, exits_rx) = mpsc::channel();
         Job {
             opts,
             err,
             children: Vec::with_capacity(opts.n),
+            exits_tx,
+            exits_rx,
             ends: Vec::with_capacity(opts.n),
             stopped: Vec::with_capacity(opts.n),
             first_failure: None,
@@ -490,6 +491,7 @@ impl<'a> Job<'a> {
             )
         })?;
         tracing::debug!(rank, pid = child.id(), "started PE");
+        self.watch_exit(rank, child.id())?;
         let streams: [(Option<Box<dyn Read + Send>>, &Sink); 2] = [
             (child.stdout.take().map(|s| Box::new(s) as _), out),
             (child.stderr.take().map(|s| Box::new(s) as _), err),
@@ -516,24 +518,52 @@ impl<'a> Job<'a> {
         Ok(())
     }
 
+    /// A thread that waits for PE `pe` (process `pid`) to end and reports how, at once.
+    fn watch_exit(&mut self, pe: usize, pid: u32) -> Result<()> {
+        let tx = self.exits_tx.clone();
+        let pid = Pid::from_raw(pid as i32);
+        thread::Builder::new()
+            .name(format!("symheap-launch-wait{pe}"))
+            .spawn(move || {
+                let end = loop {
+                    match nix::sys::wait::waitpid(pid, None) {
+                        Ok(WaitStatus::Exited(_, c)) => break PeEnd::Exited(c),
+                        Ok(WaitStatus::Signaled(_, sig, _)) => break PeEnd::Signaled(sig as i32),
+                        Ok(_) | Err(Errno::EINTR) => continue,
+                        Err(e) => {
+                            tracing::warn!(pe, "cannot collect the exit status of PE {pe}: {e}");
+                            break PeEnd::Lost;
+                        }
+                    }
+                };
+                let _ = tx.send((pe, end));
+            })
+            .map(drop)
+            .map_err(|e| backend("launch", format!("cannot start a thread: {e}")))
+    }
+
     fn pgid(&self, pe: usize) -> Pid {
         // process_group(0) made each PE the leader of a group with its own pid.
         Pid::from_raw(self.children[pe].id() as i32)
     }
 
-    /// Collects PE `pe`'s end if it has one. Returns true when it has ended.
+    /// Takes in every end the waiter threads reported, in the order the PEs ended. Returns
+    /// true when PE `pe` has ended.
     fn reap(&mut self, pe: usize) -> bool {
-        if self.ends[pe].is_some() {
-            return true;
+        while let Ok((p, end)) = self.exits_rx.try_recv() {
+            self.record_end(p, end);
         }
-        let end = match self.children[pe].try_wait() {
-            Ok(None) => return false,
-            Ok(Some(_)) if self.stopped[pe] => PeEnd::StoppedByLauncher,
-            Ok(Some(st)) => PeEnd::from_status(st),
-            Err(e) => {
-                tracing::warn!(pe, "cannot collect the exit status of PE {pe}: {e}");
-                PeEnd::Lost
-            }
+        self.ends[pe].is_some()
+    }
+
+    fn record_end(&mut self, pe: usize, end: PeEnd) {
+        if self.ends[pe].is_some() {
+            return;
+        }
+        let end = if self.stopped[pe] {
+            PeEnd::StoppedByLauncher
+        } else {
+            end
         };
         self.ends[pe] = Some(end);
         if self.phase == Phase::Running && !end.success() {
@@ -551,7 +581,6 @@ impl<'a> Job<'a> {
                 );
             }
         }
-        true
     }
 
     /// Sends `sig` to the process group of every PE still running. `by_launcher` marks them as
@@ -637,10 +666,13 @@ impl<'a> Job<'a> {
 
     /// Waits for PEs already sent SIGKILL, where run() was not used.
     fn reap_blocking(&mut self) {
-        for (pe, child) in self.children.iter_mut().enumerate() {
-            if self.ends[pe].is_none() {
-                let _ = child.wait();
-                self.ends[pe] = Some(PeEnd::StoppedByLauncher);
+        while self.ends.iter().any(Option::is_none) {
+            match self.exits_rx.recv() {
+                Ok((pe, _)) if self.ends[pe].is_none() => {
+                    self.ends[pe] = Some(PeEnd::StoppedByLauncher);
+                }
+                Ok(_) => {}
+                Err(_) => break,
             }
         }
     }

@@ -269,6 +269,22 @@ impl SymmetricBuffer {
         drop(b);
     }
 
+    /// Notes that work on CUDA stream `stream` (an int handle, or an object with
+    /// `.cuda_stream`) uses this buffer, as `torch.Tensor.record_stream` does: the release then
+    /// waits for everything enqueued there until the release. symheap's own operations note
+    /// their streams themselves. Does nothing on the host backend.
+    fn record_stream(&self, stream: &Bound<'_, PyAny>) -> PyResult<()> {
+        let s: u64 = match stream.getattr("cuda_stream") {
+            Ok(v) => v.extract()?,
+            Err(_) => stream.extract()?,
+        };
+        let g = self.live()?;
+        if let Some(b) = g.as_ref() {
+            b.record_stream(s);
+        }
+        Ok(())
+    }
+
     /// DLPack export: a v0.8 "dltensor" capsule, or a v1 "dltensor_versioned" one when the
     /// consumer passes `max_version >= (1, 0)`. The tensor holds a reference to this buffer.
     /// `stream` is accepted and ignored: nothing of symheap's is pending on any stream.

@@ -43,6 +43,9 @@ pub struct Config {
     /// Tuning constants of the collective kernels (`SYMHEAP_COLL_DEFINES`): each becomes a
     /// `#define` ahead of the kernel source, and the launcher reads the grid-shaping ones.
     pub coll_defines: Vec<(String, u64)>,
+    /// What the CUDA backend takes the links between GPUs to be when it picks the collective
+    /// protocols (`SYMHEAP_TOPOLOGY`; default: ask NVML).
+    pub topology: crate::backend::cuda::TopologyChoice,
     /// `(name, value)` of every `SYMHEAP_*` and launcher variable that was read and set.
     pub env_read: Vec<(String, String)>,
 }
@@ -66,6 +69,7 @@ impl Default for Config {
             debug: DebugLevel::Off,
             device: None,
             coll_defines: Vec::new(),
+            topology: crate::backend::cuda::TopologyChoice::Auto,
             env_read: Vec::new(),
         }
     }
@@ -111,6 +115,10 @@ pub const SYMHEAP_VARIABLES: &[(&str, &str)] = &[
     (
         "SYMHEAP_NVRTC_LIB",
         "libnvrtc.so.13 (or its directory) for kernels not prebuilt (default: the nvidia-cuda-nvrtc wheel on the Python path, then the loader's path)",
+    ),
+    (
+        "SYMHEAP_TOPOLOGY",
+        "auto | nvlink | pcie: what the links between GPUs are taken to be when choosing the collective protocols (LL128 needs NVLink; default: ask NVML)",
     ),
     (
         "SYMHEAP_COLL_DEFINES",
@@ -163,6 +171,14 @@ impl Config {
                     format!("SYMHEAP_DEVICE={v:?} is not a device ordinal"),
                 )
             })?);
+        }
+        if let Some(v) = c.read("SYMHEAP_TOPOLOGY") {
+            c.topology = crate::backend::cuda::TopologyChoice::parse(&v).ok_or_else(|| {
+                invalid(
+                    "init",
+                    format!("SYMHEAP_TOPOLOGY={v:?}: expected auto, nvlink or pcie"),
+                )
+            })?;
         }
         if let Some(v) = c.read("SYMHEAP_COLL_DEFINES") {
             c.coll_defines = parse_coll_defines(&v).map_err(|e| invalid("init", e))?;

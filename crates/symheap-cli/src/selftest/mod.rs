@@ -16,6 +16,7 @@ mod coll_scenarios;
 mod gpu_scenarios;
 mod ops_scenarios;
 mod provider_scenarios;
+mod safety_scenarios;
 mod scenarios;
 mod stream_scenarios;
 
@@ -266,6 +267,76 @@ pub const SCENARIOS: &[Scenario] = &[
         victims: false,
         gpu: true,
         run: stream_scenarios::stream_timeout,
+    },
+    Scenario {
+        name: "release-order",
+        about: "a buffer released while a stream still writes it is reused only after that",
+        min_pes: 1,
+        env: &[("SYMHEAP_TIMEOUT", "30")],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: true,
+        run: safety_scenarios::release_order,
+    },
+    Scenario {
+        name: "multi-stream",
+        about: "one team's collectives from 2-4 streams in random order, eager and graph: exact",
+        min_pes: 1,
+        env: &[("SYMHEAP_TIMEOUT", "20")],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: true,
+        run: safety_scenarios::multi_stream,
+    },
+    Scenario {
+        name: "device-divergence",
+        about: "different stream collectives on one PE: a named mismatch on every PE within 1 s",
+        min_pes: 2,
+        env: &[("SYMHEAP_TIMEOUT", "30")],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: true,
+        run: safety_scenarios::device_divergence,
+    },
+    Scenario {
+        name: "kill-device",
+        about: "a PE killed while the others wait for it on the device: named within 2 s",
+        min_pes: 2,
+        env: &[("SYMHEAP_TIMEOUT", "120")],
+        expect: Expect::VictimKilled,
+        victims: true,
+        gpu: true,
+        run: safety_scenarios::kill_device,
+    },
+    Scenario {
+        name: "internal-state",
+        about: "raw-address calls cannot reach symheap's own device state",
+        min_pes: 1,
+        env: &[],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: true,
+        run: safety_scenarios::internal_state,
+    },
+    Scenario {
+        name: "protocols-pcie",
+        about: "SYMHEAP_TOPOLOGY=pcie turns LL128 off on every PE; collectives stay exact",
+        min_pes: 1,
+        env: &[("SYMHEAP_TOPOLOGY", "pcie")],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: true,
+        run: safety_scenarios::protocols_pcie,
+    },
+    Scenario {
+        name: "protocols-nvlink",
+        about: "SYMHEAP_TOPOLOGY=nvlink on a verified GPU turns LL128 on; collectives exact",
+        min_pes: 1,
+        env: &[("SYMHEAP_TOPOLOGY", "nvlink")],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: true,
+        run: safety_scenarios::protocols_nvlink,
     },
     Scenario {
         name: "kernel-translate",

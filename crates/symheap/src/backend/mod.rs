@@ -16,6 +16,13 @@ pub use reduce::ReduceOp;
 use crate::element::DType;
 use crate::error::{Error, Result};
 
+/// Device work a released block may still be used by: `done` says, without waiting, whether
+/// it has finished (see `Inner::release_block`).
+pub trait Fence: Send {
+    /// True once every piece of work the fence stands for has finished.
+    fn done(&mut self) -> bool;
+}
+
 /// How [`Backend::grow`] learns whether every PE got its new memory: called with this PE's own
 /// failure (None when it got the memory), it returns Ok only when no PE failed.
 pub type GrowVote<'a> = &'a dyn Fn(Option<&Error>) -> Result<()>;
@@ -150,6 +157,12 @@ pub trait Backend: Send + Sync {
     ) -> Result<()>;
     /// Orders this PE's earlier stores to any PE before its later ones (release semantics).
     fn fence(&self);
+    /// A fence over everything enqueued so far on `streams` (device work that may still use a
+    /// block being released), or None when nothing can be pending (the host backend completes
+    /// every operation before it returns).
+    fn fence_streams(&self, _streams: &[u64]) -> Option<Box<dyn Fence>> {
+        None
+    }
     /// How often host-side waits on heap memory must re-read it. None when every change is
     /// made by a host thread that rings the waiter's doorbell (host backend); a GPU backend,
     /// whose kernels ring no doorbells, returns a short interval.

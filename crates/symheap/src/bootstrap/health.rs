@@ -8,12 +8,26 @@ use crate::error::{Error, ErrorKind, Result};
 /// What ended the job, as first noticed here.
 pub type Failure = ErrorKind;
 
+/// Something to do the moment the job fails (for example raise the device's abort word, so
+/// kernels waiting for a dead PE stop at once).
+pub type OnFail = Box<dyn Fn() + Send + Sync>;
+
 /// Failed-or-not, readable with one atomic load so spin-waits can poll it cheaply.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Health {
     failed: AtomicBool,
     finalized: AtomicBool,
     failure: Mutex<Option<Failure>>,
+    on_fail: Mutex<Vec<OnFail>>,
+}
+
+impl std::fmt::Debug for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Health")
+            .field("failed", &self.is_failed())
+            .field("finalized", &self.is_finalized())
+            .finish()
+    }
 }
 
 impl Health {
@@ -25,13 +39,33 @@ impl Health {
     /// Records the first failure; later ones are dropped (the first is the cause, the rest
     /// are consequences). Returns true if this call recorded it.
     pub fn fail(&self, kind: Failure) -> bool {
-        let mut f = self.failure.lock().unwrap_or_else(|p| p.into_inner());
-        if f.is_some() {
-            return false;
+        {
+            let mut f = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+            if f.is_some() {
+                return false;
+            }
+            *f = Some(kind);
+            self.failed.store(true, Ordering::Release);
         }
-        *f = Some(kind);
-        self.failed.store(true, Ordering::Release);
+        for cb in self
+            .on_fail
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            cb();
+        }
         true
+    }
+
+    /// Runs `cb` when the job fails (at once if it already has). `cb` runs on whichever thread
+    /// records the failure, so it must not block.
+    pub fn on_fail(&self, cb: OnFail) {
+        let mut list = self.on_fail.lock().unwrap_or_else(|p| p.into_inner());
+        if self.is_failed() {
+            cb();
+        }
+        list.push(cb);
     }
 
     /// Marks the context finalized: later calls fail with `Finalized` unless a real failure

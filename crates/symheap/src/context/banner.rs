@@ -17,6 +17,13 @@ pub(crate) fn render(c: &Inner) -> String {
         c.launcher.name()
     );
     let _ = writeln!(s, "  backend   : {} ({})", be.kind().name(), be.describe());
+    if let Some(cu) = be.as_cuda() {
+        let _ = writeln!(
+            s,
+            "  protocols : LL, flag, two-shot; {}",
+            cu.protocols().why
+        );
+    }
     let _ = writeln!(
         s,
         "  node      : {} of {} ({}), local rank {} of {}",

@@ -176,7 +176,17 @@ impl SymmetricBuffer {
     fn release(&mut self) {
         if !self.released {
             self.released = true;
-            self.inner.heap.release(self.block.id);
+            self.inner.release_block(self.block.id);
+        }
+    }
+
+    /// Notes that work enqueued on CUDA `stream` (other than symheap's own operations, which
+    /// note their streams themselves) uses this buffer, as PyTorch's `record_stream` does: its
+    /// release then waits for everything enqueued there until the release. Does nothing on the
+    /// host backend. The stream must stay alive until the buffer is released.
+    pub fn record_stream(&self, stream: u64) {
+        if self.inner.backend.as_cuda().is_some() {
+            self.inner.heap.note_use(self.block.id, stream);
         }
     }
 }

@@ -63,6 +63,8 @@ pub(crate) struct Inner {
     pub(crate) dsync: std::sync::OnceLock<crate::ops::stream::DeviceSync>,
     /// Team slots in use on this PE (bit 0: the world).
     pub(crate) slots_used: Mutex<u64>,
+    /// The teams this PE belongs to (the world and live splits), for the watchdog.
+    pub(crate) teams: Mutex<Vec<std::sync::Weak<TeamInner>>>,
     /// Where init's time went, for the banner (set once init is done).
     pub(crate) init_phases: std::sync::OnceLock<crate::util::Phases>,
     finalized: AtomicBool,
@@ -169,10 +171,8 @@ impl ContextBuilder {
                     boot.clone(),
                     node.clone(),
                     channel,
-                    cfg.capacity,
                     device,
-                    cfg.timeout,
-                    cfg.coll_defines.clone(),
+                    &cfg,
                 )
                 .map_err(with_pe)?,
             )
@@ -184,6 +184,9 @@ impl ContextBuilder {
         };
         phases.mark("backend");
         agree_on_backend(boot.as_ref(), backend.as_ref()).map_err(with_pe)?;
+        if let Some(cu) = backend.as_cuda() {
+            cu.agree_protocols(cfg.topology).map_err(with_pe)?;
+        }
         let inner = Arc::new(Inner {
             cfg,
             launcher,
@@ -206,6 +209,7 @@ impl ContextBuilder {
             dsync: std::sync::OnceLock::new(),
             dteams: std::sync::OnceLock::new(),
             slots_used: Mutex::new(1),
+            teams: Mutex::new(Vec::new()),
             init_phases: std::sync::OnceLock::new(),
             finalized: AtomicBool::new(false),
         });
@@ -223,6 +227,10 @@ impl ContextBuilder {
         phases.mark("device state");
         ctx.barrier_all()?;
         phases.mark("barrier");
+        ctx.inner.register_team(&ctx.inner.world_team);
+        if ctx.inner.backend.as_cuda().is_some() {
+            crate::ops::watch::start_watchdog(&ctx.inner);
+        }
         let _ = ctx.inner.init_phases.set(phases);
         if ctx.inner.cfg.debug >= DebugLevel::Info {
             eprintln!("{}", ctx.banner());
@@ -310,6 +318,7 @@ impl Inner {
             return Ok(Vec::new());
         }
         let ledger = self.world_team.ledger().encode();
+        self.poll_releases();
         let releases = self.heap.take_releases();
         let mut msg = Vec::with_capacity(ledger.len() + releases.len() + payload.len() + 8);
         for part in [&ledger, &releases] {
@@ -651,6 +660,53 @@ impl Inner {
         Ok(off)
     }
 
+    /// Releases block `id` on this PE (never blocks): at once refused to every access here,
+    /// and announced to the other PEs (for reclaim) once the device work that may still use it
+    /// has finished: a fence over the streams it was used on, checked at every collective point
+    /// without waiting, so a `del x` right after an asynchronous collective cannot let any PE
+    /// reuse the memory while kernels still read or write it.
+    pub(crate) fn release_block(&self, id: crate::heap::BlockId) {
+        self.heap.mark_freed(id);
+        let streams = self.heap.take_uses(id);
+        match self.backend.fence_streams(&streams) {
+            Some(f) => self.heap.defer(id, f),
+            None => self.heap.announce(id),
+        }
+    }
+
+    /// Notes that device work on `stream` uses the live block at heap offset `off`.
+    pub(crate) fn note_stream(&self, off: u64, stream: u64) {
+        if self.backend.as_cuda().is_none() {
+            return;
+        }
+        if let Some(b) = self.lock_heap().block_at(off) {
+            self.heap.note_use(b.id, stream);
+        }
+    }
+
+    /// Notes that device work on `stream` uses the live block holding this-PE address `addr`,
+    /// if any (a local source or destination outside the heap is nobody's block).
+    pub(crate) fn note_stream_addr(&self, addr: u64, stream: u64) {
+        if let Some(base) = self.backend.slot_base(self.rank) {
+            if addr >= base && addr < base + self.backend.mapped() {
+                self.note_stream(addr - base, stream);
+            }
+        }
+    }
+
+    /// Announces released blocks whose device work has finished (at collective points).
+    pub(crate) fn poll_releases(&self) {
+        if self.heap.deferred_count() == 0 {
+            return;
+        }
+        if let Some(cu) = self.backend.as_cuda() {
+            if cu.bind().is_err() {
+                return;
+            }
+        }
+        self.heap.poll_deferred();
+    }
+
     /// A collective's ledger arguments with the heap offsets of its buffers appended: the same
     /// symmetric buffer is at the same offset on every PE, so a PE that passes a different
     /// buffer of the same size is a named mismatch instead of a silent wrong result.
@@ -703,6 +759,14 @@ impl Inner {
             return Ok(());
         }
         self.check("finalize")?;
+        // Device work still running, or a device-side wait that gave up unreported, is this
+        // PE's failure: it is reported here (and to every PE) instead of lost at exit.
+        if let Some(cu) = self.backend.as_cuda() {
+            if let Err(e) = cu.finish_device_work() {
+                self.boot.fail_all(e.kind().clone());
+                return Err(e.during("finalize").with_pe(self.rank));
+            }
+        }
         let mut st = self.lock_heap();
         self.record("finalize", String::new());
         self.sync_point(&mut st, "finalize", &[])?;

@@ -13,6 +13,8 @@ use std::sync::Mutex;
 
 pub use allocator::{align_up, Allocator, GRANULE};
 
+use crate::backend::Fence;
+
 /// Identity of an allocation: its index in the job's sequence of allocations, the same on
 /// every PE.
 pub type BlockId = u64;
@@ -136,8 +138,16 @@ pub enum RangeError {
     PastEnd(Block),
 }
 
+impl std::fmt::Debug for Heap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Heap")
+            .field("world", &self.world)
+            .field("deferred", &self.deferred_count())
+            .finish()
+    }
+}
+
 /// The heap of one PE.
-#[derive(Debug)]
 pub struct Heap {
     world: usize,
     /// Changed only at collective points.
@@ -148,6 +158,10 @@ pub struct Heap {
     /// Released here and not yet reclaimed: every access through them is refused, even while
     /// the other PEs still use their copies.
     freed_here: Mutex<HashSet<BlockId>>,
+    /// The device streams each live block was used on (CUDA): its release waits for them.
+    uses: Mutex<HashMap<BlockId, Vec<u64>>>,
+    /// Released here while device work may still use them: announced once their fence is done.
+    deferred: Mutex<Vec<(BlockId, Box<dyn Fence>)>>,
 }
 
 impl Heap {
@@ -158,7 +172,63 @@ impl Heap {
             state: Mutex::new(HeapState::default()),
             released: Mutex::new(Vec::new()),
             freed_here: Mutex::new(HashSet::new()),
+            uses: Mutex::new(HashMap::new()),
+            deferred: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Notes that device work on `stream` uses block `id`.
+    pub fn note_use(&self, id: BlockId, stream: u64) {
+        let mut u = self.uses.lock().unwrap_or_else(|p| p.into_inner());
+        let list = u.entry(id).or_default();
+        if !list.contains(&stream) {
+            list.push(stream);
+        }
+    }
+
+    /// The streams block `id` was used on, forgetting them.
+    pub fn take_uses(&self, id: BlockId) -> Vec<u64> {
+        self.uses
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id)
+            .unwrap_or_default()
+    }
+
+    /// Holds back the announcement of released block `id` until `fence` is done.
+    pub fn defer(&self, id: BlockId, fence: Box<dyn Fence>) {
+        self.deferred
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((id, fence));
+    }
+
+    /// Announces the deferred releases whose device work has finished (never waits).
+    pub fn poll_deferred(&self) {
+        let mut d = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
+        if d.is_empty() {
+            return;
+        }
+        let mut done = Vec::new();
+        d.retain_mut(|(id, f)| {
+            let finished = f.done();
+            if finished {
+                done.push(*id);
+            }
+            !finished
+        });
+        drop(d);
+        for id in done {
+            self.announce(id);
+        }
+    }
+
+    /// Released blocks whose announcement waits for device work.
+    pub fn deferred_count(&self) -> usize {
+        self.deferred
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
     }
 
     /// Local, non-blocking release. Safe from any thread and from destructors.

@@ -247,18 +247,18 @@ impl Context {
         const CALL: &str = "all_gather";
         let bytes = count * dtype.size();
         if self.inner.backend.as_cuda().is_some() {
-            // The stream form names in place by where this PE's contribution sits.
+            // Recorded before the stream form's own naming of in place (where this PE's
+            // contribution sits), which differs per PE.
+            let args = self
+                .inner
+                .coll_args(format!("{count} x {dtype}"), dest, src);
             let src = match team.my_pe() {
                 Some(me) if src == dest => dest + (me * bytes) as u64,
                 _ => src,
             };
-            return self.on_device(
-                team,
-                CALL,
-                self.inner
-                    .coll_args(format!("{count} x {dtype}"), dest, src),
-                |s| self.all_gather_on_stream(team, dest, src, count, dtype, s),
-            );
+            return self.on_device(team, CALL, args, |s| {
+                self.all_gather_on_stream(team, dest, src, count, dtype, s)
+            });
         }
         if team.is_valid() {
             check_len(&self.inner, CALL, "destination", dest, bytes * team.n_pes())?;
@@ -297,17 +297,16 @@ impl Context {
         const CALL: &str = "reduce_scatter";
         let bytes = count * dtype.size();
         if self.inner.backend.as_cuda().is_some() && crate::backend::cuda::coll_supports(dtype) {
+            let args = self
+                .inner
+                .coll_args(format!("{} {count} x {dtype}", op.name()), dest, src);
             let dest = match team.my_pe() {
                 Some(me) if src == dest => src + (me * bytes) as u64,
                 _ => dest,
             };
-            return self.on_device(
-                team,
-                CALL,
-                self.inner
-                    .coll_args(format!("{} {count} x {dtype}", op.name()), dest, src),
-                |s| self.reduce_scatter_on_stream(team, dest, src, count, dtype, op, s),
-            );
+            return self.on_device(team, CALL, args, |s| {
+                self.reduce_scatter_on_stream(team, dest, src, count, dtype, op, s)
+            });
         }
         if team.is_valid() {
             check_len(&self.inner, CALL, "source", src, bytes * team.n_pes())?;

@@ -410,12 +410,37 @@ fn grid_for(cu: &CudaBackend, bytes: u64, per_block: u64, min: u64, sms_x: u64) 
     bytes.div_ceil(per_block).clamp(min.min(max), max)
 }
 
+/// Orders a launch of `team` on `stream` after the team's previous launch: the team's device
+/// state admits one launch at a time, so two streams must not run its collectives at once (they
+/// would corrupt each other's epochs and wait forever). On the same stream, stream order does it;
+/// on another, `stream` first waits for what the previous stream has enqueued so far, without a
+/// host synchronisation. Inside a capture both streams must belong to it (the wait becomes a graph
+/// edge); between a capture and eager work the order is the user's (as with any graph: replay it
+/// on the stream whose work it follows).
+pub(crate) fn order_team(team: &TeamInner, stream: u64) -> Result<()> {
+    let mut last = team.last_stream.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(prev) = *last {
+        if prev != stream {
+            let (a, b) = (
+                crate::backend::cuda::driver::is_capturing(prev)?,
+                crate::backend::cuda::driver::is_capturing(stream)?,
+            );
+            if a == b {
+                crate::backend::cuda::driver::stream_after(stream, prev)?;
+            }
+        }
+    }
+    *last = Some(stream);
+    Ok(())
+}
+
 impl Context {
     fn coll_prepare<'a>(
         &'a self,
         team: &'a Team,
         call: &'static str,
         args: String,
+        stream: u64,
     ) -> Result<Option<(Launch<'a>, &'a TeamInner)>> {
         let Some(t) = self.inner.team_inner(team, call)? else {
             return Ok(None);
@@ -435,6 +460,8 @@ impl Context {
             .with_pe(self.my_pe()));
         }
         let dt = *self.inner.dteams.get().expect("device teams exist on CUDA");
+        cu.bind()?;
+        order_team(t, stream)?;
         self.inner.record_on(t, call, args);
         let own = self
             .inner
@@ -452,8 +479,11 @@ impl Context {
         )))
     }
 
-    fn check_range(&self, call: &'static str, addr: u64, bytes: u64) -> Result<()> {
-        self.inner.own_offset(addr, bytes.max(1), call).map(drop)
+    /// Checks a collective's buffer and notes that `stream` uses it (see stream-ordered release).
+    fn check_range(&self, call: &'static str, addr: u64, bytes: u64, stream: u64) -> Result<()> {
+        let off = self.inner.own_offset(addr, bytes.max(1), call)?;
+        self.inner.note_stream(off, stream);
+        Ok(())
     }
 
     /// Collective over `team`: all_reduce of `count` elements of `dtype` from `src` into `dest`
@@ -483,8 +513,8 @@ impl Context {
         if !team.is_valid() {
             return Ok(());
         }
-        self.check_range(CALL, dest, bytes)?;
-        self.check_range(CALL, src, bytes)?;
+        self.check_range(CALL, dest, bytes, stream)?;
+        self.check_range(CALL, src, bytes, stream)?;
         // The world team itself, not a team with the same members: the one-shot scratch and its
         // LL flags follow the world slot's epochs, so another slot must not use them.
         let world = team.0.as_ref().is_some_and(|t| t.slot == 0);
@@ -506,7 +536,7 @@ impl Context {
             if one_shot { "one-shot" } else { "two-shot" }
         );
         let args = self.inner.coll_args(args, dest, src);
-        let Some((l, _)) = self.coll_prepare(team, CALL, args)? else {
+        let Some((l, _)) = self.coll_prepare(team, CALL, args, stream)? else {
             return Ok(());
         };
         if one_shot {
@@ -567,12 +597,17 @@ impl Context {
         if !team.is_valid() {
             return Ok(());
         }
-        self.check_range(CALL, dest, bytes * team.n_pes() as u64)?;
-        self.check_range(CALL, src, bytes)?;
-        let args = self
-            .inner
-            .coll_args(format!("{count} x {dtype}"), dest, src);
-        let Some((l, t)) = self.coll_prepare(team, CALL, args)? else {
+        self.check_range(CALL, dest, bytes * team.n_pes() as u64, stream)?;
+        self.check_range(CALL, src, bytes, stream)?;
+        // In place is "my contribution already at my block of dest": the same call on every PE,
+        // although src differs per PE, so it is recorded as dest == src.
+        let mine = dest + team.my_pe().unwrap_or(0) as u64 * bytes;
+        let args = self.inner.coll_args(
+            format!("{count} x {dtype}"),
+            dest,
+            if src == mine { dest } else { src },
+        );
+        let Some((l, t)) = self.coll_prepare(team, CALL, args, stream)? else {
             return Ok(());
         };
         if let Some(k) = l.exchange_kernel(bytes) {
@@ -622,8 +657,8 @@ impl Context {
         if !team.is_valid() {
             return Ok(());
         }
-        self.check_range(CALL, src, bytes * team.n_pes() as u64)?;
-        self.check_range(CALL, dest, bytes)?;
+        self.check_range(CALL, src, bytes * team.n_pes() as u64, stream)?;
+        self.check_range(CALL, dest, bytes, stream)?;
         let n = team.n_pes() as u64;
         // One-shot (push into the receivers' scratch, one signal) on the world team itself, whose
         // scratch it uses, while a member's block fits a scratch slot.
@@ -637,8 +672,12 @@ impl Context {
             op.name(),
             if one_shot { "one-shot" } else { "two-round" }
         );
-        let args = self.inner.coll_args(args, dest, src);
-        let Some((l, _)) = self.coll_prepare(team, CALL, args)? else {
+        // In place (the result in my block of src) is the same call on every PE; see all_gather.
+        let mine = src + team.my_pe().unwrap_or(0) as u64 * bytes;
+        let args = self
+            .inner
+            .coll_args(args, if dest == mine { src } else { dest }, src);
+        let Some((l, _)) = self.coll_prepare(team, CALL, args, stream)? else {
             return Ok(());
         };
         if one_shot {
@@ -689,12 +728,12 @@ impl Context {
             )
             .with_pe(self.my_pe()));
         }
-        self.check_range(CALL, dest, bytes)?;
-        self.check_range(CALL, src, bytes)?;
+        self.check_range(CALL, dest, bytes, stream)?;
+        self.check_range(CALL, src, bytes, stream)?;
         let args = self
             .inner
             .coll_args(format!("root {root}, {count} x {dtype}"), dest, src);
-        let Some((l, _)) = self.coll_prepare(team, CALL, args)? else {
+        let Some((l, _)) = self.coll_prepare(team, CALL, args, stream)? else {
             return Ok(());
         };
         if let Some(k) = l.exchange_kernel(bytes) {
@@ -743,12 +782,12 @@ impl Context {
             .with_pe(self.my_pe()));
         }
         let total = bytes * team.n_pes() as u64;
-        self.check_range(CALL, dest, total)?;
-        self.check_range(CALL, src, total)?;
+        self.check_range(CALL, dest, total, stream)?;
+        self.check_range(CALL, src, total, stream)?;
         let args = self
             .inner
             .coll_args(format!("{count} x {dtype}"), dest, src);
-        let Some((l, _)) = self.coll_prepare(team, CALL, args)? else {
+        let Some((l, _)) = self.coll_prepare(team, CALL, args, stream)? else {
             return Ok(());
         };
         if let Some(k) = l.exchange_kernel(bytes) {

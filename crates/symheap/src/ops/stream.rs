@@ -121,6 +121,8 @@ impl Context {
         const CALL: &str = "put_on_stream";
         self.inner.check(CALL)?;
         let remote = self.inner.remote(dest, bytes, pe, CALL)?;
+        self.inner.note_stream_addr(dest, stream);
+        self.inner.note_stream_addr(src, stream);
         match self.inner.backend.as_cuda() {
             Some(cu) => cu.copy_on_stream(remote, src, bytes, stream, engine),
             None => {
@@ -158,6 +160,8 @@ impl Context {
         const CALL: &str = "get_on_stream";
         self.inner.check(CALL)?;
         let remote = self.inner.remote(src, bytes, pe, CALL)?;
+        self.inner.note_stream_addr(src, stream);
+        self.inner.note_stream_addr(dest, stream);
         match self.inner.backend.as_cuda() {
             Some(cu) => cu.copy_on_stream(dest, remote, bytes, stream, engine),
             None => {
@@ -191,6 +195,9 @@ impl Context {
             .with_pe(self.my_pe()));
         }
         let remote_sig = self.inner.remote(sig, 8, pe, CALL)?;
+        for a in [dest, src, sig] {
+            self.inner.note_stream_addr(a, stream);
+        }
         match self.inner.backend.as_cuda() {
             Some(cu) => {
                 let remote = self.inner.remote(dest, bytes, pe, CALL)?;
@@ -230,7 +237,8 @@ impl Context {
     ) -> Result<()> {
         const CALL: &str = "signal_wait_until_on_stream";
         self.inner.check(CALL)?;
-        self.inner.own_offset(sig, 8, CALL)?;
+        let off = self.inner.own_offset(sig, 8, CALL)?;
+        self.inner.note_stream(off, stream);
         match self.inner.backend.as_cuda() {
             Some(cu) => {
                 if sig % 8 != 0 {
@@ -271,6 +279,8 @@ impl Context {
             .backend
             .slot_base(self.my_pe())
             .expect("own heap");
+        cu.bind()?;
+        crate::ops::coll_stream::order_team(&self.inner.world_team, stream)?;
         self.inner
             .record_on(&self.inner.world_team, CALL, String::new());
         cu.barrier_on_stream(

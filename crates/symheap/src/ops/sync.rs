@@ -296,6 +296,7 @@ impl Inner {
         if !self.area.all_direct() {
             return Ok(false);
         }
+        self.poll_releases();
         let flags = if self.heap.has_pending_releases() {
             FLAG_RELEASES
         } else {
@@ -432,6 +433,7 @@ impl Context {
         )
         .max(1);
         let inner = Arc::new(TeamInner::new(slot, members, me, name, id));
+        self.inner.register_team(&inner);
         // This PE's copy of the slot's member tables for the collective kernels; peers only
         // write our (zeroed) flags, so no further agreement is needed before the first launch.
         self.inner.init_device_team(&inner)?;

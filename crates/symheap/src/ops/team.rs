@@ -29,6 +29,10 @@ pub(crate) struct TeamInner {
     pub state: Mutex<TeamState>,
     pub ledger: Mutex<Ledger>,
     pub destroyed: AtomicBool,
+    /// CUDA: the stream of this team's last stream collective or barrier. The device state of a
+    /// team (epochs, flags) admits one launch at a time, so a launch on another stream first
+    /// waits for that stream's work (see `Context::order_team`).
+    pub last_stream: Mutex<Option<u64>>,
 }
 
 impl TeamInner {
@@ -42,6 +46,7 @@ impl TeamInner {
             state: Mutex::new(TeamState::default()),
             ledger: Mutex::new(Ledger::new()),
             destroyed: AtomicBool::new(false),
+            last_stream: Mutex::new(None),
         }
     }
 

@@ -24,6 +24,7 @@
 //! the host collective points compare ledgers as before.
 
 use std::fmt::Write as _;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use super::area::{ENTRY_WORDS, RING, VERDICT_WORDS, WAIT_WORDS};
@@ -462,6 +463,78 @@ impl Inner {
         let kind = ErrorKind::CollectiveMismatch(self.settle(msg));
         self.boot.fail_all(kind.clone());
         kind
+    }
+}
+
+/// How often the watchdog looks.
+const WATCHDOG_PERIOD: Duration = Duration::from_millis(20);
+
+impl Inner {
+    /// Adds `team` to the teams the watchdog looks at.
+    pub(crate) fn register_team(&self, team: &Arc<TeamInner>) {
+        let mut t = self.teams.lock().unwrap_or_else(|p| p.into_inner());
+        t.retain(|w| w.strong_count() > 0);
+        t.push(Arc::downgrade(team));
+    }
+
+    /// One look of the watchdog: a certain mismatch on any of this PE's teams at the position
+    /// it last published there. `partial` remembers, per slot, since when a mismatch was seen
+    /// with members that had not published yet.
+    fn watchdog_look(&self, partial: &mut [Option<Instant>]) -> Option<String> {
+        let teams: Vec<Arc<TeamInner>> = self
+            .teams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for t in teams.iter().filter(|t| !t.is_destroyed()) {
+            let pos = self.latest(self.rank, t.slot, t.id);
+            let Some((msg, complete)) = (pos > 0).then(|| self.mismatch_on(t, pos)).flatten()
+            else {
+                partial[t.slot] = None;
+                continue;
+            };
+            let since = *partial[t.slot].get_or_insert_with(Instant::now);
+            if complete || since.elapsed() >= COMPLETE_WAIT {
+                return Some(msg);
+            }
+        }
+        None
+    }
+}
+
+/// CUDA backend: a thread that watches for mismatches while no host wait of this PE does. A
+/// collective enqueued on a stream waits on the device, where no host code looks at the other
+/// PEs; if another PE made a different call at that position, this finds it within tens of
+/// milliseconds, and failing the job raises the abort word, which ends the kernel's waits. The
+/// thread ends when the context is gone or the job failed or finalized.
+pub(crate) fn start_watchdog(inner: &Arc<Inner>) {
+    if !inner.watch_on() || inner.world < 2 {
+        return;
+    }
+    let weak = Arc::downgrade(inner);
+    let spawned = std::thread::Builder::new()
+        .name("symheap-watch".into())
+        .spawn(move || {
+            let mut partial = vec![None; super::area::MAX_TEAMS];
+            loop {
+                std::thread::sleep(WATCHDOG_PERIOD);
+                let Some(inner) = weak.upgrade() else { return };
+                let h = inner.boot.health();
+                if h.is_failed() || h.is_finalized() {
+                    return;
+                }
+                if let Some(msg) = inner.watchdog_look(&mut partial) {
+                    inner.diverged_for_good(msg);
+                    return;
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(
+            "symheap: no watchdog thread ({e}); device-side divergences end at SYMHEAP_TIMEOUT"
+        );
     }
 }
 

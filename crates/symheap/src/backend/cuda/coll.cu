@@ -78,6 +78,12 @@
 // SYMHEAP_COLL_RELAXED_ENTRY=1 makes them relaxed like torch SymmetricMemory (~0.5 us faster
 // two-shot, but it relies on kernel boundaries publishing earlier stores system wide).
 
+// The context's abort word (host-mapped, 0 while the job is healthy), set by the host when it
+// loads this module. Long waits poll it (SYMHEAP_GIVE_UP), so when any PE fails (exits, aborts,
+// diverges) every wait ends within microseconds instead of at its timeout, and the host reports
+// the failure.
+__device__ const volatile unsigned int* symheap_abort_word;
+#define SYMHEAP_GIVE_UP() (symheap_abort_word != nullptr && *symheap_abort_word != 0u)
 #include "symheap.cuh"
 
 // Error code written to `error` when a collective's barrier times out.
@@ -397,8 +403,15 @@ COLL_DEV T* at(const Block& blk, T* p, int j) {
   return offset_bytes(p, blk.delta[j]);
 }
 
+// Reports `code` and raises the abort word: after a timeout or a broken launch the members are
+// out of step, so every later wait of this PE gives up at once instead of timing out in turn
+// (a grid larger than what is resident would otherwise wait a timeout per wave of blocks).
 COLL_DEV void report(uint32_t* error, uint32_t code) {
   asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(error), "r"(code) : "memory");
+  if (symheap_abort_word != nullptr) {
+    asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(symheap_abort_word), "r"(1u)
+                 : "memory");
+  }
 }
 
 // Entry: reads the epoch (ctl[0] only changes at the very end of the previous launch, so every
@@ -445,7 +458,10 @@ COLL_DEV bool wait_ge(const uint64_t* flag, uint64_t e, uint64_t start, uint64_t
     if ((polls & 15) == 15) {
       const uint64_t now = symheap::detail::globaltimer();
       if (now - start >= timeout_ns) return symheap::detail::ld_acquire(flag) >= e;
-      if (now - start > 50000) __nanosleep(128);
+      if (now - start > 50000) {
+        __nanosleep(128);
+        if (SYMHEAP_GIVE_UP()) return symheap::detail::ld_acquire(flag) >= e;
+      }
     }
   }
 }
@@ -782,7 +798,10 @@ COLL_DEV bool poll_ll(const uint8_t* line, uint32_t f, v16& v, uint64_t start,
       v.w = (uint32_t)d;
       return true;
     }
-    if ((polls & 15) == 15 && symheap::detail::globaltimer() - start >= timeout_ns) return false;
+    if ((polls & 15) == 15) {
+      const uint64_t waited = symheap::detail::globaltimer() - start;
+      if (waited >= timeout_ns || (waited > 50000 && SYMHEAP_GIVE_UP())) return false;
+    }
   }
 }
 
@@ -1135,9 +1154,11 @@ COLL_DEV bool wait_ll128(const uint8_t* p, size_t gap, int lines, uint64_t e, bo
       }
     }
     if (!__any_sync(0xffffffffu, missing)) return true;
-    if ((polls & 15) == 15 &&
-        __any_sync(0xffffffffu, symheap::detail::globaltimer() - start >= timeout_ns)) {
-      return false;
+    if ((polls & 15) == 15) {
+      const uint64_t waited = symheap::detail::globaltimer() - start;
+      if (__any_sync(0xffffffffu, waited >= timeout_ns || (waited > 50000 && SYMHEAP_GIVE_UP()))) {
+        return false;
+      }
     }
   }
 }

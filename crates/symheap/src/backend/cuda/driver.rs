@@ -405,6 +405,80 @@ pub(crate) fn is_capturing(s: u64) -> Result<bool> {
     Ok(st != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
+/// Makes work enqueued on `waiter` from now on start only after everything enqueued on `on` so
+/// far: an event recorded on `on` and waited for on `waiter` (no host synchronisation; inside a
+/// capture both streams must belong to it, and the wait becomes a graph edge).
+pub(crate) fn stream_after(waiter: u64, on: u64) -> Result<()> {
+    let mut e = std::ptr::null_mut();
+    // SAFETY: writes one event handle, destroyed below.
+    check(
+        unsafe { sys::cuEventCreate(&mut e, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) },
+        "cuEventCreate",
+    )?;
+    // SAFETY: `e` is a live event; the stream handles are the caller's streams of this context.
+    let recorded = check(
+        unsafe { sys::cuEventRecord(e, on as sys::CUstream) },
+        "cuEventRecord",
+    )
+    .and_then(|()| {
+        // SAFETY: as above; the wait takes the event's state at this call.
+        check(
+            unsafe { sys::cuStreamWaitEvent(waiter as sys::CUstream, e, 0) },
+            "cuStreamWaitEvent",
+        )
+    });
+    // SAFETY: created above and destroyed once; the driver keeps what a pending wait needs.
+    let _ = unsafe { sys::cuEventDestroy_v2(e) };
+    recorded
+}
+
+/// Waits for all work of the current context (only where nothing narrower is possible).
+pub(crate) fn ctx_synchronize() -> Result<()> {
+    // SAFETY: no arguments; the caller bound the context.
+    check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")
+}
+
+/// An event recorded on a stream, queried without waiting (for stream-ordered release).
+pub(crate) struct DoneEvent(sys::CUevent);
+// SAFETY: event handles may be queried and destroyed from any thread of the process.
+unsafe impl Send for DoneEvent {}
+
+impl DoneEvent {
+    /// Records a new event on `stream`: it completes when everything enqueued there so far has.
+    pub(crate) fn record(stream: u64) -> Result<DoneEvent> {
+        let mut e = std::ptr::null_mut();
+        // SAFETY: writes one event handle, owned by the returned value.
+        check(
+            unsafe {
+                sys::cuEventCreate(&mut e, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
+            },
+            "cuEventCreate",
+        )?;
+        let ev = DoneEvent(e);
+        // SAFETY: a live event and the caller's stream of this context.
+        check(
+            unsafe { sys::cuEventRecord(ev.0, stream as sys::CUstream) },
+            "cuEventRecord",
+        )?;
+        Ok(ev)
+    }
+
+    /// True once the work before the record finished (an error also counts as finished: the
+    /// stream is broken and its work will not touch memory any more).
+    pub(crate) fn is_done(&self) -> bool {
+        // SAFETY: a live event.
+        let r = unsafe { sys::cuEventQuery(self.0) };
+        r != sys::CUresult::CUDA_ERROR_NOT_READY
+    }
+}
+
+impl Drop for DoneEvent {
+    fn drop(&mut self) {
+        // SAFETY: created in `record`, destroyed once.
+        let _ = unsafe { sys::cuEventDestroy_v2(self.0) };
+    }
+}
+
 /// A loaded module of kernels.
 pub(crate) struct Module(sys::CUmodule);
 // SAFETY: module and function handles are usable from any thread with the context current.
@@ -431,6 +505,30 @@ impl Module {
             "cuModuleLoadData",
         )?;
         Ok(Module(m))
+    }
+
+    /// Writes `value` into the module's 8-byte `__device__` variable `name` (a pointer the
+    /// kernels read, set once after loading).
+    pub(crate) fn set_global_u64(&self, name: &str, value: u64) -> Result<()> {
+        let c = std::ffi::CString::new(name).map_err(|e| backend("cuda", e.to_string()))?;
+        let (mut ptr, mut size) = (0, 0usize);
+        // SAFETY: the module is loaded; writes the variable's device address and size.
+        check(
+            unsafe { sys::cuModuleGetGlobal_v2(&mut ptr, &mut size, self.0, c.as_ptr()) },
+            "cuModuleGetGlobal",
+        )?;
+        if size != 8 {
+            return Err(backend(
+                "cuda",
+                format!("module variable {name} is {size} bytes, not 8"),
+            ));
+        }
+        // SAFETY: `ptr` is the device address of an 8-byte module variable (checked above); the
+        // source is one u64 on this stack frame. No kernel of the module runs yet.
+        check(
+            unsafe { sys::cuMemcpyHtoD_v2(ptr, (&value as *const u64).cast(), 8) },
+            "cuMemcpyHtoD",
+        )
     }
 
     /// Looks up an `extern "C"` kernel.

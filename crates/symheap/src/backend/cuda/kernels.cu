@@ -4,6 +4,12 @@
 // The Rust launcher depends on these exact names and parameter lists (extern "C", no mangling).
 // Kernels never printf; failures are reported through host-visible error words.
 
+// The context's abort word (host-mapped, 0 while the job is healthy), set by the host when it
+// loads this module. Long waits poll it (SYMHEAP_GIVE_UP), so when any PE fails (exits, aborts,
+// diverges) every wait ends within microseconds instead of at its timeout, and the host reports
+// the failure.
+__device__ const volatile unsigned int* symheap_abort_word;
+#define SYMHEAP_GIVE_UP() (symheap_abort_word != nullptr && *symheap_abort_word != 0u)
 #include "symheap.cuh"
 
 // Error codes written to the `error` word.
@@ -85,7 +91,13 @@ extern "C" __global__ void symheap_barrier(uint64_t* flags, const uint64_t* peer
   const bool ok = symheap::barrier_block_peers(flags, peer_flags, me, n, epoch, timeout_ns);
   if (threadIdx.x == 0) {
     *epoch_ptr = epoch;
-    if (!ok) symheap_report(error, SYMHEAP_ERR_BARRIER_TIMEOUT);
+    if (!ok) {
+      symheap_report(error, SYMHEAP_ERR_BARRIER_TIMEOUT);
+      // The members are out of step now: every later wait of this PE gives up at once.
+      if (symheap_abort_word != nullptr) {
+        symheap_report((uint32_t*)symheap_abort_word, 1u);
+      }
+    }
   }
   __syncthreads();
   symheap::quiet();

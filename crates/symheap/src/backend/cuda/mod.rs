@@ -14,6 +14,9 @@ pub mod nccl;
 pub mod nvrtc;
 mod nvrtc_sys;
 mod prebuilt;
+pub mod topology;
+
+pub use topology::{Protocols, TopologyChoice};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -37,6 +40,11 @@ const ERR_WAIT: usize = 0;
 const ERR_BARRIER: usize = 4;
 const ATOMIC_OLD: usize = 8;
 const ERR_COLL: usize = 16;
+/// The abort word every kernel's long waits poll (`symheap_abort_word` in kernels.cu and
+/// coll.cu): raised when the job fails, or by a kernel whose wait timed out.
+const ABORT: usize = 24;
+/// The kernels' module variable that holds the abort word's device address.
+const ABORT_VAR: &str = "symheap_abort_word";
 
 /// How a stream copy is executed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -104,7 +112,9 @@ pub struct CudaBackend {
     kernels: Kernels,
     coll: CollKernels,
     stream: Stream,
-    flags: MappedHost,
+    /// Error words, the abort word and the atomics' result, shared with the health callback
+    /// that raises the abort word (it may outlive the backend).
+    flags: Arc<MappedHost>,
     /// Serialises users of the internal stream and the mapped host block.
     ops: Mutex<()>,
     timeout: Duration,
@@ -112,6 +122,9 @@ pub struct CudaBackend {
     coll_defines: Vec<(String, u64)>,
     /// Where `new`'s time went, for the banner.
     init_phases: crate::util::Phases,
+    /// The collective protocols every PE agreed on (LL128 only over verified links); set by
+    /// [`agree_protocols`](Self::agree_protocols) right after the PEs agreed on the backend.
+    protocols: std::sync::OnceLock<Protocols>,
 }
 
 fn ceil_to(x: u64, g: u64) -> u64 {
@@ -319,15 +332,16 @@ fn compile_kernels(dev: &Device, driver_version: i32) -> Result<Kernels> {
 
 impl CudaBackend {
     /// Opens the device, compiles (or loads) the kernels and reserves the slots.
+    /// Collective at init (the PEs agree on the collective protocols).
     pub fn new(
         boot: Arc<dyn Bootstrap>,
         node: NodeInfo,
         channel: NodeChannel,
-        capacity: u64,
         device: usize,
-        timeout: Duration,
-        coll_defines: Vec<(String, u64)>,
+        cfg: &crate::config::Config,
     ) -> Result<CudaBackend> {
+        let (capacity, timeout) = (cfg.capacity, cfg.timeout);
+        let coll_defines = cfg.coll_defines.clone();
         let mut phases = crate::util::Phases::start();
         let driver_version = driver::init()?;
         phases.mark("driver");
@@ -361,8 +375,17 @@ impl CudaBackend {
         let direct = (0..world)
             .map(|r| node.node_of[r] == node.node_index)
             .collect();
+
         let stream = driver::stream_create()?;
-        let flags = MappedHost::new(64)?;
+        let flags = Arc::new(MappedHost::new(64)?);
+        for m in [&kernels._module, &coll._module] {
+            m.set_global_u64(ABORT_VAR, flags.dev + ABORT as u64)?;
+        }
+        // A failure noticed anywhere (a PE exited, aborted or diverged) ends every device-side
+        // wait of this PE within microseconds, instead of at SYMHEAP_TIMEOUT.
+        let word = flags.clone();
+        boot.health()
+            .on_fail(Box::new(move || word.write_u32(ABORT, 1)));
         phases.mark("address space and stream");
         Ok(CudaBackend {
             rank: boot.rank(),
@@ -388,6 +411,28 @@ impl CudaBackend {
             timeout,
             coll_defines,
             init_phases: phases,
+            protocols: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// Collective at init, once every PE is known to run this backend: the PEs agree on the
+    /// collective protocols (LL128 only if every PE's links and GPU allow it).
+    pub(crate) fn agree_protocols(&self, choice: TopologyChoice) -> Result<()> {
+        let direct = self
+            .direct
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let p = topology::agree(self.boot.as_ref(), &self.dev, &direct, choice)?;
+        let _ = self.protocols.set(p);
+        Ok(())
+    }
+
+    /// The collective protocols in use and why (LL128 only where the links are verified).
+    pub fn protocols(&self) -> Protocols {
+        self.protocols.get().cloned().unwrap_or(Protocols {
+            ll128: false,
+            why: "not agreed yet".into(),
         })
     }
 
@@ -427,6 +472,16 @@ impl CudaBackend {
     /// A collective tuning constant: its `SYMHEAP_COLL_DEFINES` value, else `default` (which
     /// must equal the kernel source's own default where the kernels read the name too).
     pub fn coll_tuning(&self, name: &str, default: u64) -> u64 {
+        // Without verified links LL128 is off whatever the tuning says: its whole-line stores
+        // are not promised to arrive whole (see topology.rs).
+        if !self.protocols.get().is_some_and(|p| p.ll128)
+            && matches!(
+                name,
+                "SYMHEAP_COLL_LL128_MAX" | "SYMHEAP_COLL_XCHG_LL128_MAX"
+            )
+        {
+            return 0;
+        }
         self.coll_defines
             .iter()
             .find(|(n, _)| n == name)
@@ -617,6 +672,15 @@ impl CudaBackend {
         self.timeout_ns()
     }
 
+    /// At finalize: waits for every stream's work of this device (the only point where that is
+    /// the right thing: nothing may still run on the heap when it is unmapped) and reports a
+    /// device-side wait that gave up since the last check.
+    pub(crate) fn finish_device_work(&self) -> Result<()> {
+        self.bind()?;
+        driver::ctx_synchronize()?;
+        self.check_device_errors()
+    }
+
     /// Waits for `stream` and reports a device-side wait that timed out since the last check.
     pub fn sync_stream(&self, stream: u64) -> Result<()> {
         self.bind()?;
@@ -627,6 +691,14 @@ impl CudaBackend {
     /// A device-side wait or barrier that gave up raises a flag; this turns it into an error
     /// (once).
     pub fn check_device_errors(&self) -> Result<()> {
+        if self.flags.read_u32(ABORT) != 0 {
+            if let Some(kind) = self.boot.health().failure() {
+                for off in [ERR_WAIT, ERR_BARRIER, ERR_COLL] {
+                    self.flags.write_u32(off, 0);
+                }
+                return Err(err("sync_stream", kind));
+            }
+        }
         for (off, what) in [
             (ERR_WAIT, "a signal_wait_until on a stream"),
             (ERR_BARRIER, "a barrier on a stream"),
@@ -643,14 +715,17 @@ impl CudaBackend {
                         "a collective kernel was launched outside its preconditions".to_string(),
                     ));
                 }
-                return Err(err(
-                    "sync_stream",
-                    ErrorKind::Timeout {
-                        what: format!("{what} (device side, SYMHEAP_TIMEOUT)"),
-                        waited: self.timeout,
-                        missing: vec![],
-                    },
-                ));
+                let kind = ErrorKind::Timeout {
+                    what: format!("{what} (device side, SYMHEAP_TIMEOUT)"),
+                    waited: self.timeout,
+                    missing: vec![],
+                };
+                // A signal wait is this PE's own; a barrier or collective that timed out has left
+                // the other members stuck or out of step, so the whole job fails alike.
+                if off != ERR_WAIT {
+                    self.boot.fail_all(kind.clone());
+                }
+                return Err(err("sync_stream", kind));
             }
         }
         Ok(())
@@ -660,6 +735,40 @@ impl CudaBackend {
     pub fn is_capturing(&self, stream: u64) -> Result<bool> {
         self.bind()?;
         driver::is_capturing(stream)
+    }
+}
+
+/// Everything enqueued on the streams a released block was used on, at its release.
+struct StreamFence {
+    events: Vec<driver::DoneEvent>,
+    /// Streams that were being captured at the release: their events are recorded once the
+    /// capture ends (an event recorded inside a capture would be a node of the graph).
+    capturing: Vec<u64>,
+}
+
+impl StreamFence {
+    /// A stream the driver no longer knows (destroyed since it was used): its work may still
+    /// run, and only the whole device can be waited for.
+    fn lost_stream(&mut self) {
+        let _ = driver::ctx_synchronize();
+    }
+}
+
+impl crate::backend::Fence for StreamFence {
+    fn done(&mut self) -> bool {
+        let mut still = Vec::new();
+        for s in std::mem::take(&mut self.capturing) {
+            match driver::is_capturing(s) {
+                Ok(true) => still.push(s),
+                Ok(false) => match driver::DoneEvent::record(s) {
+                    Ok(e) => self.events.push(e),
+                    Err(_) => self.lost_stream(),
+                },
+                Err(_) => self.lost_stream(),
+            }
+        }
+        self.capturing = still;
+        self.capturing.is_empty() && self.events.iter().all(driver::DoneEvent::is_done)
     }
 }
 
@@ -971,6 +1080,30 @@ impl Backend for CudaBackend {
 
     fn fence(&self) {
         // Host-issued operations on this backend complete before they return.
+    }
+
+    fn fence_streams(&self, streams: &[u64]) -> Option<Box<dyn crate::backend::Fence>> {
+        if streams.is_empty() {
+            return None;
+        }
+        let mut f = StreamFence {
+            events: Vec::new(),
+            capturing: Vec::new(),
+        };
+        if self.bind().is_err() {
+            return None;
+        }
+        for &s in streams {
+            match driver::is_capturing(s) {
+                Ok(true) => f.capturing.push(s),
+                Ok(false) => match driver::DoneEvent::record(s) {
+                    Ok(e) => f.events.push(e),
+                    Err(_) => f.lost_stream(),
+                },
+                Err(_) => f.lost_stream(),
+            }
+        }
+        Some(Box::new(f))
     }
 
     fn poll_interval(&self) -> Option<Duration> {
