@@ -144,13 +144,7 @@ fn code(c: i32) -> i32 {
 /// Parses `args` (the program name first) and runs the subcommand; returns the exit status.
 pub fn run(args: Vec<OsString>) -> i32 {
     // A second call in one process (the Python package's tests) keeps the first subscriber.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SYMHEAP_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
+    crate::init_logging();
     let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {
