@@ -14,7 +14,7 @@ from typing import Any, Optional, Tuple
 import torch as _torch
 
 from . import _core, _peers
-from ._core import SymmetricAddressMap, torch_dtype_name
+from ._core import SymmetricAddressMap, api, torch_dtype_name
 from ._native import SymheapValueError
 
 __all__ = [
@@ -65,12 +65,14 @@ def _new(shape: Tuple[int, ...], dtype: str, dev: Any, zero: bool = False) -> _t
     return _torch.from_dlpack(buf)
 
 
+@api
 def empty(*size: Any, dtype: Any = None, device: Any = None) -> _torch.Tensor:
     """**Collective**: an uninitialised symmetric tensor (dtype defaults to torch's default).
     A peer may write into it only after a barrier."""
     return _new(_peers.shape_of(size), _dtype(dtype), device)
 
 
+@api
 def zeros(*size: Any, dtype: Any = None, device: Any = None) -> _torch.Tensor:
     """**Collective**: a symmetric tensor of zeros."""
     t = empty(*size, dtype=dtype, device=device)
@@ -78,6 +80,7 @@ def zeros(*size: Any, dtype: Any = None, device: Any = None) -> _torch.Tensor:
     return t
 
 
+@api
 def ones(*size: Any, dtype: Any = None, device: Any = None) -> _torch.Tensor:
     """**Collective**: a symmetric tensor of ones."""
     t = empty(*size, dtype=dtype, device=device)
@@ -85,6 +88,7 @@ def ones(*size: Any, dtype: Any = None, device: Any = None) -> _torch.Tensor:
     return t
 
 
+@api
 def full(size: Any, fill_value: Any, *, dtype: Any = None, device: Any = None) -> _torch.Tensor:
     """**Collective**: a symmetric tensor filled with ``fill_value``."""
     if dtype is None:
@@ -96,6 +100,7 @@ def full(size: Any, fill_value: Any, *, dtype: Any = None, device: Any = None) -
     return t
 
 
+@api
 def rand(
     *size: Any, dtype: Any = None, device: Any = None, generator: Optional[_torch.Generator] = None
 ) -> _torch.Tensor:
@@ -105,6 +110,7 @@ def rand(
     return t
 
 
+@api
 def randn(
     *size: Any, dtype: Any = None, device: Any = None, generator: Optional[_torch.Generator] = None
 ) -> _torch.Tensor:
@@ -114,6 +120,7 @@ def randn(
     return t
 
 
+@api
 def arange(start: Any, end: Any = None, step: Any = 1, *, dtype: Any = None, device: Any = None) -> _torch.Tensor:
     """**Collective**: ``torch.arange(start, end, step)`` in symmetric memory."""
     _check_device(device)
@@ -123,6 +130,7 @@ def arange(start: Any, end: Any = None, step: Any = 1, *, dtype: Any = None, dev
     return t
 
 
+@api
 def as_symmetric(x: _torch.Tensor) -> _torch.Tensor:
     """**Collective**: a symmetric copy of ``x`` on this PE's device (same shape and dtype);
     ``x`` itself when it already lies in the symmetric heap."""
@@ -133,6 +141,7 @@ def as_symmetric(x: _torch.Tensor) -> _torch.Tensor:
     return t
 
 
+@api
 def is_symmetric(x: Any) -> bool:
     """Whether all of ``x`` lies in this PE's symmetric heap. Not collective."""
     try:
@@ -151,6 +160,7 @@ def _table_tensor(x: _torch.Tensor) -> _torch.Tensor:
     return _torch.tensor(_peers.peer_table(x), dtype=_torch.int64, device=x.device)
 
 
+@api
 def allocate_symmetric(*size: Any, dtype: Any = None, device: Any = None) -> Tuple[_torch.Tensor, _torch.Tensor]:
     """**Collective**: the contract. ``(tensor, peer_bases)`` with ``peer_bases`` an int64
     tensor of length ``n_pes`` on the tensor's device: ``peer_bases[my_pe()] ==
@@ -162,6 +172,7 @@ def allocate_symmetric(*size: Any, dtype: Any = None, device: Any = None) -> Tup
     return t, _table_tensor(t)
 
 
+@api
 def allocate_symmetric_map(
     *size: Any, dtype: Any = None, device: Any = None
 ) -> Tuple[_torch.Tensor, SymmetricAddressMap]:
@@ -171,6 +182,7 @@ def allocate_symmetric_map(
     return t, symmetric_address_map(t)
 
 
+@api
 def symmetric_address_map(x: _torch.Tensor) -> SymmetricAddressMap:
     """The address map of the allocation holding ``x`` (``peer_bases`` an int64 tensor on
     ``x``'s device). Not collective."""
@@ -183,6 +195,7 @@ def symmetric_address_map(x: _torch.Tensor) -> SymmetricAddressMap:
     return SymmetricAddressMap(rank, base, nbytes, bases, direct)
 
 
+@api
 def get_peer_bases(x: _torch.Tensor) -> _torch.Tensor:
     """The peer table of ``x`` (views and slices inside an allocation included) as an int64
     tensor on ``x``'s device: ``table[r] = translate(x.data_ptr(), my_pe, r)``, 0 where PE r
@@ -191,6 +204,7 @@ def get_peer_bases(x: _torch.Tensor) -> _torch.Tensor:
     return _table_tensor(x)
 
 
+@api
 def get_peer_tensor(x: _torch.Tensor, pe: int) -> _torch.Tensor:
     """A tensor aliasing PE ``pe``'s copy of ``x`` (same shape, strides and dtype; a host
     pointer of the mapped peer copy on the host backend, a device pointer on CUDA). Reads and
@@ -199,11 +213,13 @@ def get_peer_tensor(x: _torch.Tensor, pe: int) -> _torch.Tensor:
     return _torch.from_dlpack(_peers.peer_view(x, pe))
 
 
+@api
 def heap_bases() -> _torch.Tensor:
     """Start of every PE's heap in this process (int64 on the symmetric device)."""
     return _torch.tensor(_core.native().heap_bases(), dtype=_torch.int64, device=device())
 
 
+@api
 def free(x: _torch.Tensor) -> None:
     """Releases the allocation ``x`` starts now (local, non-blocking); ``x`` and every view of
     it must not be used afterwards. Dropping the last tensor does the same."""

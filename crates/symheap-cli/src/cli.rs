@@ -164,8 +164,10 @@ pub fn run(args: Vec<OsString>) -> i32 {
             let mut opts = symheap_launch::LaunchOptions::new(n, prog);
             opts.args = program;
             opts.prefix_output = !no_prefix;
-            if !(grace.is_finite() && grace >= 0.0) {
-                eprintln!("symheap launch: --grace must be a non-negative number of seconds");
+            if !(0.0..=symheap::config::MAX_TIMEOUT_SECS).contains(&grace) {
+                eprintln!(
+                    "symheap launch: --grace {grace} is not accepted: expected 0 to 1e9 seconds"
+                );
                 return code(2);
             }
             opts.grace = Duration::from_secs_f64(grace);
