@@ -79,9 +79,9 @@ enum Cmd {
         /// Message sizes (comma separated, e.g. 8K,512K,4M,1G).
         #[arg(long, value_delimiter = ',')]
         sizes: Vec<String>,
-        /// Element type of the collectives.
-        #[arg(long, default_value = "bf16")]
-        dtype: String,
+        /// Element type of the collectives (default bf16 on GPUs, f32 on the host).
+        #[arg(long)]
+        dtype: Option<String>,
         /// Also write the rows as JSON here.
         #[arg(long)]
         json: Option<std::path::PathBuf>,
@@ -110,6 +110,16 @@ enum Cmd {
     BenchPe {
         #[arg(long)]
         out: std::path::PathBuf,
+        #[arg(long, value_delimiter = ',')]
+        rma_sizes: Vec<u64>,
+        #[arg(long)]
+        barrier: bool,
+        #[arg(long, value_delimiter = ',')]
+        ops: Vec<String>,
+        #[arg(long, value_delimiter = ',')]
+        coll_sizes: Vec<u64>,
+        #[arg(long)]
+        dtype: String,
     },
     /// One PE of the GPU benchmark (started by `bench`).
     #[command(hide = true)]
@@ -219,15 +229,24 @@ pub fn run(args: Vec<OsString>) -> i32 {
         } => {
             let gpus = if host { 0 } else { symheap::cuda::gpu_count() };
             if gpus == 0 {
-                let n = pes.unwrap_or_else(|| bench::cpus().clamp(2, 8));
-                return code(bench::run_host(n, json.as_deref()));
+                let opts = bench::HostOptions {
+                    what,
+                    n: pes.unwrap_or_else(|| bench::cpus().clamp(2, 8)),
+                    ops: op,
+                    sizes,
+                    dtype,
+                    json,
+                    png,
+                    peer_json,
+                };
+                return code(bench::run_host(&opts));
             }
             let opts = bench::GpuOptions {
                 what,
                 n: pes.unwrap_or(gpus),
                 ops: op,
                 sizes,
-                dtype,
+                dtype: dtype.unwrap_or_else(|| "bf16".into()),
                 json,
                 png,
                 peer_json,
@@ -235,7 +254,27 @@ pub fn run(args: Vec<OsString>) -> i32 {
             code(bench::run_gpu(&opts))
         }
         Cmd::Kernels { out, arch } => code(crate::kernels::build(&out, &arch)),
-        Cmd::BenchPe { out } => code(bench::bench_pe_host(&out)),
+        Cmd::BenchPe {
+            out,
+            rma_sizes,
+            barrier,
+            ops,
+            coll_sizes,
+            dtype,
+        } => {
+            let Some(dtype) = symheap::DType::parse(&dtype) else {
+                eprintln!("unknown dtype {dtype}");
+                return code(2);
+            };
+            let plan = bench::HostPlan {
+                rma_sizes,
+                barrier,
+                ops,
+                coll_sizes,
+                dtype,
+            };
+            code(bench::bench_pe_host(&plan, &out))
+        }
         Cmd::BenchPeGpu {
             out,
             ops,
