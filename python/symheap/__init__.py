@@ -31,6 +31,7 @@ from ._core import (
     Context,
     SymmetricAddressMap,
     allocate,
+    api,
     context,
     finalize,
     init,
@@ -106,41 +107,49 @@ def get_include() -> str:
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
 
 
+@api
 def my_pe() -> int:
     """This PE's rank (0 .. n_pes()-1)."""
     return _core.native().my_pe
 
 
+@api
 def n_pes() -> int:
     """Number of PEs in the job."""
     return _core.native().n_pes
 
 
+@api
 def local_rank() -> int:
     """This PE's index among the PEs of its node."""
     return _core.native().local_rank
 
 
+@api
 def local_size() -> int:
     """Number of PEs on this node."""
     return _core.native().local_size
 
 
+@api
 def backend() -> str:
     """``"host"`` or ``"cuda"``."""
     return _core.native().backend
 
 
+@api
 def abort(reason: str) -> None:
     """Not collective: makes every PE fail with ``reason`` (they notice within milliseconds)."""
     _core.native().abort(reason)
 
 
+@api
 def banner() -> str:
     """The diagnostic banner: version, backend, PEs, node, heap layout, environment read."""
     return _core.native().banner()
 
 
+@api
 def heap_usage() -> Dict[str, int]:
     """Heap occupancy on this PE: ``{in_use, mapped, capacity, live_blocks, allocation_syncs}``.
     The same on every PE after a barrier, which is where released buffers are reclaimed.
@@ -149,12 +158,14 @@ def heap_usage() -> Dict[str, int]:
     return dict(_core.native().heap_usage())
 
 
+@api
 def heap_bases() -> List[int]:
     """Start of every PE's heap in this process (0 where not directly addressable). The
     NumPy/PyTorch fronts return it as an int64 array/tensor."""
     return list(_core.native().heap_bases())
 
 
+@api
 def is_symmetric(x: Any) -> bool:
     """Whether all of array/tensor ``x`` lies in this PE's symmetric heap. Not collective."""
     try:
@@ -172,12 +183,14 @@ def _front(x: Any) -> Any:
     return front
 
 
+@api
 def get_peer_bases(x: Any) -> Any:
     """The peer table of ``x`` (an int64 numpy array, or a tensor on ``x``'s device):
     ``table[r] = translate(p, my_pe, r)`` for ``x``'s pointer ``p``. Not collective."""
     return _front(x).get_peer_bases(x)
 
 
+@api
 def get_peer_tensor(x: Any, pe: int) -> Any:
     """An array/tensor aliasing PE ``pe``'s copy of ``x``. Not collective."""
     return _front(x).get_peer_tensor(x, pe)
@@ -186,11 +199,13 @@ def get_peer_tensor(x: Any, pe: int) -> Any:
 get_peer_array = get_peer_tensor
 
 
+@api
 def symmetric_address_map(x: Any) -> SymmetricAddressMap:
     """The :class:`SymmetricAddressMap` of the allocation holding ``x``. Not collective."""
     return _front(x).symmetric_address_map(x)
 
 
+@api
 def free(x: Any) -> None:
     """Releases the allocation that array/tensor/buffer ``x`` starts, now (local, never
     blocks). Nothing made from it may be used afterwards."""

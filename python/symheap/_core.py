@@ -7,11 +7,12 @@ One symheap context exists per process at a time (like NVSHMEM): :func:`init` ma
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import sys
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
 from . import _native
 from ._native import (
@@ -32,6 +33,72 @@ _LAUNCHER_VARS = (
     ("PMI_RANK", "PMI_SIZE"),
     ("SLURM_PROCID", "SLURM_STEP_ID"),
 )
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# The largest value of a 64-bit unsigned word (signal values).
+U64_MAX = (1 << 64) - 1
+
+
+def _launcher_rank() -> Optional[int]:
+    """The rank the launcher gave this process (before a context exists), if it says."""
+    for var in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        v = os.environ.get(var, "").strip()
+        if v.isdigit():
+            return int(v)
+    return None
+
+
+def _this_pe() -> Optional[int]:
+    """This process's PE: the context's, else the launcher's, else 0 (no launcher: a single PE)."""
+    if _ctx is not None:
+        return _ctx.native.my_pe
+    return _launcher_rank() if _launcher_env() else 0
+
+
+def _fill(e: BaseException, call: str) -> None:
+    """Gives a symheap error raised by the Python layer (or before the PE was known) the
+    ``pe`` and ``call`` that Rust-side errors carry."""
+    if getattr(e, "call", None) is None:
+        e.call = call  # type: ignore[attr-defined]
+    if getattr(e, "pe", None) is None:
+        e.pe = _this_pe()  # type: ignore[attr-defined]
+
+
+def api(fn: F) -> F:
+    """Marks a public function: an argument Python or the binding cannot convert (a list for a
+    PE, an int for a team, a value past 64 bits) raises :class:`SymheapValueError` (also a
+    ``TypeError`` and a ``ValueError``) instead of a bare ``TypeError``/``OverflowError``, and
+    every :class:`SymheapError` leaving it names the PE and the call."""
+    call = fn.__name__
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except SymheapError as e:
+            _fill(e, call)
+            raise
+        except (TypeError, OverflowError) as e:
+            err = SymheapValueError(f"{call}: {e}")
+            _fill(err, call)
+            raise err from e
+
+    return wrapper  # type: ignore[return-value]
+
+
+def index_arg(v: Any, what: str, lo: int = 0, hi: int = (1 << 63) - 1) -> int:
+    """``v`` as an int from ``lo`` to ``hi`` (bool refused), or :class:`SymheapValueError`."""
+    if isinstance(v, bool):
+        raise SymheapValueError(f"{what} must be an integer, not bool ({v})")
+    try:
+        i = int(v.__index__())
+    except (AttributeError, TypeError):
+        raise SymheapValueError(f"{what} must be an integer, not {type(v).__name__}") from None
+    if not lo <= i <= hi:
+        raise SymheapValueError(f"{what} {i} is out of range ({lo} to {hi})")
+    return i
 
 
 class Context:
@@ -102,6 +169,7 @@ def _launcher_env() -> bool:
     return any(a in os.environ and b in os.environ for a, b in _LAUNCHER_VARS)
 
 
+@api
 def init(
     *,
     store: Any = None,
@@ -128,8 +196,10 @@ def init(
 
     ``backend`` is ``"host"``, ``"cuda"`` or ``"auto"`` (default ``SYMHEAP_BACKEND``);
     ``device`` the CUDA ordinal (default ``SYMHEAP_DEVICE``, else ``LOCAL_RANK`` mod the GPU
-    count); ``capacity``/``chunk_size`` bytes; ``timeout`` seconds for every wait. Runs with the
-    GIL released. Raises :class:`SymheapError` if a context already exists.
+    count); ``capacity``/``chunk_size`` bytes (capacity at most 64 TiB); ``timeout`` seconds for
+    every wait (0.001 to 1e9). An argument of the wrong type or range raises
+    :class:`SymheapValueError`. Runs with the GIL released. Raises :class:`SymheapError` if a
+    context already exists.
 
     A context left open at interpreter exit is finalized then (collectively), or, when the
     process dies of an unhandled exception, the job is aborted so the other PEs fail at once.
@@ -150,20 +220,40 @@ def init(
             mpi = sys.modules["mpi4py.MPI"]
             if mpi.Is_initialized() and mpi.COMM_WORLD.Get_size() > 1:
                 comm = mpi.COMM_WORLD
+    if capacity is not None:
+        capacity = index_arg(capacity, "capacity (bytes)", 1, U64_MAX)
+    if chunk_size is not None:
+        chunk_size = index_arg(chunk_size, "chunk_size (bytes)", 1, U64_MAX)
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))):
+        raise SymheapValueError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
+    rank = None if rank is None else index_arg(rank, "rank")
+    world_size = None if world_size is None else index_arg(world_size, "world_size", 1)
     if device is not None:
-        os.environ["SYMHEAP_DEVICE"] = str(int(device))
+        os.environ["SYMHEAP_DEVICE"] = str(index_arg(device, "device"))
     # NVRTC and NVSHMEM come from pip wheels in this interpreter's site-packages.
     _native.set_python_search_path([p for p in sys.path if p])
-    native = _native.Context.init(
-        store=store,
-        comm=comm,
-        rank=rank,
-        world_size=world_size,
-        backend=backend,
-        capacity=capacity,
-        chunk_size=chunk_size,
-        timeout=timeout,
-    )
+    try:
+        native = _native.Context.init(
+            store=store,
+            comm=comm,
+            rank=rank,
+            world_size=world_size,
+            backend=backend,
+            capacity=capacity,
+            chunk_size=chunk_size,
+            timeout=timeout,
+        )
+    except (SymheapError, TypeError, OverflowError) as e:
+        # Before the rendezvous the PE is the one this process was told it is.
+        single = store is None and comm is None and not _launcher_env()
+        pe = rank if isinstance(rank, int) and not isinstance(rank, bool) else _launcher_rank()
+        if isinstance(e, SymheapError):
+            if getattr(e, "pe", None) is None:
+                e.pe = 0 if single else pe  # type: ignore[attr-defined]
+            raise
+        err = SymheapValueError(f"init: {e}")
+        err.pe, err.call = (0 if single else pe), "init"  # type: ignore[attr-defined]
+        raise err from e
     _ctx = Context(native)
     if not _atexit_registered:
         atexit.register(_at_exit)
@@ -184,6 +274,7 @@ def _run_before_finalize() -> None:
         hook()
 
 
+@api
 def finalize() -> None:
     """**Collective**: leaves the job. Arrays and tensors stay readable in this process, but
     every later symheap call raises. Providers still open (NVSHMEM) are finalized first. Does
@@ -251,6 +342,7 @@ def _forget(addr: int, ref: "weakref.ref[SymmetricBuffer]") -> None:
         del _allocations[addr]
 
 
+@api
 def allocate(shape: Tuple[int, ...], dtype: str, *, zero: bool = False, align: int = 256) -> SymmetricBuffer:
     """**Collective**: a :class:`SymmetricBuffer` of ``shape``/``dtype`` (a symheap dtype name).
     Contents are unspecified unless ``zero``; a peer may write into it only after a barrier."""
@@ -471,7 +563,7 @@ def _describe(x: Any, what: str) -> Arr:
             contiguous=True,
             writable=True,
         )
-    raise TypeError(
+    raise SymheapValueError(
         f"{what}: expected a numpy.ndarray, a torch.Tensor or a symheap.SymmetricBuffer, not {type(x).__name__}"
     )
 
@@ -505,7 +597,9 @@ def local(x: Any, what: str) -> Arr:
 def check_pe(pe: int) -> int:
     """``pe`` as an int in range (raises :class:`SymheapValueError`)."""
     n = native().n_pes
-    if isinstance(pe, bool) or not isinstance(pe, int):
+    if isinstance(pe, bool):
+        raise SymheapValueError(f"PE must be an integer, not bool ({pe}): a bool is not a PE")
+    if not isinstance(pe, int):
         try:
             pe = int(pe.__index__())
         except Exception:
@@ -513,6 +607,19 @@ def check_pe(pe: int) -> int:
     if not 0 <= pe < n:
         raise SymheapValueError(f"PE {pe} is out of range (n_pes = {n})")
     return pe
+
+
+def check_team(team: Any, what: str = "team", allow_none: bool = True) -> Any:
+    """``team`` if it is a :class:`symheap.Team` (or None when allowed), else
+    :class:`SymheapValueError`."""
+    from ._native import Team
+
+    if team is None and allow_none:
+        return None
+    if not isinstance(team, Team):
+        expected = "a symheap.Team or None" if allow_none else "a symheap.Team"
+        raise SymheapValueError(f"{what} must be {expected}, not {type(team).__name__}")
+    return team
 
 
 def default_stream(a: Arr, stream: Optional[int]) -> Optional[int]:

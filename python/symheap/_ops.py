@@ -23,7 +23,19 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
-from ._core import Arr, check_pe, default_stream, local, native, symmetric, world_stream
+from ._core import (
+    U64_MAX,
+    Arr,
+    api,
+    check_pe,
+    check_team,
+    default_stream,
+    index_arg,
+    local,
+    native,
+    symmetric,
+    world_stream,
+)
 from ._native import SymheapValueError, Team
 
 StreamLike = Any
@@ -56,6 +68,7 @@ def _host_sync() -> None:
 # ---- RMA -----------------------------------------------------------------------------------
 
 
+@api
 def put(dest: Any, src: Any, pe: int, *, stream: StreamLike = None) -> None:
     """Copies local ``src`` into PE ``pe``'s copy of symmetric ``dest`` (same dtype and number
     of elements). Returns when ``src`` may be reused; the data is delivered by the next
@@ -71,6 +84,7 @@ def put(dest: Any, src: Any, pe: int, *, stream: StreamLike = None) -> None:
         native().put_from_host(d.ptr, s.ptr, s.nbytes, pe)
 
 
+@api
 def get(dest: Any, src: Any, pe: int, *, stream: StreamLike = None) -> None:
     """Copies PE ``pe``'s copy of symmetric ``src`` into local ``dest`` (same dtype and number
     of elements). On the host backend, or into host memory, it returns when the data is in
@@ -88,16 +102,19 @@ def get(dest: Any, src: Any, pe: int, *, stream: StreamLike = None) -> None:
         native().get_to_host(d.ptr, s.ptr, d.nbytes, pe)
 
 
+@api
 def put_nbi(dest: Any, src: Any, pe: int, *, stream: StreamLike = None) -> None:
     """Non-blocking :func:`put`: complete it with :func:`quiet`."""
     put(dest, src, pe, stream=stream)
 
 
+@api
 def get_nbi(dest: Any, src: Any, pe: int, *, stream: StreamLike = None) -> None:
     """Non-blocking :func:`get`: ``dest`` is valid after :func:`quiet`."""
     get(dest, src, pe, stream=stream)
 
 
+@api
 def quiet(*, stream: StreamLike = None) -> None:
     """Completes every put, get and atomic this PE issued (on CUDA, also the stream operations
     enqueued on ``stream``). Not collective."""
@@ -107,11 +124,13 @@ def quiet(*, stream: StreamLike = None) -> None:
         native().quiet_on_stream(s)
 
 
+@api
 def fence() -> None:
     """Orders this PE's puts to each PE: earlier ones arrive before later ones. Not collective."""
     native().fence()
 
 
+@api
 def sync_stream(stream: StreamLike = None) -> None:
     """Waits for ``stream`` (default: the current stream) and reports device-side wait timeouts
     (CUDA; does nothing on the host backend). Not collective."""
@@ -127,11 +146,17 @@ def _word(sig: Any, index: int, what: str) -> int:
     a = symmetric(sig, what)
     if a.dtype not in ("uint64", "int64"):
         raise SymheapValueError(f"{what} must be a uint64 or int64 array, not {a.dtype}")
-    if not 0 <= int(index) < a.numel:
+    index = index_arg(index, f"{what} index")
+    if not index < a.numel:
         raise SymheapValueError(f"{what} index {index} is out of range ({a.numel} words)")
-    return a.ptr + 8 * int(index)
+    return a.ptr + 8 * index
 
 
+def _signal_value(value: Any) -> int:
+    return index_arg(value, "signal value (an unsigned 64-bit integer)", 0, U64_MAX)
+
+
+@api
 def put_signal(
     dest: Any,
     src: Any,
@@ -151,15 +176,15 @@ def put_signal(
     _same_size(d, s, "put_signal")
     sig = _word(signal, sig_index, "signal")
     pe = check_pe(pe)
-    if int(value) < 0:
-        raise SymheapValueError("signal values are unsigned 64-bit integers")
+    value = _signal_value(value)
     if _on_device(s):
-        native().put_signal_on_stream(d.ptr, s.ptr, s.nbytes, sig, int(value), op, pe, default_stream(s, stream))
+        native().put_signal_on_stream(d.ptr, s.ptr, s.nbytes, sig, value, op, pe, default_stream(s, stream))
     else:
         _host_sync()
-        native().put_signal_from_host(d.ptr, s.ptr, s.nbytes, sig, int(value), op, pe)
+        native().put_signal_from_host(d.ptr, s.ptr, s.nbytes, sig, value, op, pe)
 
 
+@api
 def signal_wait_until(signal: Any, cmp: str, value: int, *, index: int = 0, stream: StreamLike = None) -> Optional[int]:
     """Waits until this PE's ``signal[index]`` satisfies ``word CMP value`` (``cmp`` one of
     eq ne gt ge lt le, or == != > >= < <=). Host backend: blocks (GIL released) and returns the
@@ -167,14 +192,14 @@ def signal_wait_until(signal: Any, cmp: str, value: int, *, index: int = 0, stre
     ``stream`` and None is returned (later work on the stream sees the data). Not collective."""
     a = symmetric(signal, "signal")
     addr = _word(signal, index, "signal")
-    if int(value) < 0:
-        raise SymheapValueError("signal values are unsigned 64-bit integers")
+    value = _signal_value(value)
     if _on_device(a):
-        native().signal_wait_until_on_stream(addr, cmp, int(value), default_stream(a, stream))
+        native().signal_wait_until_on_stream(addr, cmp, value, default_stream(a, stream))
         return None
-    return native().signal_wait_until(addr, cmp, int(value))
+    return native().signal_wait_until(addr, cmp, value)
 
 
+@api
 def signal_fetch(signal: Any, index: int = 0) -> int:
     """Reads this PE's ``signal[index]`` atomically. Not collective."""
     addr = _word(signal, index, "signal")
@@ -188,79 +213,94 @@ def signal_fetch(signal: Any, index: int = 0) -> int:
 
 def _atomic(op: str, dest: Any, pe: int, index: int, value: Any = None, compare: Any = None) -> Any:
     a = symmetric(dest, f"atomic_{op} destination")
-    if not 0 <= int(index) < a.numel:
+    index = index_arg(index, "atomic index")
+    if not index < a.numel:
         raise SymheapValueError(f"atomic index {index} is out of range ({a.numel} elements)")
     pe = check_pe(pe)
     _host_sync()
-    return native().atomic(a.ptr + int(index) * a.itemsize, pe, op, a.dtype, value, compare)
+    return native().atomic(a.ptr + index * a.itemsize, pe, op, a.dtype, value, compare)
 
 
+@api
 def atomic_fetch(dest: Any, pe: int, *, index: int = 0) -> Any:
     """Reads PE ``pe``'s ``dest[index]`` atomically (int32/uint32/int64/uint64/float32/float64).
     Not collective (as every atomic)."""
     return _atomic("fetch", dest, pe, index)
 
 
+@api
 def atomic_set(dest: Any, value: Any, pe: int, *, index: int = 0) -> None:
     """Writes ``value`` to PE ``pe``'s ``dest[index]`` atomically."""
     _atomic("set", dest, pe, index, value)
 
 
+@api
 def atomic_swap(dest: Any, value: Any, pe: int, *, index: int = 0) -> Any:
     """Writes ``value``, returns the old value."""
     return _atomic("swap", dest, pe, index, value)
 
 
+@api
 def atomic_compare_swap(dest: Any, cond: Any, value: Any, pe: int, *, index: int = 0) -> Any:
     """Writes ``value`` if the element equals ``cond``; returns the old value (integers)."""
     return _atomic("compare_swap", dest, pe, index, value, cond)
 
 
+@api
 def atomic_fetch_add(dest: Any, value: Any, pe: int, *, index: int = 0) -> Any:
     """Adds ``value`` (wrapping), returns the old value (integers)."""
     return _atomic("add", dest, pe, index, value)
 
 
+@api
 def atomic_add(dest: Any, value: Any, pe: int, *, index: int = 0) -> None:
     """Adds ``value`` (wrapping) (integers)."""
     _atomic("add", dest, pe, index, value)
 
 
+@api
 def atomic_fetch_inc(dest: Any, pe: int, *, index: int = 0) -> Any:
     """Adds one, returns the old value (integers)."""
     return _atomic("add", dest, pe, index, 1)
 
 
+@api
 def atomic_inc(dest: Any, pe: int, *, index: int = 0) -> None:
     """Adds one (integers)."""
     _atomic("add", dest, pe, index, 1)
 
 
+@api
 def atomic_fetch_and(dest: Any, value: int, pe: int, *, index: int = 0) -> int:
     """Bitwise and, returns the old value (uint32/uint64)."""
     return _atomic("and", dest, pe, index, value)
 
 
+@api
 def atomic_and(dest: Any, value: int, pe: int, *, index: int = 0) -> None:
     """Bitwise and (uint32/uint64)."""
     _atomic("and", dest, pe, index, value)
 
 
+@api
 def atomic_fetch_or(dest: Any, value: int, pe: int, *, index: int = 0) -> int:
     """Bitwise or, returns the old value (uint32/uint64)."""
     return _atomic("or", dest, pe, index, value)
 
 
+@api
 def atomic_or(dest: Any, value: int, pe: int, *, index: int = 0) -> None:
     """Bitwise or (uint32/uint64)."""
     _atomic("or", dest, pe, index, value)
 
 
+@api
 def atomic_fetch_xor(dest: Any, value: int, pe: int, *, index: int = 0) -> int:
     """Bitwise xor, returns the old value (uint32/uint64)."""
     return _atomic("xor", dest, pe, index, value)
 
 
+@api
 def atomic_xor(dest: Any, value: int, pe: int, *, index: int = 0) -> None:
     """Bitwise xor (uint32/uint64)."""
     _atomic("xor", dest, pe, index, value)
@@ -269,6 +309,7 @@ def atomic_xor(dest: Any, value: int, pe: int, *, index: int = 0) -> None:
 # ---- synchronisation and teams -------------------------------------------------------------
 
 
+@api
 def barrier_all(*, stream: StreamLike = None) -> None:
     """**Collective** over the world: returns once every PE called it; memory operations issued
     before it on any PE are visible after it on every PE. Host backend: also the point where the
@@ -282,70 +323,87 @@ def barrier_all(*, stream: StreamLike = None) -> None:
         native().barrier_all_on_stream(s)
 
 
+@api
 def host_barrier() -> None:
     """**Collective** over the world: the host barrier (ledger check, reclaim of released
     buffers) on any backend. On CUDA it does not wait for stream work: synchronise first."""
     native().barrier_all()
 
 
+@api
 def sync_all() -> None:
     """**Collective** over the world: like :func:`host_barrier` (OpenSHMEM's ``sync_all``)."""
     native().sync_all()
 
 
+@api
 def team_world() -> Team:
     """The team of all PEs."""
     return native().world_team()
 
 
+@api
 def barrier(team: Optional[Team] = None, *, stream: StreamLike = None) -> None:
     """**Collective** over ``team`` (the world when None): a barrier among its members; a no-op
     on an invalid team. On CUDA the current stream is synchronised first, then the members
     meet on the host."""
+    team = check_team(team)
     s = world_stream(stream)
     if s is not None:
         native().sync_stream(s)
     native().barrier(team)
 
 
+@api
 def team_sync(team: Optional[Team] = None) -> None:
     """**Collective** over ``team``: synchronises its members."""
-    native().team_sync(team)
+    native().team_sync(check_team(team))
 
 
+@api
 def team_split_strided(parent: Optional[Team], start: int, stride: int, size: int) -> Team:
     """**Collective** over ``parent`` (the world when None): a new team of the members
     ``start, start + stride, ...`` (``size`` of them). Other members of ``parent`` get an
     invalid team (``team.is_valid`` is False); operations on it do nothing. At most 32 teams
     exist at once."""
+    parent = check_team(parent, "parent team")
+    start = index_arg(start, "team start")
+    stride = index_arg(stride, "team stride", 1)
+    size = index_arg(size, "team size")
     return native().team_split_strided(parent if parent is not None else team_world(), start, stride, size)
 
 
+@api
 def team_destroy(team: Team) -> None:
     """**Collective** over ``team``: destroys it (a no-op on an invalid team)."""
-    native().team_destroy(team)
+    native().team_destroy(check_team(team, allow_none=False))
 
 
+@api
 def team_my_pe(team: Team) -> Optional[int]:
     """This PE's index in ``team`` (None when not a member)."""
-    return team.my_pe()
+    return check_team(team, allow_none=False).my_pe()
 
 
+@api
 def team_n_pes(team: Team) -> int:
     """Number of members of ``team``."""
-    return team.n_pes()
+    return check_team(team, allow_none=False).n_pes()
 
 
+@api
 def team_translate_pe(src_team: Team, pe: int, dest_team: Team) -> Optional[int]:
     """Member ``pe`` of ``src_team`` as a member index of ``dest_team`` (None if not a member)."""
-    return src_team.translate_pe(pe, dest_team)
+    src_team = check_team(src_team, "source team", allow_none=False)
+    dest_team = check_team(dest_team, "destination team", allow_none=False)
+    return src_team.translate_pe(index_arg(pe, "team member"), dest_team)
 
 
 # ---- collectives ---------------------------------------------------------------------------
 
 
 def _team_size(team: Optional[Team]) -> int:
-    return native().n_pes if team is None else team.n_pes()
+    return native().n_pes if check_team(team) is None else team.n_pes()
 
 
 # Reductions the CUDA kernels run; other dtypes take the host-driven path, which is not
@@ -361,6 +419,7 @@ def _coll_stream(a: Arr, stream: StreamLike, reduces: bool = False) -> Optional[
     return default_stream(a, stream)
 
 
+@api
 def broadcast(
     dest: Any, src: Any = None, root: int = 0, team: Optional[Team] = None, *, stream: StreamLike = None
 ) -> None:
@@ -372,12 +431,14 @@ def broadcast(
     if d.numel != s.numel:
         raise SymheapValueError(f"broadcast: destination has {d.numel} elements, source {s.numel}")
     n = _team_size(team)
+    root = index_arg(root, "broadcast root")
     if team is None or team.is_valid:
-        if not 0 <= int(root) < n:
+        if not root < n:
             raise SymheapValueError(f"broadcast root {root} is not a member of a team of {n}")
-    native().broadcast(team, d.ptr, s.ptr, d.numel, d.dtype, int(root), _coll_stream(d, stream))
+    native().broadcast(team, d.ptr, s.ptr, d.numel, d.dtype, root, _coll_stream(d, stream))
 
 
+@api
 def all_gather(dest: Any, src: Any, team: Optional[Team] = None, *, stream: StreamLike = None) -> None:
     """**Collective** over ``team``: member j's ``src`` lands in block j of every member's
     ``dest`` (``dest`` holds ``n * src.numel`` elements; first dimension of ``n`` blocks or
@@ -393,6 +454,7 @@ def all_gather(dest: Any, src: Any, team: Optional[Team] = None, *, stream: Stre
     native().all_gather(team, d.ptr, s.ptr, s.numel, s.dtype, _coll_stream(d, stream))
 
 
+@api
 def reduce_scatter(
     dest: Any, src: Any, op: str = "sum", team: Optional[Team] = None, *, stream: StreamLike = None
 ) -> None:
@@ -409,6 +471,7 @@ def reduce_scatter(
     native().reduce_scatter(team, d.ptr, s.ptr, d.numel, d.dtype, op, _coll_stream(d, stream, True))
 
 
+@api
 def all_reduce(
     dest: Any,
     src: Any = None,
@@ -421,6 +484,7 @@ def all_reduce(
     """**Collective** over ``team``: every member's ``dest`` gets the element-wise reduction
     (sum, min, max, prod) of all members' ``src`` (``src`` None: in place on ``dest``).
     ``algo``: auto, one_shot, two_shot."""
+    team = check_team(team)
     d = symmetric(dest, "all_reduce destination")
     s = d if src is None else symmetric(src, "all_reduce source")
     _same(d, s, "all_reduce")
@@ -429,6 +493,7 @@ def all_reduce(
     native().all_reduce(team, d.ptr, s.ptr, d.numel, d.dtype, op, algo, _coll_stream(d, stream, True))
 
 
+@api
 def alltoall(dest: Any, src: Any, team: Optional[Team] = None, *, stream: StreamLike = None) -> None:
     """**Collective** over ``team``: block j of member i's ``src`` lands in block i of member
     j's ``dest`` (both hold ``n`` equal blocks; not in place)."""
@@ -445,6 +510,7 @@ def alltoall(dest: Any, src: Any, team: Optional[Team] = None, *, stream: Stream
     native().alltoall(team, d.ptr, s.ptr, s.numel // n, s.dtype, _coll_stream(d, stream))
 
 
+@api
 def all_gather_object_bytes(data: bytes) -> List[bytes]:
     """**Collective** over the world: every PE's ``data``, in rank order (small control data)."""
     return native().all_gather_bytes(bytes(data))

@@ -13,7 +13,7 @@ from typing import Any, Optional, Tuple
 import numpy as _np
 
 from . import _core, _peers
-from ._core import SymmetricAddressMap, numpy_dtype_name
+from ._core import SymmetricAddressMap, api, numpy_dtype_name
 from ._native import SymheapValueError, SymmetricBuffer
 
 __all__ = [
@@ -55,17 +55,20 @@ def _new(shape: Tuple[int, ...], dtype: str, zero: bool = False) -> _np.ndarray:
     return arr
 
 
+@api
 def empty(*size: Any, dtype: Any = None) -> _np.ndarray:
     """**Collective**: an uninitialised symmetric array of ``size`` (default dtype float64).
     A peer may write into it only after a barrier."""
     return _new(_peers.shape_of(size), _dtype(dtype))
 
 
+@api
 def zeros(*size: Any, dtype: Any = None) -> _np.ndarray:
     """**Collective**: a symmetric array of zeros."""
     return _new(_peers.shape_of(size), _dtype(dtype), zero=True)
 
 
+@api
 def ones(*size: Any, dtype: Any = None) -> _np.ndarray:
     """**Collective**: a symmetric array of ones."""
     a = empty(*size, dtype=dtype)
@@ -73,6 +76,7 @@ def ones(*size: Any, dtype: Any = None) -> _np.ndarray:
     return a
 
 
+@api
 def full(size: Any, fill_value: Any, *, dtype: Any = None) -> _np.ndarray:
     """**Collective**: a symmetric array filled with ``fill_value`` (dtype defaults to the
     value's NumPy type)."""
@@ -83,6 +87,7 @@ def full(size: Any, fill_value: Any, *, dtype: Any = None) -> _np.ndarray:
     return a
 
 
+@api
 def rand(*size: Any, dtype: Any = None, rng: Optional[_np.random.Generator] = None) -> _np.ndarray:
     """**Collective**: a symmetric array of uniform [0, 1) samples (from ``rng``, else NumPy's
     global generator)."""
@@ -92,6 +97,7 @@ def rand(*size: Any, dtype: Any = None, rng: Optional[_np.random.Generator] = No
     return a
 
 
+@api
 def randn(*size: Any, dtype: Any = None, rng: Optional[_np.random.Generator] = None) -> _np.ndarray:
     """**Collective**: a symmetric array of standard normal samples."""
     a = empty(*size, dtype=dtype)
@@ -100,6 +106,7 @@ def randn(*size: Any, dtype: Any = None, rng: Optional[_np.random.Generator] = N
     return a
 
 
+@api
 def arange(start: Any, stop: Any = None, step: Any = 1, *, dtype: Any = None) -> _np.ndarray:
     """**Collective**: ``numpy.arange(start, stop, step)`` in symmetric memory."""
     ref = _np.arange(start, stop, step, dtype=dtype) if stop is not None else _np.arange(start, dtype=dtype)
@@ -108,6 +115,7 @@ def arange(start: Any, stop: Any = None, step: Any = 1, *, dtype: Any = None) ->
     return a
 
 
+@api
 def as_symmetric(x: Any) -> _np.ndarray:
     """**Collective**: a symmetric copy of ``x`` (same shape and dtype); ``x`` itself when it
     already lies in this PE's symmetric heap (every PE must agree: pass the same kind)."""
@@ -119,6 +127,7 @@ def as_symmetric(x: Any) -> _np.ndarray:
     return a
 
 
+@api
 def is_symmetric(x: Any) -> bool:
     """Whether all of ``x`` lies in this PE's symmetric heap. Not collective."""
     try:
@@ -128,6 +137,7 @@ def is_symmetric(x: Any) -> bool:
     return True
 
 
+@api
 def allocate_symmetric(*size: Any, dtype: Any = None) -> Tuple[_np.ndarray, _np.ndarray]:
     """**Collective**: the contract. ``(array, peer_bases)`` with ``peer_bases`` a read-only
     int64 array of length ``n_pes``: ``peer_bases[my_pe()] == array pointer``, ``peer_bases[r]``
@@ -142,18 +152,21 @@ def allocate_symmetric(*size: Any, dtype: Any = None) -> Tuple[_np.ndarray, _np.
     return a, table
 
 
+@api
 def allocate_symmetric_map(*size: Any, dtype: Any = None) -> Tuple[_np.ndarray, SymmetricAddressMap]:
     """**Collective**: like :func:`allocate_symmetric`, returning a :class:`SymmetricAddressMap`."""
     a = empty(*size, dtype=dtype)
     return a, symmetric_address_map(a)
 
 
+@api
 def symmetric_address_map(x: Any) -> SymmetricAddressMap:
     """The address map of the allocation holding ``x``. Not collective."""
     rank, base, nbytes, table, direct = _peers.address_map_parts(x)
     return SymmetricAddressMap(rank, base, nbytes, _np.asarray(table, dtype=_np.int64), direct)
 
 
+@api
 def get_peer_bases(x: Any) -> _np.ndarray:
     """The peer table of ``x`` (any array in the symmetric heap, views and slices included):
     ``table[r] = translate(p, my_pe, r)`` for ``x``'s pointer ``p``, 0 where PE r is not
@@ -161,6 +174,7 @@ def get_peer_bases(x: Any) -> _np.ndarray:
     return _np.asarray(_peers.peer_table(x), dtype=_np.int64)
 
 
+@api
 def get_peer_array(x: Any, pe: int) -> _np.ndarray:
     """An array aliasing PE ``pe``'s copy of ``x`` (same shape and strides), mapped in this
     process: reads and writes go straight to the peer's memory (synchronise with barriers or
@@ -171,11 +185,13 @@ def get_peer_array(x: Any, pe: int) -> _np.ndarray:
 get_peer_tensor = get_peer_array
 
 
+@api
 def heap_bases() -> _np.ndarray:
     """Start of every PE's heap in this process (int64; 0 where not directly addressable)."""
     return _np.asarray(_core.native().heap_bases(), dtype=_np.uint64).astype(_np.int64)
 
 
+@api
 def free(x: Any) -> None:
     """Releases the allocation ``x`` starts now (local, non-blocking); ``x`` and every view of
     it must not be used afterwards. Dropping the last reference does the same."""

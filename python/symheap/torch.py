@@ -14,7 +14,7 @@ from typing import Any, Optional, Tuple
 import torch as _torch
 
 from . import _core, _peers
-from ._core import SymmetricAddressMap, torch_dtype_name
+from ._core import SymmetricAddressMap, api, torch_dtype_name
 from ._native import SymheapValueError
 
 __all__ = [
@@ -70,12 +70,14 @@ def _new(shape: Tuple[int, ...], dtype: str, dev: Any, zero: bool = False) -> _t
     return _core.register_tensor(_torch.from_dlpack(buf), buf)
 
 
+@api
 def empty(*size: Any, dtype: Any = None, device: Any = None) -> _torch.Tensor:
     """**Collective**: an uninitialised symmetric tensor (dtype defaults to torch's default).
     A peer may write into it only after a barrier."""
     return _new(_peers.shape_of(size), _dtype(dtype), device)
 
 
+@api
 def zeros(*size: Any, dtype: Any = None, device: Any = None) -> _torch.Tensor:
     """**Collective**: a symmetric tensor of zeros."""
     t = empty(*size, dtype=dtype, device=device)
@@ -83,6 +85,7 @@ def zeros(*size: Any, dtype: Any = None, device: Any = None) -> _torch.Tensor:
     return t
 
 
+@api
 def ones(*size: Any, dtype: Any = None, device: Any = None) -> _torch.Tensor:
     """**Collective**: a symmetric tensor of ones."""
     t = empty(*size, dtype=dtype, device=device)
@@ -90,6 +93,7 @@ def ones(*size: Any, dtype: Any = None, device: Any = None) -> _torch.Tensor:
     return t
 
 
+@api
 def full(size: Any, fill_value: Any, *, dtype: Any = None, device: Any = None) -> _torch.Tensor:
     """**Collective**: a symmetric tensor filled with ``fill_value``."""
     if dtype is None:
@@ -101,6 +105,7 @@ def full(size: Any, fill_value: Any, *, dtype: Any = None, device: Any = None) -
     return t
 
 
+@api
 def rand(
     *size: Any, dtype: Any = None, device: Any = None, generator: Optional[_torch.Generator] = None
 ) -> _torch.Tensor:
@@ -110,6 +115,7 @@ def rand(
     return t
 
 
+@api
 def randn(
     *size: Any, dtype: Any = None, device: Any = None, generator: Optional[_torch.Generator] = None
 ) -> _torch.Tensor:
@@ -119,6 +125,7 @@ def randn(
     return t
 
 
+@api
 def arange(start: Any, end: Any = None, step: Any = 1, *, dtype: Any = None, device: Any = None) -> _torch.Tensor:
     """**Collective**: ``torch.arange(start, end, step)`` in symmetric memory."""
     _check_device(device)
@@ -128,6 +135,7 @@ def arange(start: Any, end: Any = None, step: Any = 1, *, dtype: Any = None, dev
     return t
 
 
+@api
 def as_symmetric(x: _torch.Tensor) -> _torch.Tensor:
     """**Collective**: a symmetric copy of ``x`` on this PE's device (same shape and dtype);
     ``x`` itself when it already lies in the symmetric heap."""
@@ -138,6 +146,7 @@ def as_symmetric(x: _torch.Tensor) -> _torch.Tensor:
     return t
 
 
+@api
 def is_symmetric(x: Any) -> bool:
     """Whether all of ``x`` lies in this PE's symmetric heap. Not collective."""
     try:
@@ -156,6 +165,7 @@ def _table_tensor(x: _torch.Tensor) -> _torch.Tensor:
     return _torch.tensor(_peers.peer_table(x), dtype=_torch.int64, device=x.device)
 
 
+@api
 def allocate_symmetric(*size: Any, dtype: Any = None, device: Any = None) -> Tuple[_torch.Tensor, _torch.Tensor]:
     """**Collective**: the contract. ``(tensor, peer_bases)`` with ``peer_bases`` an int64
     tensor of length ``n_pes`` on the tensor's device: ``peer_bases[my_pe()] ==
@@ -167,6 +177,7 @@ def allocate_symmetric(*size: Any, dtype: Any = None, device: Any = None) -> Tup
     return t, _table_tensor(t)
 
 
+@api
 def allocate_symmetric_map(
     *size: Any, dtype: Any = None, device: Any = None
 ) -> Tuple[_torch.Tensor, SymmetricAddressMap]:
@@ -176,6 +187,7 @@ def allocate_symmetric_map(
     return t, symmetric_address_map(t)
 
 
+@api
 def symmetric_address_map(x: _torch.Tensor) -> SymmetricAddressMap:
     """The address map of the allocation holding ``x`` (``peer_bases`` an int64 tensor on
     ``x``'s device). Not collective."""
@@ -188,6 +200,7 @@ def symmetric_address_map(x: _torch.Tensor) -> SymmetricAddressMap:
     return SymmetricAddressMap(rank, base, nbytes, bases, direct)
 
 
+@api
 def get_peer_bases(x: _torch.Tensor) -> _torch.Tensor:
     """The peer table of ``x`` (views and slices inside an allocation included) as an int64
     tensor on ``x``'s device: ``table[r] = translate(x.data_ptr(), my_pe, r)``, 0 where PE r
@@ -196,6 +209,7 @@ def get_peer_bases(x: _torch.Tensor) -> _torch.Tensor:
     return _table_tensor(x)
 
 
+@api
 def get_peer_tensor(x: _torch.Tensor, pe: int) -> _torch.Tensor:
     """A tensor aliasing PE ``pe``'s copy of ``x`` (same shape, strides and dtype; a host
     pointer of the mapped peer copy on the host backend, a device pointer on CUDA). Reads and
@@ -205,11 +219,13 @@ def get_peer_tensor(x: _torch.Tensor, pe: int) -> _torch.Tensor:
     return _core.register_tensor(_torch.from_dlpack(view), view)
 
 
+@api
 def heap_bases() -> _torch.Tensor:
     """Start of every PE's heap in this process (int64 on the symmetric device)."""
     return _torch.tensor(_core.native().heap_bases(), dtype=_torch.int64, device=device())
 
 
+@api
 def record_stream(x: _torch.Tensor, stream: Any) -> None:
     """Like ``torch.Tensor.record_stream``: work enqueued on ``stream`` (a ``torch.cuda.Stream``
     or a raw handle) uses the symmetric tensor ``x``, so releasing it waits for everything
@@ -221,6 +237,7 @@ def record_stream(x: _torch.Tensor, stream: Any) -> None:
     buf.record_stream(stream)
 
 
+@api
 def free(x: _torch.Tensor) -> None:
     """Releases the allocation ``x`` starts now (local, non-blocking); ``x`` and every view of
     it must not be used afterwards. Dropping the last tensor does the same."""

@@ -79,9 +79,9 @@ enum Cmd {
         /// Message sizes (comma separated, e.g. 8K,512K,4M,1G).
         #[arg(long, value_delimiter = ',')]
         sizes: Vec<String>,
-        /// Element type of the collectives.
-        #[arg(long, default_value = "bf16")]
-        dtype: String,
+        /// Element type of the collectives (default bf16 on GPUs, f32 on the host).
+        #[arg(long)]
+        dtype: Option<String>,
         /// Also write the rows as JSON here.
         #[arg(long)]
         json: Option<std::path::PathBuf>,
@@ -110,6 +110,16 @@ enum Cmd {
     BenchPe {
         #[arg(long)]
         out: std::path::PathBuf,
+        #[arg(long, value_delimiter = ',')]
+        rma_sizes: Vec<u64>,
+        #[arg(long)]
+        barrier: bool,
+        #[arg(long, value_delimiter = ',')]
+        ops: Vec<String>,
+        #[arg(long, value_delimiter = ',')]
+        coll_sizes: Vec<u64>,
+        #[arg(long)]
+        dtype: String,
     },
     /// One PE of the GPU benchmark (started by `bench`).
     #[command(hide = true)]
@@ -144,13 +154,7 @@ fn code(c: i32) -> i32 {
 /// Parses `args` (the program name first) and runs the subcommand; returns the exit status.
 pub fn run(args: Vec<OsString>) -> i32 {
     // A second call in one process (the Python package's tests) keeps the first subscriber.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SYMHEAP_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
+    crate::init_logging();
     let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {
@@ -170,8 +174,10 @@ pub fn run(args: Vec<OsString>) -> i32 {
             let mut opts = symheap_launch::LaunchOptions::new(n, prog);
             opts.args = program;
             opts.prefix_output = !no_prefix;
-            if !(grace.is_finite() && grace >= 0.0) {
-                eprintln!("symheap launch: --grace must be a non-negative number of seconds");
+            if !(0.0..=symheap::config::MAX_TIMEOUT_SECS).contains(&grace) {
+                eprintln!(
+                    "symheap launch: --grace {grace} is not accepted: expected 0 to 1e9 seconds"
+                );
                 return code(2);
             }
             opts.grace = Duration::from_secs_f64(grace);
@@ -223,15 +229,24 @@ pub fn run(args: Vec<OsString>) -> i32 {
         } => {
             let gpus = if host { 0 } else { symheap::cuda::gpu_count() };
             if gpus == 0 {
-                let n = pes.unwrap_or_else(|| bench::cpus().clamp(2, 8));
-                return code(bench::run_host(n, json.as_deref()));
+                let opts = bench::HostOptions {
+                    what,
+                    n: pes.unwrap_or_else(|| bench::cpus().clamp(2, 8)),
+                    ops: op,
+                    sizes,
+                    dtype,
+                    json,
+                    png,
+                    peer_json,
+                };
+                return code(bench::run_host(&opts));
             }
             let opts = bench::GpuOptions {
                 what,
                 n: pes.unwrap_or(gpus),
                 ops: op,
                 sizes,
-                dtype,
+                dtype: dtype.unwrap_or_else(|| "bf16".into()),
                 json,
                 png,
                 peer_json,
@@ -239,7 +254,27 @@ pub fn run(args: Vec<OsString>) -> i32 {
             code(bench::run_gpu(&opts))
         }
         Cmd::Kernels { out, arch } => code(crate::kernels::build(&out, &arch)),
-        Cmd::BenchPe { out } => code(bench::bench_pe_host(&out)),
+        Cmd::BenchPe {
+            out,
+            rma_sizes,
+            barrier,
+            ops,
+            coll_sizes,
+            dtype,
+        } => {
+            let Some(dtype) = symheap::DType::parse(&dtype) else {
+                eprintln!("unknown dtype {dtype}");
+                return code(2);
+            };
+            let plan = bench::HostPlan {
+                rma_sizes,
+                barrier,
+                ops,
+                coll_sizes,
+                dtype,
+            };
+            code(bench::bench_pe_host(&plan, &out))
+        }
         Cmd::BenchPeGpu {
             out,
             ops,

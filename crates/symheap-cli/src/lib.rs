@@ -24,3 +24,19 @@ pub fn run(args: Vec<OsString>) -> ExitCode {
 pub fn run_status(args: Vec<OsString>) -> i32 {
     cli::run(args)
 }
+
+/// Sends symheap's `tracing` events (refused rendezvous connections, warnings) to stderr,
+/// filtered by `SYMHEAP_LOG` (default `warn`). The command does this itself; the Python package
+/// calls it at import. A second call, or a program with its own subscriber, keeps the first.
+pub fn init_logging() {
+    use std::io::IsTerminal;
+    let _ = tracing_subscriber::fmt()
+        // Colour codes only for a person at a terminal, not in logs and captured output.
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SYMHEAP_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -5,7 +5,6 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyFloat};
@@ -230,30 +229,38 @@ impl PyContext {
         let mut b = symheap::Context::builder().py()?;
         if let Some(be) = backend {
             let choice = match be.trim().to_ascii_lowercase().as_str() {
-                "host" | "cpu" => BackendChoice::Host,
-                "cuda" | "gpu" => BackendChoice::Cuda,
+                "host" => BackendChoice::Host,
+                "cuda" => BackendChoice::Cuda,
                 "auto" => BackendChoice::Auto,
                 _ => {
                     return Err(value_error(format!(
-                        "unknown backend {be:?}; use \"host\", \"cuda\" or \"auto\""
+                        "backend={be:?} is not accepted: expected \"host\", \"cuda\" or \"auto\""
                     )))
                 }
             };
             b = b.backend(choice);
         }
         if let Some(c) = capacity {
+            symheap::config::check_capacity(c)
+                .map_err(|e| value_error(format!("capacity={c} bytes is not accepted: {e}")))?;
             b = b.capacity(c);
         }
         if let Some(c) = chunk_size {
+            if c == 0 {
+                return Err(value_error(
+                    "chunk_size=0 is not accepted: expected a positive number of bytes",
+                ));
+            }
             b = b.chunk_size(c);
         }
+        let timeout = timeout
+            .map(|t| {
+                symheap::config::timeout_from_secs(t)
+                    .map_err(|e| value_error(format!("timeout={t:?} is not accepted: {e}")))
+            })
+            .transpose()?;
         if let Some(t) = timeout {
-            if !(t.is_finite() && t > 0.0) {
-                return Err(value_error(format!(
-                    "timeout must be a positive number of seconds, not {t}"
-                )));
-            }
-            b = b.timeout(Duration::from_secs_f64(t));
+            b = b.timeout(t);
         }
         let mut watcher = None;
         let source = match (store, comm) {
@@ -265,9 +272,7 @@ impl PyContext {
             (None, None) => None,
         };
         if let Some(src) = source {
-            let fallback = timeout
-                .map(Duration::from_secs_f64)
-                .unwrap_or(symheap::config::DEFAULT_TIMEOUT);
+            let fallback = timeout.unwrap_or(symheap::config::DEFAULT_TIMEOUT);
             let boot = PyBootstrap::new(py, src, rank, world_size, fallback)?;
             watcher = Some(boot.watcher());
             b = b.bootstrap(Arc::new(boot));

@@ -1,10 +1,10 @@
 //! The exception classes and the mapping from `symheap::ErrorKind` to them.
 //!
 //! The classes are made at module import with `type(name, bases, dict)` because several of them
-//! have two bases (`SymheapValueError(SymheapError, ValueError)`), which PyO3's
+//! have more than one base (`SymheapValueError(SymheapError, ValueError, TypeError)`), which PyO3's
 //! `create_exception!` cannot express.
 
-use pyo3::exceptions::{PyException, PyMemoryError, PyTimeoutError, PyValueError};
+use pyo3::exceptions::{PyException, PyMemoryError, PyTimeoutError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple, PyType};
@@ -55,7 +55,7 @@ impl Class {
     fn doc(self) -> &'static str {
         match self {
             Class::Base => "Base class of every symheap failure. Attributes: `kind` (a snake_case name of the Rust ErrorKind, or None for errors raised by the Python layer), `pe` (the PE it happened on, or None), `call` (the symheap call that failed, or None) and `missing` (for timeouts, the PEs that did not arrive).",
-            Class::Value => "An argument was rejected before any memory was touched (wrong size, dtype, PE out of range, memory not in the symmetric heap).",
+            Class::Value => "An argument was rejected before any memory was touched (wrong type, size, dtype, PE out of range, memory not in the symmetric heap). Also a ValueError and a TypeError.",
             Class::Memory => "The symmetric heap cannot hold the request (on any PE: the heap is symmetric).",
             Class::Timeout => "A wait ran out of time (SYMHEAP_TIMEOUT); `missing` names the PEs that did not arrive when known.",
             Class::Peer => "Another PE exited, or the job was aborted because a PE failed.",
@@ -86,7 +86,13 @@ pub fn class(py: Python<'_>, c: Class) -> PyResult<Bound<'_, PyType>> {
     }
     let base_bases: Vec<Bound<'_, PyType>> = match c {
         Class::Base => vec![py.get_type::<PyException>()],
-        Class::Value => vec![class(py, Class::Base)?, py.get_type::<PyValueError>()],
+        // Also a TypeError: a wrong argument type (a list for a PE) is one of its causes, and
+        // code written against plain Python's TypeError keeps catching it.
+        Class::Value => vec![
+            class(py, Class::Base)?,
+            py.get_type::<PyValueError>(),
+            py.get_type::<PyTypeError>(),
+        ],
         Class::Memory => vec![class(py, Class::Base)?, py.get_type::<PyMemoryError>()],
         Class::Timeout => vec![class(py, Class::Base)?, py.get_type::<PyTimeoutError>()],
         _ => vec![class(py, Class::Base)?],

@@ -22,10 +22,10 @@ pub fn launch(
     grace: f64,
     prefix_output: bool,
 ) -> PyResult<i32> {
-    if !(grace.is_finite() && grace >= 0.0) {
-        return Err(value_error(
-            "grace must be a non-negative number of seconds",
-        ));
+    if !(0.0..=symheap::config::MAX_TIMEOUT_SECS).contains(&grace) {
+        return Err(value_error(format!(
+            "grace={grace} is not accepted: expected 0 to 1e9 seconds"
+        )));
     }
     let mut opts = LaunchOptions::new(n, program);
     opts.args = args.into_iter().map(Into::into).collect();

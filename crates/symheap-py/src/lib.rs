@@ -33,6 +33,8 @@ fn dtype_name(name: &str) -> PyResult<&'static str> {
 /// The module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // Warnings (refused rendezvous connections, a joinable job) reach stderr, per SYMHEAP_LOG.
+    symheap_cli::init_logging();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add(
         "DTYPES",

@@ -162,6 +162,13 @@ impl PyBootstrap {
                 .and_then(|t| t.extract::<f64>())
                 .ok()
                 .filter(|s| s.is_finite() && *s > 0.0)
+                // A store's "forever" (timedelta.max) becomes the longest wait symheap takes.
+                .map(|s| {
+                    s.clamp(
+                        symheap::config::MIN_TIMEOUT_SECS,
+                        symheap::config::MAX_TIMEOUT_SECS,
+                    )
+                })
                 .map(Duration::from_secs_f64)
                 .unwrap_or(fallback_timeout),
             Source::Comm(_) => fallback_timeout,

@@ -79,7 +79,7 @@ impl Default for Config {
 pub const SYMHEAP_VARIABLES: &[(&str, &str)] = &[
     (
         "SYMHEAP_HEAP_CAPACITY",
-        "address space per PE, e.g. 16G (default 16G)",
+        "address space per PE, e.g. 16G (default 16G, at most 64T)",
     ),
     (
         "SYMHEAP_CHUNK_SIZE",
@@ -87,7 +87,7 @@ pub const SYMHEAP_VARIABLES: &[(&str, &str)] = &[
     ),
     (
         "SYMHEAP_TIMEOUT",
-        "seconds any wait may take before failing (default 120)",
+        "seconds any wait may take before failing (default 120; 0.001 to 1e9)",
     ),
     ("SYMHEAP_BACKEND", "host | cuda | auto (default auto)"),
     (
@@ -107,7 +107,10 @@ pub const SYMHEAP_VARIABLES: &[(&str, &str)] = &[
         "SYMHEAP_NODE_ID",
         "override the node identity (default hostname + boot id)",
     ),
-    ("SYMHEAP_RUNTIME_DIR", "where node-local sockets live"),
+    (
+        "SYMHEAP_RUNTIME_DIR",
+        "where node-local sockets live (default $XDG_RUNTIME_DIR/symheap or /tmp/symheap-<uid>)",
+    ),
     (
         "SYMHEAP_NVSHMEM_LIB",
         "libnvshmem_host.so.3 (or its directory) for the NVSHMEM provider",
@@ -131,35 +134,44 @@ impl Config {
     pub fn from_env() -> Result<Config> {
         let mut c = Config::default();
         if let Some(v) = c.read("SYMHEAP_HEAP_CAPACITY") {
-            c.capacity = parse_size(&v).map_err(|e| invalid("init", e))?;
+            c.capacity = parse_size(&v)
+                .map_err(|e| invalid("init", format!("SYMHEAP_HEAP_CAPACITY={e}")))?;
+            check_capacity(c.capacity).map_err(|e| {
+                invalid(
+                    "init",
+                    format!("SYMHEAP_HEAP_CAPACITY={v:?} is not accepted: {e}"),
+                )
+            })?;
         }
         if let Some(v) = c.read("SYMHEAP_CHUNK_SIZE") {
-            c.chunk_size = parse_size(&v).map_err(|e| invalid("init", e))?;
+            c.chunk_size =
+                parse_size(&v).map_err(|e| invalid("init", format!("SYMHEAP_CHUNK_SIZE={e}")))?;
         }
         if let Some(v) = c.read("SYMHEAP_TIMEOUT") {
             let secs: f64 = v.trim().parse().map_err(|_| {
                 invalid(
                     "init",
-                    format!("SYMHEAP_TIMEOUT={v:?} is not a number of seconds"),
+                    format!("SYMHEAP_TIMEOUT={v:?} is not a number of seconds: {TIMEOUT_RANGE}"),
                 )
             })?;
-            if !(secs > 0.0 && secs.is_finite()) {
-                return Err(invalid(
+            c.timeout = timeout_from_secs(secs).map_err(|e| {
+                invalid(
                     "init",
-                    format!("SYMHEAP_TIMEOUT={v:?} must be positive"),
-                ));
-            }
-            c.timeout = Duration::from_secs_f64(secs);
+                    format!("SYMHEAP_TIMEOUT={v:?} is not accepted: {e}"),
+                )
+            })?;
         }
         if let Some(v) = c.read("SYMHEAP_BACKEND") {
             c.backend = match v.trim().to_ascii_lowercase().as_str() {
-                "auto" | "" => BackendChoice::Auto,
-                "host" | "cpu" => BackendChoice::Host,
-                "cuda" | "gpu" => BackendChoice::Cuda,
-                other => {
+                "auto" => BackendChoice::Auto,
+                "host" => BackendChoice::Host,
+                "cuda" => BackendChoice::Cuda,
+                _ => {
                     return Err(invalid(
                         "init",
-                        format!("SYMHEAP_BACKEND={other:?}: expected host, cuda or auto"),
+                        format!(
+                            "SYMHEAP_BACKEND={v:?} is not accepted: expected host, cuda or auto"
+                        ),
                     ))
                 }
             };
@@ -168,7 +180,10 @@ impl Config {
             c.device = Some(v.trim().parse().map_err(|_| {
                 invalid(
                     "init",
-                    format!("SYMHEAP_DEVICE={v:?} is not a device ordinal"),
+                    format!(
+                        "SYMHEAP_DEVICE={v:?} is not accepted: expected a CUDA device ordinal \
+                         (0, 1, ...)"
+                    ),
                 )
             })?);
         }
@@ -211,6 +226,34 @@ impl Config {
     }
 }
 
+/// The longest wait accepted: about 31 years, far below where `Instant + timeout` overflows.
+pub const MAX_TIMEOUT_SECS: f64 = 1e9;
+/// The shortest: a millisecond (a shorter one would fail every wait before it starts).
+pub const MIN_TIMEOUT_SECS: f64 = 1e-3;
+const TIMEOUT_RANGE: &str = "expected 0.001 to 1e9 seconds";
+
+/// `secs` as a wait limit, or what is accepted instead (`0.001` to `1e9` seconds). Refusing
+/// rather than clamping keeps a typo (`1e19`) from meaning "forever".
+pub fn timeout_from_secs(secs: f64) -> std::result::Result<Duration, String> {
+    if !(MIN_TIMEOUT_SECS..=MAX_TIMEOUT_SECS).contains(&secs) {
+        return Err(TIMEOUT_RANGE.to_string());
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// The largest heap capacity per PE accepted: 64 TiB, half of the 128 TiB of address space a
+/// Linux x86-64 process has (each PE reserves a slot for every PE of its node, so the
+/// reservation is capacity times local PEs; that is checked when it is made).
+pub const MAX_CAPACITY: u64 = 64 << 40;
+
+/// `Ok` for a heap capacity (bytes per PE) of at most [`MAX_CAPACITY`], else what is accepted.
+pub fn check_capacity(bytes: u64) -> std::result::Result<(), String> {
+    if bytes == 0 || bytes > MAX_CAPACITY {
+        return Err("expected 1 byte to 64 TiB of address space per PE, such as 16G".into());
+    }
+    Ok(())
+}
+
 /// Parses `SYMHEAP_COLL_DEFINES`: comma-separated `NAME=VALUE`, NAME an identifier starting with
 /// `SYMHEAP_COLL_`, VALUE a size as [`parse_size`] reads it or 0. Anything else is refused, so
 /// the variable cannot inject arbitrary source into the kernels.
@@ -243,7 +286,10 @@ pub fn parse_coll_defines(s: &str) -> std::result::Result<Vec<(String, u64)>, St
     Ok(out)
 }
 
-/// Parses `1073741824`, `64M`, `64MiB`, `16G`, `1.5G` (binary multiples).
+const SIZE_RANGE: &str = "expected a size from 1 byte to 16 EiB, such as 4096, 64M or 16G";
+
+/// Parses `1073741824`, `64M`, `64MiB`, `16G`, `1.5G` (binary multiples). The error begins with
+/// the value as typed and says what is accepted.
 pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
     let t = s.trim();
     let split = t
@@ -256,14 +302,14 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
         "m" | "mb" | "mib" => 1 << 20,
         "g" | "gb" | "gib" => 1 << 30,
         "t" | "tb" | "tib" => 1 << 40,
-        _ => return Err(format!("{s:?} is not a size (examples: 4096, 64M, 16G)")),
+        _ => return Err(format!("{s:?} is not a size: {SIZE_RANGE}")),
     };
     let value: f64 = num
         .parse()
-        .map_err(|_| format!("{s:?} is not a size (examples: 4096, 64M, 16G)"))?;
+        .map_err(|_| format!("{s:?} is not a size: {SIZE_RANGE}"))?;
     let bytes = value * mult as f64;
     if !(bytes.is_finite() && bytes >= 1.0 && bytes < u64::MAX as f64) {
-        return Err(format!("{s:?} is out of range"));
+        return Err(format!("{s:?} is not accepted: {SIZE_RANGE}"));
     }
     Ok(bytes as u64)
 }
@@ -282,6 +328,46 @@ mod tests {
         assert!(parse_size("lots").is_err());
         assert!(parse_size("0").is_err());
         assert!(parse_size("12Q").is_err());
+    }
+
+    #[test]
+    fn huge_and_tiny_timeouts_are_refused_with_the_range() {
+        for bad in [
+            1e300,
+            1e19,
+            1e10,
+            f64::INFINITY,
+            f64::NAN,
+            0.0,
+            -1.0,
+            1e-300,
+        ] {
+            let e = timeout_from_secs(bad).unwrap_err();
+            assert_eq!(e, "expected 0.001 to 1e9 seconds", "{bad}");
+        }
+        assert_eq!(
+            timeout_from_secs(1e9).unwrap(),
+            Duration::from_secs(1_000_000_000)
+        );
+        assert_eq!(timeout_from_secs(0.25).unwrap(), Duration::from_millis(250));
+        // The longest accepted still leaves room for deadlines.
+        assert!(std::time::Instant::now()
+            .checked_add(timeout_from_secs(MAX_TIMEOUT_SECS).unwrap())
+            .is_some());
+    }
+
+    #[test]
+    fn size_errors_name_the_value_and_the_range() {
+        assert_eq!(
+            parse_size("0").unwrap_err(),
+            "\"0\" is not accepted: expected a size from 1 byte to 16 EiB, such as 4096, 64M or 16G"
+        );
+        assert!(parse_size("lots")
+            .unwrap_err()
+            .starts_with("\"lots\" is not a size: expected"));
+        assert!(check_capacity(1 << 62).unwrap_err().contains("64 TiB"));
+        assert!(check_capacity(MAX_CAPACITY).is_ok());
+        assert!(check_capacity(0).is_err());
     }
 
     #[test]

@@ -1,28 +1,42 @@
-//! What each PE runs for the host-backend sweep (`symheap bench-pe`).
+//! What each PE runs for the host-backend sweep (`symheap bench-pe`): the parts, collectives,
+//! sizes and dtype that `symheap bench` was asked for.
 
 use std::hint::black_box;
 use std::path::Path;
 
-use symheap::{Context, ReduceOp};
+use symheap::{AllReduceAlgo, Context, DType, ReduceOp};
 
-use super::{iters, time_loop, Row, HOST_ALLREDUCE_SIZES};
+use super::{iters, time_loop, Row};
 
-const RMA_SIZES: [u64; 5] = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20];
 const TRIALS: usize = 9;
+
+/// What one host sweep measures (every PE gets the same plan).
+#[derive(Debug, Clone)]
+pub struct HostPlan {
+    /// put/get bandwidth at these sizes (empty: no RMA rows).
+    pub rma_sizes: Vec<u64>,
+    /// The barrier row.
+    pub barrier: bool,
+    /// Collectives (`all_reduce`, `all_gather`, ...), each at every size of `coll_sizes`.
+    pub ops: Vec<String>,
+    /// Message sizes of the collectives (NCCL-tests convention, as the GPU sweep).
+    pub coll_sizes: Vec<u64>,
+    /// Element type of the collectives.
+    pub dtype: DType,
+}
 
 fn e2s(e: symheap::Error) -> String {
     e.to_string()
 }
 
-fn run(ctx: &Context) -> Result<Vec<Row>, String> {
+fn rma_rows(ctx: &Context, sizes: &[u64], rows: &mut Vec<Row>) -> Result<(), String> {
     let (me, n) = (ctx.my_pe(), ctx.n_pes());
     let target = if n > 1 { 1 } else { 0 };
-    let max = *RMA_SIZES.last().unwrap();
+    let max = sizes.iter().copied().max().unwrap_or(1);
     let buf = ctx.malloc(max).map_err(e2s)?;
     let src: Vec<u8> = (0..max).map(|i| (i * 31 % 251) as u8).collect();
     let mut dst = vec![0u8; max as usize];
-    let mut rows = Vec::new();
-    for &s in &RMA_SIZES {
+    for &s in sizes {
         let s_us = s as usize;
         ctx.barrier_all().map_err(e2s)?;
         if me == 0 {
@@ -53,49 +67,113 @@ fn run(ctx: &Context) -> Result<Vec<Row>, String> {
         }
         ctx.barrier_all().map_err(e2s)?;
     }
-    for _ in 0..50 {
-        ctx.barrier_all().map_err(e2s)?;
-    }
-    let barrier = time_loop(15, 200, || ctx.barrier_all().map_err(e2s))?;
-    rows.push(Row {
-        op: "barrier".into(),
-        bytes: 0,
-        symheap_s: barrier,
-        peer: "Open MPI MPI_Barrier".into(),
-        peer_s: None,
-    });
-    let world = ctx.world_team();
-    for &s in &HOST_ALLREDUCE_SIZES {
-        let count = (s / 4) as usize;
-        let a = ctx.malloc(s).map_err(e2s)?;
-        let b = ctx.malloc(s).map_err(e2s)?;
-        let data: Vec<f32> = (0..count)
-            .map(|i| ((i * 7 + me) % 13) as f32 * 0.25)
-            .collect();
-        a.write(0, &data).map_err(e2s)?;
-        for _ in 0..3 {
-            ctx.all_reduce::<f32>(&world, &b, &a, count, ReduceOp::Sum)
-                .map_err(e2s)?;
+    Ok(())
+}
+
+/// The row label of collective `op` on `dtype`, such as `all_reduce f32 sum` (the MPI peer's
+/// rows are matched on it).
+pub fn coll_label(op: &str, dtype: DType) -> String {
+    let short = match dtype {
+        DType::U8 => "u8",
+        DType::I8 => "i8",
+        DType::U16 => "u16",
+        DType::I16 => "i16",
+        DType::U32 => "u32",
+        DType::I32 => "i32",
+        DType::U64 => "u64",
+        DType::I64 => "i64",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        DType::F32 => "f32",
+        DType::F64 => "f64",
+    };
+    let reduces = matches!(op, "all_reduce" | "reduce_scatter");
+    format!("{op} {short}{}", if reduces { " sum" } else { "" })
+}
+
+fn coll_row(ctx: &Context, op: &str, bytes: u64, dtype: DType) -> Result<Row, String> {
+    let (me, n) = (ctx.my_pe(), ctx.n_pes() as u64);
+    let el = dtype.size() as u64;
+    let (send, recv) = match op {
+        "all_gather" => (bytes / n, bytes),
+        "reduce_scatter" => (bytes, bytes / n),
+        _ => (bytes, bytes),
+    };
+    let (cs, cr) = ((send / el) as usize, (recv / el) as usize);
+    let a = ctx.malloc(send.max(el)).map_err(e2s)?;
+    let b = ctx.malloc(recv.max(el)).map_err(e2s)?;
+    let data: Vec<u8> = (0..send)
+        .map(|i| ((i * 7 + me as u64) % 13) as u8)
+        .collect();
+    a.write(0, &data).map_err(e2s)?;
+    let w = ctx.world_team();
+    let run = || -> Result<(), String> {
+        match op {
+            "all_reduce" => ctx.all_reduce_raw(
+                &w,
+                b.addr(),
+                a.addr(),
+                cs,
+                dtype,
+                ReduceOp::Sum,
+                AllReduceAlgo::Auto,
+            ),
+            "all_gather" => ctx.all_gather_raw(&w, b.addr(), a.addr(), cs, dtype),
+            "reduce_scatter" => {
+                ctx.reduce_scatter_raw(&w, b.addr(), a.addr(), cr, dtype, ReduceOp::Sum)
+            }
+            "broadcast" => ctx.broadcast_raw(&w, b.addr(), a.addr(), cs, dtype, 0),
+            _ => ctx.alltoall_raw(&w, b.addr(), a.addr(), cs / n as usize, dtype),
         }
-        ctx.barrier_all().map_err(e2s)?;
-        let t = time_loop(15, iters(s), || {
-            ctx.all_reduce::<f32>(&world, &b, &a, count, ReduceOp::Sum)
-                .map_err(e2s)
-        })?;
+        .map_err(e2s)
+    };
+    for _ in 0..3 {
+        run()?;
+    }
+    ctx.barrier_all().map_err(e2s)?;
+    let t = time_loop(15, iters(bytes), run)?;
+    let peer = if op == "all_reduce" && dtype == DType::F32 {
+        "Open MPI MPI_Allreduce"
+    } else {
+        "none on the host backend"
+    };
+    Ok(Row {
+        op: coll_label(op, dtype),
+        bytes,
+        symheap_s: t,
+        peer: peer.into(),
+        peer_s: None,
+    })
+}
+
+fn run(ctx: &Context, plan: &HostPlan) -> Result<Vec<Row>, String> {
+    let mut rows = Vec::new();
+    if !plan.rma_sizes.is_empty() {
+        rma_rows(ctx, &plan.rma_sizes, &mut rows)?;
+    }
+    if plan.barrier {
+        for _ in 0..50 {
+            ctx.barrier_all().map_err(e2s)?;
+        }
+        let barrier = time_loop(15, 200, || ctx.barrier_all().map_err(e2s))?;
         rows.push(Row {
-            op: "all_reduce f32 sum".into(),
-            bytes: s,
-            symheap_s: t,
-            peer: "Open MPI MPI_Allreduce".into(),
+            op: "barrier".into(),
+            bytes: 0,
+            symheap_s: barrier,
+            peer: "Open MPI MPI_Barrier".into(),
             peer_s: None,
         });
     }
-    let _ = n;
+    for op in &plan.ops {
+        for &s in &plan.coll_sizes {
+            rows.push(coll_row(ctx, op, s, plan.dtype)?);
+        }
+    }
     Ok(rows)
 }
 
 /// One PE of the host sweep; PE 0 writes the rows to `out` as JSON.
-pub fn bench_pe_host(out: &Path) -> i32 {
+pub fn bench_pe_host(plan: &HostPlan, out: &Path) -> i32 {
     let ctx = match Context::init() {
         Ok(c) => c,
         Err(e) => {
@@ -103,10 +181,11 @@ pub fn bench_pe_host(out: &Path) -> i32 {
             return 1;
         }
     };
-    match run(&ctx) {
+    match run(&ctx, plan) {
         Ok(rows) => {
             if ctx.my_pe() == 0 {
-                if let Err(e) = std::fs::write(out, serde_json::to_vec(&rows).unwrap()) {
+                let json = serde_json::to_vec(&rows).unwrap_or_default();
+                if let Err(e) = std::fs::write(out, json) {
                     eprintln!("cannot write {}: {e}", out.display());
                     return 1;
                 }

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-pub use host::bench_pe_host;
+pub use host::{bench_pe_host, HostPlan};
 
 /// One measured comparison.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -182,76 +182,299 @@ fn run_mpi_peer(exe: &Path, n: usize, sizes: &[u64]) -> Option<(f64, Vec<(u64, f
 
 /// Sizes of the all_reduce sweep on the host.
 pub const HOST_ALLREDUCE_SIZES: [u64; 4] = [1 << 10, 64 << 10, 1 << 20, 16 << 20];
+/// Sizes of the put/get sweep on the host.
+pub const HOST_RMA_SIZES: [u64; 5] = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20];
 
-/// The main job on a machine without GPUs: host backend, `n` PEs.
-pub fn run_host(n: usize, json: Option<&Path>) -> i32 {
-    let exe = crate::selfcmd::argv();
-    let tmp = std::env::temp_dir().join(format!("symheap-bench-{}", std::process::id()));
-    let _ = std::fs::create_dir_all(&tmp);
+/// What `symheap bench` was asked for on a machine without GPUs.
+pub struct HostOptions {
+    /// `all`, `coll` or `rma`.
+    pub what: String,
+    /// PEs (CPU processes).
+    pub n: usize,
+    /// Collectives (empty: all_reduce, and the barrier).
+    pub ops: Vec<String>,
+    /// Sizes as typed (empty: the standard sweep).
+    pub sizes: Vec<String>,
+    /// Element type of the collectives (None: f32).
+    pub dtype: Option<String>,
+    /// JSON output.
+    pub json: Option<PathBuf>,
+    /// PNG output.
+    pub png: Option<PathBuf>,
+    /// Peer numbers from another program (GPU sweeps only: refused here).
+    pub peer_json: Option<PathBuf>,
+}
+
+/// Turns the options into the PEs' plan, or says which argument cannot be honoured and why.
+fn host_plan(o: &HostOptions) -> Result<host::HostPlan, String> {
+    let (coll, rma) = match o.what.as_str() {
+        "all" => (true, true),
+        "coll" => (true, false),
+        "rma" => (false, true),
+        other => return Err(format!("unknown sweep {other:?} (all, coll or rma)")),
+    };
+    if o.peer_json.is_some() {
+        return Err(
+            "--peer-json merges peers measured next to a GPU sweep; the host backend \
+                    has none to merge (run it on GPUs, or drop --peer-json)"
+                .into(),
+        );
+    }
+    if !coll && (!o.ops.is_empty() || o.dtype.is_some()) {
+        return Err(
+            "--op and --dtype choose collectives, and `bench rma` runs none (use \
+                    `bench coll --op ...`)"
+                .into(),
+        );
+    }
+    for op in &o.ops {
+        if !gpu::COLL_OPS.contains(&op.as_str()) {
+            return Err(format!(
+                "unknown collective {op:?}; known: {}",
+                gpu::COLL_OPS.join(", ")
+            ));
+        }
+    }
+    let dtype_name = o.dtype.as_deref().unwrap_or("f32");
+    let dtype = symheap::DType::parse(dtype_name).ok_or_else(|| {
+        let known: Vec<&str> = symheap::DType::ALL.iter().map(|d| d.name()).collect();
+        format!("unknown dtype {dtype_name:?}; known: {}", known.join(", "))
+    })?;
+    let sizes = o
+        .sizes
+        .iter()
+        .map(|s| symheap::config::parse_size(s))
+        .collect::<Result<Vec<u64>, String>>()?;
+    let ops: Vec<String> = match (coll, o.ops.is_empty()) {
+        (false, _) => vec![],
+        (true, true) => vec!["all_reduce".into()],
+        (true, false) => o.ops.clone(),
+    };
+    let pick = |defaults: &[u64]| {
+        if sizes.is_empty() {
+            defaults.to_vec()
+        } else {
+            sizes.clone()
+        }
+    };
+    let coll_sizes = if coll {
+        pick(&HOST_ALLREDUCE_SIZES)
+    } else {
+        vec![]
+    };
+    for op in &ops {
+        let split = matches!(op.as_str(), "all_gather" | "reduce_scatter" | "alltoall");
+        let unit = dtype.size() as u64 * if split { o.n as u64 } else { 1 };
+        if let Some(bad) = coll_sizes.iter().find(|&&b| b % unit != 0) {
+            return Err(format!(
+                "{op} of {bad} bytes on {} PEs: the size must be a multiple of {unit} bytes \
+                 ({}{dtype} elements)",
+                o.n,
+                if split { "one block per PE of " } else { "" }
+            ));
+        }
+    }
+    Ok(host::HostPlan {
+        rma_sizes: if rma { pick(&HOST_RMA_SIZES) } else { vec![] },
+        barrier: coll && o.ops.is_empty(),
+        ops,
+        coll_sizes,
+        dtype,
+    })
+}
+
+fn join_sizes(v: &[u64]) -> String {
+    v.iter()
+        .map(|s| s.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Runs the PEs of `plan` and returns PE 0's rows, with the MPI peer merged where it has one.
+fn host_rows(plan: &host::HostPlan, n: usize, tmp: &Path) -> Result<Vec<Row>, String> {
     let out = tmp.join("host.json");
-    eprintln!(
-        "bench: host backend, {n} PEs: put/get vs memcpy, barrier and all_reduce vs Open MPI"
-    );
-    let st = crate::selfcmd::command()
-        .arg("launch")
+    let mut cmd = crate::selfcmd::command();
+    cmd.arg("launch")
         .arg("-n")
         .arg(n.to_string())
         .arg("--")
-        .args(&exe)
+        .args(crate::selfcmd::argv())
         .arg("bench-pe")
         .arg("--out")
         .arg(&out)
-        .status();
-    if !matches!(st, Ok(s) if s.success()) {
-        eprintln!("bench: the symheap PEs failed");
-        return 1;
+        .arg("--dtype")
+        .arg(plan.dtype.name());
+    if !plan.rma_sizes.is_empty() {
+        cmd.arg("--rma-sizes").arg(join_sizes(&plan.rma_sizes));
     }
-    let mut rows: Vec<Row> = match std::fs::read(&out)
+    if !plan.ops.is_empty() {
+        cmd.arg("--ops").arg(plan.ops.join(","));
+        cmd.arg("--coll-sizes").arg(join_sizes(&plan.coll_sizes));
+    }
+    if plan.barrier {
+        cmd.arg("--barrier");
+    }
+    if !matches!(cmd.status(), Ok(s) if s.success()) {
+        return Err("the symheap PEs failed".into());
+    }
+    let mut rows: Vec<Row> = std::fs::read(&out)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
-    {
-        Some(r) => r,
-        None => {
-            eprintln!("bench: no results from the PEs");
-            return 1;
-        }
-    };
-    if let Some(peer) = build_mpi_peer(&tmp) {
-        if let Some((barrier, ar)) = run_mpi_peer(&peer, n, &HOST_ALLREDUCE_SIZES) {
+        .ok_or("no results from the PEs")?;
+    let f32_label = host::coll_label("all_reduce", symheap::DType::F32);
+    let mpi_sizes: Vec<u64> = rows
+        .iter()
+        .filter(|r| r.op == f32_label)
+        .map(|r| r.bytes)
+        .collect();
+    let wants_mpi = plan.barrier || !mpi_sizes.is_empty();
+    if let Some(peer) = wants_mpi.then(|| build_mpi_peer(tmp)).flatten() {
+        if let Some((barrier, ar)) = run_mpi_peer(&peer, n, &mpi_sizes) {
             for r in rows.iter_mut() {
                 if r.op == "barrier" {
                     r.peer_s = Some(barrier);
                 }
-                if r.op == "all_reduce f32 sum" {
+                if r.op == f32_label {
                     r.peer_s = ar.iter().find(|(b, _)| *b == r.bytes).map(|&(_, t)| t);
                 }
             }
         }
     }
+    Ok(rows)
+}
+
+/// The main job on a machine without GPUs: host backend, `o.n` PEs, what `o` asks for.
+pub fn run_host(o: &HostOptions) -> i32 {
+    let plan = match host_plan(o) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            return 2;
+        }
+    };
+    // Asked for a chart that cannot be drawn: say so now, not after the sweep.
+    let chart = match o.png.as_ref().map(|_| chart_python()).transpose() {
+        Ok(c) => c,
+        Err(e) => {
+            let png = o.png.as_deref().unwrap_or(Path::new(""));
+            eprintln!("bench: cannot draw {}: {e}", png.display());
+            return 2;
+        }
+    };
+    let tmp = std::env::temp_dir().join(format!("symheap-bench-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&tmp);
+    eprintln!(
+        "bench: host backend, {} PEs: {}{}",
+        o.n,
+        if plan.rma_sizes.is_empty() {
+            ""
+        } else {
+            "put/get vs memcpy; "
+        },
+        if plan.ops.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "{} ({}) vs Open MPI where it has one",
+                plan.ops.join(", "),
+                plan.dtype
+            )
+        }
+    );
+    let rows = host_rows(&plan, o.n, &tmp);
     let _ = std::fs::remove_dir_all(&tmp);
+    let rows = match rows {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            return 1;
+        }
+    };
     print_table(
         &format!(
-            "symheap host backend, {n} PEs on {} ({} CPUs)",
+            "symheap host backend, {} PEs on {} ({} CPUs)",
+            o.n,
             hostname(),
             cpus()
         ),
         &rows,
     );
-    if let Some(p) = json {
+    if let Some(p) = &o.json {
         let doc = serde_json::json!({
             "backend": "host",
-            "pes": n,
+            "pes": o.n,
             "host": hostname(),
             "cpus": cpus(),
             "rows": rows,
         });
-        if let Err(e) = std::fs::write(p, serde_json::to_vec_pretty(&doc).unwrap()) {
+        if let Err(e) = std::fs::write(p, serde_json::to_vec_pretty(&doc).unwrap_or_default()) {
             eprintln!("bench: cannot write {}: {e}", p.display());
             return 1;
         }
         eprintln!("bench: wrote {}", p.display());
     }
-    0
+    match (&o.png, chart) {
+        (Some(png), Some(py)) => draw_png(&py, &serde_json::to_vec(&rows).unwrap_or_default(), png),
+        _ => 0,
+    }
+}
+
+/// The Python that draws charts: the interpreter running this command when it runs from the
+/// Python package (`python -m symheap`), else `python3`; checked to have matplotlib.
+fn chart_python() -> Result<std::ffi::OsString, String> {
+    let own = crate::selfcmd::argv().into_iter().next().filter(|a| {
+        Path::new(a)
+            .file_name()
+            .is_some_and(|f| f.to_string_lossy().starts_with("python"))
+    });
+    let py = own.unwrap_or_else(|| "python3".into());
+    let shown = py.to_string_lossy().into_owned();
+    match Command::new(&py).args(["-c", "import matplotlib"]).output() {
+        Ok(o) if o.status.success() => Ok(py),
+        Ok(_) => Err(format!(
+            "{shown} has no matplotlib (install it: {shown} -m pip install matplotlib)"
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(format!(
+            "{shown} is not on PATH (charts need python3 with matplotlib)"
+        )),
+        Err(e) => Err(format!("cannot run {shown}: {e}")),
+    }
+}
+
+/// Draws `rows` (JSON of host or GPU rows) into `png` with `py`; returns the exit status.
+fn draw_png(py: &std::ffi::OsStr, rows: &[u8], png: &Path) -> i32 {
+    let id = std::process::id();
+    let data = std::env::temp_dir().join(format!("symheap-plot-{id}.json"));
+    let script = std::env::temp_dir().join(format!("symheap-plot-{id}.py"));
+    let result = std::fs::write(&data, rows)
+        .and_then(|()| std::fs::write(&script, include_str!("plot.py")))
+        .map_err(|e| e.to_string())
+        .and_then(|()| {
+            Command::new(py)
+                .arg(&script)
+                .arg(&data)
+                .arg(png)
+                .output()
+                .map_err(|e| e.to_string())
+        });
+    let _ = std::fs::remove_file(&data);
+    let _ = std::fs::remove_file(&script);
+    match result {
+        Ok(o) if o.status.success() && png.exists() => {
+            eprintln!("bench: drew {}", png.display());
+            0
+        }
+        Ok(o) => {
+            let err = String::from_utf8_lossy(&o.stderr);
+            let last = err.lines().last().unwrap_or("no message");
+            eprintln!("bench: could not draw {}: {last}", png.display());
+            1
+        }
+        Err(e) => {
+            eprintln!("bench: could not draw {}: {e}", png.display());
+            1
+        }
+    }
 }
 
 fn hostname() -> String {
@@ -339,6 +562,14 @@ pub fn run_gpu(o: &GpuOptions) -> i32 {
     if sizes.is_empty() {
         sizes = GPU_SIZES.to_vec();
     }
+    let chart = match o.png.as_ref().map(|_| chart_python()).transpose() {
+        Ok(c) => c,
+        Err(e) => {
+            let png = o.png.as_deref().unwrap_or(Path::new(""));
+            eprintln!("bench: cannot draw {}: {e}", png.display());
+            return 2;
+        }
+    };
     let exe = crate::selfcmd::argv();
     let tmp = std::env::temp_dir().join(format!("symheap-bench-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&tmp);
@@ -410,27 +641,8 @@ pub fn run_gpu(o: &GpuOptions) -> i32 {
             return 1;
         }
     }
-    if let Some(png) = &o.png {
-        let data = std::env::temp_dir().join(format!("symheap-plot-{}.json", std::process::id()));
-        let script = std::env::temp_dir().join(format!("symheap-plot-{}.py", std::process::id()));
-        let ok = std::fs::write(&data, serde_json::to_vec(&rows).unwrap()).is_ok()
-            && std::fs::write(&script, include_str!("plot.py")).is_ok()
-            && Command::new("python3")
-                .arg(&script)
-                .arg(&data)
-                .arg(png)
-                .status()
-                .is_ok_and(|s| s.success());
-        let _ = std::fs::remove_file(&data);
-        let _ = std::fs::remove_file(&script);
-        if !ok {
-            eprintln!(
-                "bench: could not draw {} (needs python3 with matplotlib)",
-                png.display()
-            );
-            return 1;
-        }
-        eprintln!("bench: drew {}", png.display());
+    if let (Some(png), Some(py)) = (&o.png, chart) {
+        return draw_png(&py, &serde_json::to_vec(&rows).unwrap_or_default(), png);
     }
     0
 }

@@ -1,5 +1,7 @@
 """Draws `symheap bench` JSON rows as a PNG: time per op against size, symheap and its peers,
-one panel per collective (CUDA-graph numbers), plus the RMA bandwidth panel when present.
+one panel per operation. GPU rows: one panel per collective (CUDA-graph numbers), plus the RMA
+bandwidth panel when present. Host rows: one panel per operation with a size (put/get and each
+collective), the peer drawn where it was measured.
 Usage: python3 plot.py rows.json out.png"""
 import json
 import sys
@@ -9,38 +11,67 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+
+def gpu(rows):
+    coll = [r for r in rows if r["group"] == "coll"]
+    rma = [r for r in rows if r["group"] == "rma" and r["bus_factor"] > 0]
+    ops = sorted({r["op"] for r in coll})
+    panels = len(ops) + (1 if rma else 0)
+    fig, axes = plt.subplots(1, max(panels, 1), figsize=(5 * max(panels, 1), 4), squeeze=False)
+    for ax, op in zip(axes[0], ops):
+        rs = sorted([r for r in coll if r["op"] == op], key=lambda r: r["bytes"])
+        x = [r["bytes"] for r in rs]
+        ax.plot(x, [r["graph_us"] for r in rs], "o-", label="symheap")
+        ax.plot(x, [r["peer_graph_us"] for r in rs], "s--", label="NCCL")
+        names = sorted({n for r in rs for n, _ in r.get("others", [])})
+        for name in names:
+            pts = [(r["bytes"], v) for r in rs for n, v in r.get("others", []) if n == name]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "^:", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"{op} ({rs[0]['dtype']}), CUDA graph")
+        ax.set_xlabel("bytes")
+        ax.set_ylabel("us per op")
+        ax.legend()
+    if rma:
+        ax = axes[0][-1]
+        for op in sorted({r["op"] for r in rma}):
+            rs = sorted([r for r in rma if r["op"] == op], key=lambda r: r["bytes"])
+            ax.plot([r["bytes"] for r in rs], [r["bytes"] / r["eager_us"] / 1e3 for r in rs], "o-", label=op)
+        rs = sorted([r for r in rma if r["op"] == "put SM"], key=lambda r: r["bytes"])
+        ax.plot([r["bytes"] for r in rs], [r["bytes"] / r["peer_eager_us"] / 1e3 for r in rs], "k--", label="plain P2P copy")
+        ax.set_xscale("log", base=2)
+        ax.set_title("put/get bandwidth")
+        ax.set_xlabel("bytes")
+        ax.set_ylabel("GB/s")
+        ax.legend(fontsize=7)
+    return fig
+
+
+def host(rows):
+    sized = [r for r in rows if r["bytes"] > 0]
+    ops = list(dict.fromkeys(r["op"] for r in sized))
+    fig, axes = plt.subplots(1, max(len(ops), 1), figsize=(5 * max(len(ops), 1), 4), squeeze=False)
+    for ax, op in zip(axes[0], ops):
+        rs = sorted([r for r in sized if r["op"] == op], key=lambda r: r["bytes"])
+        x = [r["bytes"] for r in rs]
+        ax.plot(x, [r["symheap_s"] * 1e6 for r in rs], "o-", label="symheap")
+        peer = [(r["bytes"], r["peer_s"] * 1e6) for r in rs if r["peer_s"] is not None]
+        if peer:
+            ax.plot([p[0] for p in peer], [p[1] for p in peer], "s--", label=rs[0]["peer"])
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"{op}, host backend")
+        ax.set_xlabel("bytes")
+        ax.set_ylabel("us per op")
+        ax.legend(fontsize=7)
+    barrier = [r for r in rows if r["op"] == "barrier"]
+    if barrier:
+        fig.suptitle(f"barrier: {barrier[0]['symheap_s'] * 1e6:.2f} us per op")
+    return fig
+
+
 rows = json.load(open(sys.argv[1]))
-coll = [r for r in rows if r["group"] == "coll"]
-rma = [r for r in rows if r["group"] == "rma" and r["bus_factor"] > 0]
-ops = sorted({r["op"] for r in coll})
-panels = len(ops) + (1 if rma else 0)
-fig, axes = plt.subplots(1, max(panels, 1), figsize=(5 * max(panels, 1), 4), squeeze=False)
-for ax, op in zip(axes[0], ops):
-    rs = sorted([r for r in coll if r["op"] == op], key=lambda r: r["bytes"])
-    x = [r["bytes"] for r in rs]
-    ax.plot(x, [r["graph_us"] for r in rs], "o-", label="symheap")
-    ax.plot(x, [r["peer_graph_us"] for r in rs], "s--", label="NCCL")
-    names = sorted({n for r in rs for n, _ in r.get("others", [])})
-    for name in names:
-        pts = [(r["bytes"], v) for r in rs for n, v in r.get("others", []) if n == name]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "^:", label=name)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_title(f"{op} ({rs[0]['dtype']}), CUDA graph")
-    ax.set_xlabel("bytes")
-    ax.set_ylabel("us per op")
-    ax.legend()
-if rma:
-    ax = axes[0][-1]
-    for op in sorted({r["op"] for r in rma}):
-        rs = sorted([r for r in rma if r["op"] == op], key=lambda r: r["bytes"])
-        ax.plot([r["bytes"] for r in rs], [r["bytes"] / r["eager_us"] / 1e3 for r in rs], "o-", label=op)
-    rs = sorted([r for r in rma if r["op"] == "put SM"], key=lambda r: r["bytes"])
-    ax.plot([r["bytes"] for r in rs], [r["bytes"] / r["peer_eager_us"] / 1e3 for r in rs], "k--", label="plain P2P copy")
-    ax.set_xscale("log", base=2)
-    ax.set_title("put/get bandwidth")
-    ax.set_xlabel("bytes")
-    ax.set_ylabel("GB/s")
-    ax.legend(fontsize=7)
+fig = host(rows) if rows and "symheap_s" in rows[0] else gpu(rows)
 fig.tight_layout()
 fig.savefig(sys.argv[2], dpi=110)

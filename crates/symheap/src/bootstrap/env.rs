@@ -61,6 +61,11 @@ pub struct LaunchEnv {
     pub token: Vec<u8>,
     /// False when the token was derived from public job identifiers, not a secret.
     pub token_is_secret: bool,
+    /// The launcher says every PE runs on this node (torchrun and `symheap launch`:
+    /// `LOCAL_WORLD_SIZE == WORLD_SIZE`; Open MPI: `OMPI_COMM_WORLD_LOCAL_SIZE ==
+    /// OMPI_COMM_WORLD_SIZE`; MPICH: `MPI_LOCALNRANKS == PMI_SIZE`; Slurm: one node in the
+    /// step). The rendezvous then runs over a Unix socket only this user can reach.
+    pub one_node: bool,
 }
 
 fn var(c: &mut Config, name: &str) -> Option<String> {
@@ -70,11 +75,12 @@ fn var(c: &mut Config, name: &str) -> Option<String> {
 fn num(c: &mut Config, name: &str) -> Result<Option<usize>> {
     match var(c, name) {
         None => Ok(None),
-        Some(v) => v
-            .trim()
-            .parse()
-            .map(Some)
-            .map_err(|_| invalid("init", format!("{name}={v:?} is not a number"))),
+        Some(v) => v.trim().parse().map(Some).map_err(|_| {
+            invalid(
+                "init",
+                format!("{name}={v:?} is not accepted: expected a non-negative integer"),
+            )
+        }),
     }
 }
 
@@ -123,6 +129,19 @@ impl LaunchEnv {
             } else {
                 (Launcher::None, 0, 1, Some(0))
             };
+        let local_size = match launcher {
+            Launcher::Symheap | Launcher::Torchrun | Launcher::TorchStyle => {
+                num(cfg, "LOCAL_WORLD_SIZE")?
+            }
+            Launcher::OpenMpi => num(cfg, "OMPI_COMM_WORLD_LOCAL_SIZE")?,
+            Launcher::Pmi => num(cfg, "MPI_LOCALNRANKS")?,
+            Launcher::Slurm => match num(cfg, "SLURM_STEP_NUM_NODES")? {
+                Some(nodes) => (nodes == 1).then_some(world),
+                None => num(cfg, "SLURM_NNODES")?.and_then(|n| (n == 1).then_some(world)),
+            },
+            Launcher::None => Some(1),
+        };
+        let one_node = local_size == Some(world);
         if world == 0 || rank >= world {
             return Err(invalid(
                 "init",
@@ -158,6 +177,11 @@ impl LaunchEnv {
             },
         };
 
+        let port_var = if var(cfg, "SYMHEAP_BOOTSTRAP_PORT").is_some() {
+            "SYMHEAP_BOOTSTRAP_PORT"
+        } else {
+            "MASTER_PORT"
+        };
         let port = match num(cfg, "SYMHEAP_BOOTSTRAP_PORT")? {
             Some(p) => p,
             None => match (num(cfg, "MASTER_PORT")?, launcher) {
@@ -179,8 +203,15 @@ impl LaunchEnv {
                 }
             },
         };
-        let port = u16::try_from(port)
-            .map_err(|_| invalid("init", format!("rendezvous port {port} is out of range")))?;
+        let port = u16::try_from(port).map_err(|_| {
+            invalid(
+                "init",
+                format!(
+                    "{port_var} gives rendezvous port {port}, which is not accepted: expected a \
+                     TCP port, 1 to 65535 (under torchrun symheap uses MASTER_PORT + 1)"
+                ),
+            )
+        })?;
 
         let (token, token_is_secret) = match var(cfg, "SYMHEAP_TOKEN") {
             Some(t) => (t.into_bytes(), true),
@@ -204,6 +235,7 @@ impl LaunchEnv {
             port,
             token,
             token_is_secret,
+            one_node,
         })
     }
 }

@@ -1,14 +1,18 @@
 //! Bootstrap: who my peers are, all_gather of bytes, barrier, abort, and node-local fd passing.
 //!
 //! The [`Bootstrap`] trait is what the rest of symheap needs from a rendezvous; [`TcpBootstrap`]
-//! is the built-in one (a star around PE 0), [`SingleBootstrap`] the world of one, and the
+//! is the built-in one (a star around PE 0, over a Unix socket when the launcher says every PE
+//! runs on one node, over TCP otherwise), [`SingleBootstrap`] the world of one, and the
 //! Python layer can implement it over torch.distributed's store.
 
+mod accept;
+mod conn;
 mod env;
 mod health;
 mod node;
 mod single;
 mod tcp;
+pub(crate) mod unix;
 pub mod wire;
 
 pub use env::{first_host, LaunchEnv, Launcher};
@@ -20,6 +24,16 @@ pub use tcp::TcpBootstrap;
 use std::time::Duration;
 
 use crate::error::Result;
+
+/// A warning the user must see: through `tracing` when the program installed a subscriber (the
+/// `symheap` command and the Python package do, filtered by `SYMHEAP_LOG`), on stderr otherwise.
+pub(crate) fn warn(msg: &str) {
+    if tracing::dispatcher::has_been_set() {
+        tracing::warn!("{msg}");
+    } else {
+        eprintln!("symheap warning: {msg}");
+    }
+}
 
 /// The rendezvous symheap runs on: a fixed set of PEs that can exchange bytes and notice
 /// failures.

@@ -9,7 +9,6 @@
 
 use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -119,42 +118,6 @@ fn nerr(what: impl std::fmt::Display) -> Error {
     bootstrap("node channel", what.to_string())
 }
 
-/// The per-user directory for node-local sockets, created 0700 and checked to be ours.
-fn runtime_dir() -> Result<PathBuf> {
-    let dir = if let Ok(d) = std::env::var("SYMHEAP_RUNTIME_DIR") {
-        PathBuf::from(d)
-    } else if let Ok(x) = std::env::var("XDG_RUNTIME_DIR") {
-        PathBuf::from(x).join("symheap")
-    } else {
-        PathBuf::from(format!("/tmp/symheap-{}", nix::unistd::getuid()))
-    };
-    match std::fs::DirBuilder::new()
-        .mode(0o700)
-        .recursive(true)
-        .create(&dir)
-    {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(nerr(format!("cannot create {}: {e}", dir.display()))),
-    }
-    let md = std::fs::metadata(&dir).map_err(|e| nerr(format!("{}: {e}", dir.display())))?;
-    if md.uid() != nix::unistd::getuid().as_raw() {
-        return Err(nerr(format!(
-            "{} belongs to another user; set SYMHEAP_RUNTIME_DIR",
-            dir.display()
-        )));
-    }
-    if md.permissions().mode() & 0o077 != 0 {
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(|e| {
-            nerr(format!(
-                "{} is open to other users and cannot be closed: {e}",
-                dir.display()
-            ))
-        })?;
-    }
-    Ok(dir)
-}
-
 impl NodeChannel {
     /// Collective over `boot` (every PE of the job calls it). Connects the PEs of each node.
     pub fn connect(boot: &dyn Bootstrap, node: &NodeInfo, token: &[u8]) -> Result<NodeChannel> {
@@ -164,13 +127,15 @@ impl NodeChannel {
         let mut listener = None;
         let mut path = PathBuf::new();
         if leader && node.local_size() > 1 {
-            let dir = runtime_dir()?;
+            let dir = super::unix::runtime_dir()?;
+            super::unix::remove_stale_sockets(&dir);
             path = dir.join(format!(
                 "{:016x}-{}-{}.sock",
                 fnv1a(token),
                 rank,
                 std::process::id()
             ));
+            super::unix::check_path_len(&path)?;
             let _ = std::fs::remove_file(&path);
             let l = UnixListener::bind(&path)
                 .map_err(|e| nerr(format!("bind {}: {e}", path.display())))?;

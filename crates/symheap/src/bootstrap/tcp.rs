@@ -1,7 +1,8 @@
-//! The built-in rendezvous: a TCP star around PE 0.
+//! The built-in rendezvous: a star around PE 0, over TCP, or over a Unix socket when every PE
+//! runs on one node (`conn.rs`).
 //!
 //! PE 0 listens at the rendezvous address; every other PE connects, presents the job token and
-//! keeps the connection for the life of the job. On PE 0 a hub thread owns all connections: it
+//! keeps the connection for the life of the job (admission: `accept.rs`). On PE 0 a hub thread owns all connections: it
 //! gathers contributions, answers them, starts the clock on every collective when its first
 //! contribution arrives (so a timeout can name who did not come, even when PE 0's own thread is
 //! the one stuck), and turns a closed connection into "PE r exited" on every PE. A reader thread
@@ -9,21 +10,21 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufReader, BufWriter, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::accept;
+use super::conn::{self, Conn, Listener};
 use super::wire::{AbortClass, Msg};
 use super::{Bootstrap, Health, LaunchEnv};
 use crate::error::{bootstrap, Error, ErrorKind, Result};
 
 /// How long after the root's timeout a non-root PE gives up waiting for the root's verdict.
 const LEAF_GRACE: Duration = Duration::from_secs(5);
-/// How long a new connection may take to say who it is.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// State shared between the API thread and the rendezvous threads.
 struct Shared {
@@ -162,8 +163,8 @@ enum Role {
         hub: Mutex<Option<JoinHandle<()>>>,
     },
     Leaf {
-        writer: Mutex<BufWriter<TcpStream>>,
-        stream: TcpStream,
+        writer: Mutex<BufWriter<Conn>>,
+        stream: Conn,
         reader: Mutex<Option<JoinHandle<()>>>,
     },
 }
@@ -180,33 +181,6 @@ pub struct TcpBootstrap {
 
 fn io_err(call: &'static str, what: impl std::fmt::Display) -> Error {
     bootstrap(call, what.to_string())
-}
-
-fn resolve(addr: &str, port: u16) -> Result<SocketAddr> {
-    (addr, port)
-        .to_socket_addrs()
-        .map_err(|e| {
-            io_err(
-                "init",
-                format!("cannot resolve rendezvous address {addr}:{port}: {e}"),
-            )
-        })?
-        .next()
-        .ok_or_else(|| {
-            io_err(
-                "init",
-                format!("rendezvous address {addr}:{port} resolves to nothing"),
-            )
-        })
-}
-
-/// Compares secrets without an early exit, so response time does not leak a prefix.
-fn same_token(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = (a.len() ^ b.len()) as u8 | u8::from(a.len() != b.len());
-    for (x, y) in a.iter().zip(b.iter()) {
-        diff |= x ^ y;
-    }
-    diff == 0
 }
 
 impl TcpBootstrap {
@@ -236,66 +210,15 @@ impl TcpBootstrap {
     }
 
     fn host(env: &LaunchEnv, timeout: Duration, shared: &Arc<Shared>) -> Result<Role> {
-        let want = resolve(&env.addr, env.port)?;
-        // Listen on every interface unless the address is loopback: MASTER_ADDR is often a
-        // name that resolves to an interface other than the one peers route to.
-        let bind: SocketAddr = if want.ip().is_loopback() {
-            want
-        } else {
-            SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), env.port)
-        };
-        let listener = TcpListener::bind(bind).map_err(|e| {
-            io_err(
-                "init",
-                format!("PE 0 cannot listen on {bind} for the rendezvous: {e} (another job on this port? set MASTER_PORT or SYMHEAP_BOOTSTRAP_PORT)"),
-            )
-        })?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| io_err("init", e))?;
+        let listener = Listener::bind(env)?;
         let world = env.world;
-        let mut conns: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
-        let mut connected = 1usize;
-        let deadline = Instant::now() + timeout;
-        while connected < world {
-            match listener.accept() {
-                Ok((stream, peer)) => {
-                    if let Some(rank) = Self::admit(
-                        stream.try_clone().map_err(|e| io_err("init", e))?,
-                        env,
-                        &conns,
-                        peer,
-                    ) {
-                        conns[rank] = Some(stream);
-                        connected += 1;
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if Instant::now() >= deadline {
-                        let missing: Vec<usize> =
-                            (1..world).filter(|&r| conns[r].is_none()).collect();
-                        return Err(Error::new(
-                            Some(0),
-                            "init",
-                            ErrorKind::Timeout {
-                                what: format!(
-                                    "{} PEs to connect to the rendezvous at {}:{}",
-                                    world, env.addr, env.port
-                                ),
-                                waited: timeout,
-                                missing,
-                            },
-                        ));
-                    }
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-                Err(e) => return Err(io_err("init", format!("accept: {e}"))),
-            }
-        }
+        let conns = accept::admit_all(&listener, env, timeout)?;
+        // Closing the listener (and unlinking a Unix socket) as soon as the job is complete
+        // leaves nothing for a stranger to connect to.
         drop(listener);
 
         let (tx, rx) = mpsc::channel();
-        let mut writers: Vec<Option<BufWriter<TcpStream>>> = (0..world).map(|_| None).collect();
+        let mut writers: Vec<Option<BufWriter<Conn>>> = (0..world).map(|_| None).collect();
         for (rank, c) in conns.into_iter().enumerate() {
             let Some(stream) = c else { continue };
             stream
@@ -345,110 +268,8 @@ impl TcpBootstrap {
         })
     }
 
-    /// Checks a new connection's Hello; returns its rank if admitted.
-    fn admit(
-        mut stream: TcpStream,
-        env: &LaunchEnv,
-        conns: &[Option<TcpStream>],
-        peer: SocketAddr,
-    ) -> Option<usize> {
-        let _ = stream.set_nonblocking(false);
-        let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
-        let reject = |mut s: &TcpStream, reason: String| {
-            tracing::warn!("rendezvous: refused a connection from {peer}: {reason}");
-            let _ = Msg::Reject { reason }.write_to(&mut s);
-            let _ = s.shutdown(Shutdown::Both);
-            None
-        };
-        let hello = match Msg::read_from(&mut stream) {
-            Ok(m) => m,
-            Err(e) => return reject(&stream, format!("no valid Hello: {e}")),
-        };
-        let Msg::Hello { token, rank, world } = hello else {
-            return reject(&stream, "first message was not a Hello".into());
-        };
-        if !same_token(&token, &env.token) {
-            return reject(
-                &stream,
-                "wrong job token: this rendezvous belongs to another job".into(),
-            );
-        }
-        let rank = rank as usize;
-        if world as usize != env.world {
-            return reject(
-                &stream,
-                format!("world size {world} differs from PE 0's {}", env.world),
-            );
-        }
-        if rank == 0 || rank >= env.world {
-            return reject(&stream, format!("rank {rank} is not a valid non-root rank"));
-        }
-        if conns[rank].is_some() {
-            return reject(&stream, format!("rank {rank} connected twice"));
-        }
-        if Msg::Welcome.write_to(&mut stream).is_err() {
-            return None;
-        }
-        Some(rank)
-    }
-
     fn join(env: &LaunchEnv, timeout: Duration, shared: &Arc<Shared>) -> Result<Role> {
-        let addr = resolve(&env.addr, env.port)?;
-        let deadline = Instant::now() + timeout;
-        let mut stream = loop {
-            match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
-                Ok(s) => break s,
-                Err(e) => {
-                    if Instant::now() >= deadline {
-                        return Err(Error::new(
-                            Some(env.rank),
-                            "init",
-                            ErrorKind::Timeout {
-                                what: format!("PE 0's rendezvous at {addr} ({e})"),
-                                waited: timeout,
-                                missing: vec![0],
-                            },
-                        ));
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        stream
-            .set_read_timeout(Some(HELLO_TIMEOUT.max(timeout)))
-            .map_err(|e| io_err("init", e))?;
-        Msg::Hello {
-            token: env.token.clone(),
-            rank: env.rank as u32,
-            world: env.world as u32,
-        }
-        .write_to(&mut stream)
-        .map_err(|e| io_err("init", format!("sending Hello to {addr}: {e}")))?;
-        match Msg::read_from(&mut stream) {
-            Ok(Msg::Welcome) => {}
-            Ok(Msg::Reject { reason }) => {
-                return Err(io_err(
-                    "init",
-                    format!("PE 0 at {addr} refused this PE: {reason}"),
-                ))
-            }
-            Ok(other) => {
-                return Err(io_err(
-                    "init",
-                    format!("unexpected reply {other:?} from {addr}"),
-                ))
-            }
-            Err(e) => {
-                return Err(io_err(
-                    "init",
-                    format!("no reply from the rendezvous at {addr}: {e}"),
-                ))
-            }
-        }
-        stream
-            .set_read_timeout(None)
-            .map_err(|e| io_err("init", e))?;
+        let stream = conn::join(env, timeout)?;
         let read_half = stream.try_clone().map_err(|e| io_err("init", e))?;
         let writer = BufWriter::new(stream.try_clone().map_err(|e| io_err("init", e))?);
         let sh = shared.clone();
@@ -691,7 +512,7 @@ struct Hub {
     world: usize,
     timeout: Duration,
     shared: Arc<Shared>,
-    writers: Vec<Option<BufWriter<TcpStream>>>,
+    writers: Vec<Option<BufWriter<Conn>>>,
     bye: Vec<bool>,
     closed: Vec<bool>,
     pending: BTreeMap<u64, Pending>,
@@ -704,7 +525,7 @@ impl Hub {
         world: usize,
         timeout: Duration,
         shared: Arc<Shared>,
-        writers: Vec<Option<BufWriter<TcpStream>>>,
+        writers: Vec<Option<BufWriter<Conn>>>,
     ) -> Hub {
         Hub {
             world,
@@ -889,11 +710,12 @@ mod tests {
             port,
             token: token.as_bytes().to_vec(),
             token_is_secret: true,
+            one_node: false,
         }
     }
 
     fn free_port() -> u16 {
-        TcpListener::bind("127.0.0.1:0")
+        std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()

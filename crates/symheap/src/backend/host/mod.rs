@@ -21,7 +21,8 @@ use super::reduce::reduce_bytes;
 use super::{AtomicOp, Backend, BackendKind, ChunkInfo, GrowVote, ReduceOp};
 use crate::bootstrap::{Bootstrap, NodeChannel, NodeInfo};
 use crate::element::DType;
-use crate::error::{backend, invalid, Result};
+use crate::error::{backend, invalid, ErrorKind, Result};
+use crate::ledger::human_bytes;
 
 /// Shared-memory backend for CPU processes.
 pub struct HostBackend {
@@ -50,18 +51,32 @@ impl HostBackend {
             .unwrap_or(4096) as u64;
         let capacity = capacity.div_ceil(page) * page;
         let world = boot.size();
-        let total = capacity.checked_mul(world as u64).ok_or_else(|| {
-            backend(
+        // Every PE reserves a slot for every PE; a capacity the address space cannot hold is
+        // the caller's setting to change, so it is an invalid argument, worded once.
+        let too_big = |why: &str| {
+            invalid(
                 "init",
-                format!("{world} PEs x {capacity} bytes does not fit the address space"),
+                format!(
+                    "a heap capacity of {} per PE needs {world} x {} of address space on every \
+                     PE, which {why}; lower SYMHEAP_HEAP_CAPACITY (or capacity=)",
+                    human_bytes(capacity),
+                    human_bytes(capacity)
+                ),
             )
-        })?;
-        let reservation = Reservation::new(total, "symmetric heap").map_err(|e| {
-            backend(
-                "init",
-                format!("{} (lower SYMHEAP_HEAP_CAPACITY)", e.kind()),
-            )
-        })?;
+        };
+        let total = capacity
+            .checked_mul(world as u64)
+            .ok_or_else(|| too_big("is more than 64-bit addresses hold"))?;
+        let reservation =
+            Reservation::new(total, "symmetric heap").map_err(|e| match e.kind() {
+                ErrorKind::Backend(why) => {
+                    let errno = why
+                        .rsplit_once("address space: ")
+                        .map_or(why.as_str(), |x| x.1);
+                    too_big(&format!("the kernel does not grant ({errno})"))
+                }
+                _ => e,
+            })?;
         let direct = (0..world)
             .map(|r| node.node_of[r] == node.node_index)
             .collect();

@@ -1,0 +1,568 @@
+//! PE 0's admission of the other PEs: every connection's Hello is read concurrently, in one
+//! poll loop, each within a short window of its own, with a cap on how many may wait at once.
+//!
+//! So no stranger can hold up the job: one that stays silent, drips a byte now and then or
+//! sends garbage is dropped after [`HELLO_WINDOW`] at the latest, while the PEs' own Hellos (sent
+//! the moment they connect) are read as they arrive; a flood past [`MAX_WAITING`] pushes out the
+//! oldest waiting connection, never a new one; and the whole admission ends at the job's
+//! timeout whatever strangers do. Every refused connection is logged at `warn` with its address.
+
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::net::Shutdown;
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+
+use super::conn::{Conn, Listener};
+use super::wire::{Msg, HEADER_LEN};
+use super::LaunchEnv;
+use crate::error::{bootstrap, Error, ErrorKind, Result};
+
+/// How long a new connection may take to send its whole Hello.
+pub(super) const HELLO_WINDOW: Duration = Duration::from_secs(2);
+/// Connections waiting to send their Hello at once; past it the oldest is dropped.
+pub(super) const MAX_WAITING: usize = 64;
+/// Largest Hello accepted (its payload is the token and two numbers).
+const MAX_HELLO: usize = 64 << 10;
+/// New connections taken per turn of the loop, so waiting ones are read in between.
+const ACCEPTS_PER_TURN: usize = 32;
+
+/// A connection that has not said who it is yet.
+struct Caller {
+    conn: Conn,
+    peer: String,
+    buf: Vec<u8>,
+    until: Instant,
+}
+
+/// What a connection's bytes amount to so far.
+enum Verdict {
+    /// Needs more bytes.
+    Incomplete,
+    /// A PE of this job, with its rank.
+    Admit(usize),
+    /// Refused; `reply`: tell it why (it spoke our protocol, so it may be a misconfigured PE).
+    Refuse { reason: String, reply: bool },
+}
+
+struct Admission<'a> {
+    env: &'a LaunchEnv,
+    conns: Vec<Option<Conn>>,
+    admitted: usize,
+    waiting: VecDeque<Caller>,
+    refused: usize,
+}
+
+/// Admits the `env.world - 1` other PEs on `listener` within `timeout`; the connections come
+/// back by rank (index 0 empty), blocking, Welcome sent.
+pub(super) fn admit_all(
+    listener: &Listener,
+    env: &LaunchEnv,
+    timeout: Duration,
+) -> Result<Vec<Option<Conn>>> {
+    let deadline = Instant::now() + timeout;
+    let mut a = Admission {
+        env,
+        conns: (0..env.world).map(|_| None).collect(),
+        admitted: 0,
+        waiting: VecDeque::new(),
+        refused: 0,
+    };
+    while a.admitted + 1 < env.world {
+        let now = Instant::now();
+        a.expire(now);
+        if now >= deadline {
+            return Err(a.timeout_error(listener, timeout));
+        }
+        let wake = a
+            .waiting
+            .iter()
+            .map(|c| c.until)
+            .min()
+            .unwrap_or(deadline)
+            .min(deadline);
+        let (new, ready) = wait_readable(listener, &a.waiting, wake - now)?;
+        // Highest index first, so removing one leaves the others' indices valid.
+        for i in ready.into_iter().rev() {
+            a.read_hello(i);
+        }
+        if new {
+            a.accept_new(listener);
+        }
+    }
+    for c in std::mem::take(&mut a.waiting) {
+        a.refuse(c, "every PE had joined before it sent a Hello", false);
+    }
+    Ok(a.conns)
+}
+
+/// Polls the listener and the waiting connections for at most `wait`; returns whether new
+/// connections wait and which waiting ones have bytes (or a hang-up) to read.
+fn wait_readable(
+    listener: &Listener,
+    waiting: &VecDeque<Caller>,
+    wait: Duration,
+) -> Result<(bool, Vec<usize>)> {
+    let mut fds = Vec::with_capacity(waiting.len() + 1);
+    fds.push(PollFd::new(listener.as_fd(), PollFlags::POLLIN));
+    for c in waiting {
+        fds.push(PollFd::new(c.conn.as_fd(), PollFlags::POLLIN));
+    }
+    // Round up so a wait shorter than a millisecond does not spin.
+    let ms = (wait.as_micros().div_ceil(1000)).min(1000) as u16;
+    match poll(&mut fds, PollTimeout::from(ms)) {
+        Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+        Err(e) => return Err(bootstrap("init", format!("rendezvous poll: {e}"))),
+    }
+    let hit = |f: &PollFd| f.revents().is_some_and(|r| !r.is_empty());
+    let new = hit(&fds[0]);
+    let ready = (1..fds.len())
+        .filter(|&i| hit(&fds[i]))
+        .map(|i| i - 1)
+        .collect();
+    Ok((new, ready))
+}
+
+impl Admission<'_> {
+    fn refuse(&mut self, c: Caller, reason: &str, reply: bool) {
+        self.refused += 1;
+        super::warn(&format!(
+            "rendezvous: refused a connection from {}: {reason}",
+            c.peer
+        ));
+        let mut conn = c.conn;
+        if reply {
+            let _ = Msg::Reject {
+                reason: reason.to_string(),
+            }
+            .write_to(&mut conn);
+        }
+        let _ = conn.shutdown(Shutdown::Both);
+    }
+
+    /// Drops the connections whose Hello window has passed. They get no Reject: a PE that was
+    /// merely slow sees the connection close and tries again.
+    fn expire(&mut self, now: Instant) {
+        let (late, on_time): (Vec<Caller>, Vec<Caller>) =
+            self.waiting.drain(..).partition(|c| now >= c.until);
+        self.waiting = on_time.into();
+        for c in late {
+            let got = c.buf.len();
+            let why = format!(
+                "no complete Hello within {} s ({got} bytes received)",
+                HELLO_WINDOW.as_secs_f64()
+            );
+            self.refuse(c, &why, false);
+        }
+    }
+
+    fn accept_new(&mut self, listener: &Listener) {
+        let me = nix::unistd::getuid().as_raw();
+        for _ in 0..ACCEPTS_PER_TURN {
+            let (conn, peer, uid) = match listener.accept() {
+                Ok(x) => x,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionAborted => continue,
+                Err(e) => {
+                    // Out of descriptors, most likely: let waiting connections expire first.
+                    super::warn(&format!("rendezvous: accept failed: {e}"));
+                    std::thread::sleep(Duration::from_millis(10));
+                    return;
+                }
+            };
+            let c = Caller {
+                conn,
+                peer,
+                buf: Vec::new(),
+                until: Instant::now() + HELLO_WINDOW,
+            };
+            if uid.is_some_and(|u| u != me) {
+                self.refuse(
+                    c,
+                    &format!("it runs as another user (this is uid {me})"),
+                    false,
+                );
+                continue;
+            }
+            if c.conn.set_nonblocking(true).is_err() {
+                continue;
+            }
+            if self.waiting.len() >= MAX_WAITING {
+                if let Some(old) = self.waiting.pop_front() {
+                    let why = format!("{MAX_WAITING} connections were waiting to send a Hello");
+                    self.refuse(old, &why, false);
+                }
+            }
+            self.waiting.push_back(c);
+        }
+    }
+
+    /// Reads what waiting connection `i` has sent and admits or refuses it once it can tell.
+    fn read_hello(&mut self, i: usize) {
+        let c = &mut self.waiting[i];
+        let need = frame_len(&c.buf).unwrap_or(HEADER_LEN);
+        let mut chunk = vec![0u8; need.saturating_sub(c.buf.len()).max(1)];
+        let closed = match c.conn.read(&mut chunk) {
+            Ok(0) => Some("it closed the connection before sending a Hello".to_string()),
+            Ok(n) => {
+                c.buf.extend_from_slice(&chunk[..n]);
+                None
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                ) =>
+            {
+                return
+            }
+            Err(e) => Some(format!("its connection failed: {e}")),
+        };
+        let verdict = match closed {
+            Some(why) => Verdict::Refuse {
+                reason: why,
+                reply: false,
+            },
+            None => self.judge(i),
+        };
+        match verdict {
+            Verdict::Incomplete => {}
+            Verdict::Refuse { reason, reply } => {
+                let c = self.waiting.remove(i).expect("index from poll");
+                self.refuse(c, &reason, reply);
+            }
+            Verdict::Admit(rank) => {
+                let mut c = self.waiting.remove(i).expect("index from poll");
+                let sent = c.conn.set_nonblocking(false).is_ok()
+                    && Msg::Welcome.write_to(&mut c.conn).is_ok()
+                    && c.conn.flush().is_ok();
+                if sent {
+                    tracing::debug!("rendezvous: PE {rank} joined from {}", c.peer);
+                    self.conns[rank] = Some(c.conn);
+                    self.admitted += 1;
+                }
+            }
+        }
+    }
+
+    /// Decides on waiting connection `i` from the bytes it has sent.
+    fn judge(&self, i: usize) -> Verdict {
+        let buf = &self.waiting[i].buf;
+        if buf.len() < HEADER_LEN {
+            return Verdict::Incomplete;
+        }
+        let mut h = [0u8; HEADER_LEN];
+        h.copy_from_slice(&buf[..HEADER_LEN]);
+        let len = match Msg::decode_header(&h) {
+            Ok((_, len)) => len,
+            Err(e) => {
+                return Verdict::Refuse {
+                    reason: format!("no valid Hello: {e}"),
+                    reply: true,
+                }
+            }
+        };
+        if len > MAX_HELLO {
+            return Verdict::Refuse {
+                reason: format!("its first frame declares {len} bytes, more than a Hello"),
+                reply: true,
+            };
+        }
+        if buf.len() < HEADER_LEN + len {
+            return Verdict::Incomplete;
+        }
+        match Msg::decode(buf) {
+            Ok(Msg::Hello { token, rank, world }) => self.check_hello(&token, rank, world),
+            Ok(_) => Verdict::Refuse {
+                reason: "its first message was not a Hello".into(),
+                reply: true,
+            },
+            Err(e) => Verdict::Refuse {
+                reason: format!("no valid Hello: {e}"),
+                reply: true,
+            },
+        }
+    }
+
+    fn check_hello(&self, token: &[u8], rank: u32, world: u32) -> Verdict {
+        let env = self.env;
+        let refuse = |reason: String| Verdict::Refuse {
+            reason,
+            reply: true,
+        };
+        if !same_token(token, &env.token) {
+            return refuse("wrong job token: this rendezvous belongs to another job".into());
+        }
+        if world as usize != env.world {
+            return refuse(format!(
+                "world size {world} differs from PE 0's {}",
+                env.world
+            ));
+        }
+        let rank = rank as usize;
+        if rank == 0 || rank >= env.world {
+            return refuse(format!("rank {rank} is not a valid non-root rank"));
+        }
+        if self.conns[rank].is_some() {
+            return refuse(format!("rank {rank} connected twice"));
+        }
+        Verdict::Admit(rank)
+    }
+
+    fn timeout_error(&mut self, listener: &Listener, timeout: Duration) -> Error {
+        for c in std::mem::take(&mut self.waiting) {
+            self.refuse(c, "the rendezvous timed out before it sent a Hello", false);
+        }
+        let missing: Vec<usize> = (1..self.env.world)
+            .filter(|&r| self.conns[r].is_none())
+            .collect();
+        let strangers = if self.refused > 0 {
+            format!(
+                "; {} other connections were refused (see the warnings)",
+                self.refused
+            )
+        } else {
+            String::new()
+        };
+        Error::new(
+            Some(0),
+            "init",
+            ErrorKind::Timeout {
+                what: format!(
+                    "{} PEs to connect to the rendezvous at {}{strangers}",
+                    self.env.world,
+                    listener.describe()
+                ),
+                waited: timeout,
+                missing,
+            },
+        )
+    }
+}
+
+/// The whole frame's length once its header is in `buf`.
+fn frame_len(buf: &[u8]) -> Option<usize> {
+    if buf.len() < HEADER_LEN {
+        return None;
+    }
+    let len = u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]) as usize;
+    Some(HEADER_LEN + len.min(MAX_HELLO + 1))
+}
+
+/// Compares secrets without an early exit, so response time does not leak a prefix.
+fn same_token(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() ^ b.len()) as u8 | u8::from(a.len() != b.len());
+    for (x, y) in a.iter().zip(b.iter()) {
+        diff |= x ^ y;
+    }
+    diff == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::net::TcpStream;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::bootstrap::{Bootstrap, Launcher, TcpBootstrap};
+
+    fn env(rank: usize, world: usize, port: u16, token: &str, one_node: bool) -> LaunchEnv {
+        LaunchEnv {
+            launcher: Launcher::TorchStyle,
+            rank,
+            world,
+            local_rank: Some(rank),
+            addr: "127.0.0.1".into(),
+            port,
+            token: token.as_bytes().to_vec(),
+            token_is_secret: true,
+            one_node,
+        }
+    }
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    /// Connects strangers of every kind to `port` until `stop`: idle ones, one dripping a byte
+    /// every 300 ms, garbage, a wrong token, and a Hello of another world size.
+    fn strangers(
+        port: u16,
+        idle: usize,
+        stop: Arc<AtomicBool>,
+    ) -> Vec<std::thread::JoinHandle<()>> {
+        let connect = move || loop {
+            if let Ok(s) = TcpStream::connect(("127.0.0.1", port)) {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let mut held = Vec::new();
+        let mut hs = Vec::new();
+        let s2 = stop.clone();
+        hs.push(std::thread::spawn(move || {
+            for _ in 0..idle {
+                held.push(connect());
+            }
+            while !s2.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }));
+        let s3 = stop.clone();
+        hs.push(std::thread::spawn(move || {
+            let mut s = connect();
+            let frame = Msg::Hello {
+                token: b"t".to_vec(),
+                rank: 1,
+                world: 3,
+            }
+            .encode();
+            for b in frame.iter().cycle() {
+                if s3.load(Ordering::Relaxed) || s.write_all(&[*b]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        }));
+        hs.push(std::thread::spawn(move || {
+            let mut s = connect();
+            let _ = s.write_all(b"GET / HTTP/1.0\r\n\r\n");
+            std::thread::sleep(Duration::from_millis(200));
+        }));
+        for (token, world) in [("wrong", 3u32), ("t", 7)] {
+            hs.push(std::thread::spawn(move || {
+                let mut s = connect();
+                let hello = Msg::Hello {
+                    token: token.as_bytes().to_vec(),
+                    rank: 1,
+                    world,
+                };
+                let _ = hello.write_to(&mut s);
+                let reply = Msg::read_from(&mut s);
+                assert!(matches!(reply, Ok(Msg::Reject { .. })), "{reply:?}");
+            }));
+        }
+        hs
+    }
+
+    /// A PE of a job of `world`: connects, meets the others, finalizes; returns how long it
+    /// took to be connected.
+    fn pe(r: usize, world: usize, port: u16, token: String, one_node: bool) -> Duration {
+        let t0 = Instant::now();
+        let e = env(r, world, port, &token, one_node);
+        let b = TcpBootstrap::connect(&e, Duration::from_secs(20)).unwrap();
+        let took = t0.elapsed();
+        let got = b.all_gather("g", &[r as u8]).unwrap();
+        assert_eq!(got, (0..world as u8).map(|x| vec![x]).collect::<Vec<_>>());
+        b.finalize().unwrap();
+        took
+    }
+
+    #[test]
+    fn strangers_do_not_hold_up_the_pes() {
+        let port = free_port();
+        let root = std::thread::spawn(move || pe(0, 3, port, "t".into(), false));
+        let stop = Arc::new(AtomicBool::new(false));
+        // More idle strangers than may wait at once: the oldest are pushed out.
+        let attack = strangers(port, MAX_WAITING + 40, stop.clone());
+        std::thread::sleep(Duration::from_millis(500));
+        let pes: Vec<_> = (1..3)
+            .map(|r| std::thread::spawn(move || pe(r, 3, port, "t".into(), false)))
+            .collect();
+        for h in pes {
+            let joined = h.join().unwrap();
+            assert!(joined < Duration::from_secs(2), "a PE took {joined:?}");
+        }
+        root.join().unwrap();
+        stop.store(true, Ordering::Relaxed);
+        for h in attack {
+            h.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn the_timeout_bounds_the_rendezvous_whatever_strangers_do() {
+        let port = free_port();
+        let t = Duration::from_millis(2500);
+        let root = std::thread::spawn(move || {
+            let t0 = Instant::now();
+            let e = TcpBootstrap::connect(&env(0, 3, port, "t", false), t)
+                .err()
+                .expect("PE 2 never comes");
+            (t0.elapsed(), e)
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let attack = strangers(port, 20, stop.clone());
+        let pe1 = TcpBootstrap::connect(&env(1, 3, port, "t", false), t);
+        let (took, e) = root.join().unwrap();
+        stop.store(true, Ordering::Relaxed);
+        for h in attack {
+            h.join().unwrap();
+        }
+        assert!(took < t + Duration::from_millis(500), "took {took:?}");
+        let s = e.to_string();
+        assert!(
+            matches!(e.kind(), ErrorKind::Timeout { missing, .. } if missing == &vec![2]),
+            "{s}"
+        );
+        assert!(s.contains("other connections were refused"), "{s}");
+        // PE 1 was admitted, then learns that PE 0 is gone.
+        let pe1 = pe1.unwrap();
+        assert!(pe1.barrier("b").is_err());
+    }
+
+    #[test]
+    fn an_unreachable_pe_0_is_named_clearly() {
+        let port = free_port();
+        let t0 = Instant::now();
+        let e = TcpBootstrap::connect(&env(1, 2, port, "t", false), Duration::from_secs(1))
+            .err()
+            .unwrap();
+        let s = e.to_string();
+        assert!(t0.elapsed() < Duration::from_millis(1500));
+        assert!(
+            s.contains("connection refused: nothing listens there; is PE 0 running"),
+            "{s}"
+        );
+        assert!(s.contains(&format!("127.0.0.1:{port}")), "{s}");
+        assert!(s.contains("PE 0 did not arrive"), "{s}");
+        assert!(!s.contains("os error"), "{s}");
+    }
+
+    #[test]
+    fn one_node_jobs_meet_on_a_unix_socket_not_tcp() {
+        // No TCP listener anywhere on this port: a stranger there finds nothing.
+        let port = free_port();
+        let token = format!("unix-test-{}", std::process::id());
+        let path = crate::bootstrap::unix::rendezvous_path(
+            &crate::bootstrap::unix::runtime_dir().unwrap(),
+            token.as_bytes(),
+        )
+        .unwrap();
+        // A socket left by an earlier, killed PE 0 of the same job identity.
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        let hs: Vec<_> = (0..4)
+            .map(|r| {
+                let token = token.clone();
+                std::thread::spawn(move || pe(r, 4, port, token, true))
+            })
+            .collect();
+        let stranger = std::thread::spawn(move || TcpStream::connect(("127.0.0.1", port)).is_ok());
+        for h in hs {
+            h.join().unwrap();
+        }
+        assert!(!stranger.join().unwrap(), "something listens on TCP");
+        assert!(
+            !path.exists(),
+            "the rendezvous socket outlived the rendezvous"
+        );
+    }
+}

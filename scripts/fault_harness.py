@@ -1,0 +1,491 @@
+#!/usr/bin/env python3
+"""Fault harness: symheap jobs started by hand (no launcher), attacked while they run.
+
+Modes (subcommands):
+
+``rendezvous``
+    While a job of N PEs starts, strangers hit PE 0's rendezvous: idle connections (more of them
+    than PE 0 lets wait at once), one dripping a Hello a byte at a time, garbage, a Hello with a
+    wrong token and one with the token a job without ``SYMHEAP_TOKEN`` would derive. Both
+    transports are attacked: ``tcp`` (the launcher does not say the PEs share a node, the job
+    has a secret token) and ``unix`` (``LOCAL_WORLD_SIZE == WORLD_SIZE``: the rendezvous is a Unix
+    socket in the 0700 runtime directory, no secret token; the derived-token stranger tries TCP,
+    where nothing may listen). Each trial checks that every PE started within the job's timeout,
+    that no stranger was welcomed, and that PE 0 logged every stranger that reached it. Prints a
+    markdown table; the exit status is 1 if any check failed.
+
+``pe``
+    One PE of a job (what the modes start): ``symheap.init()``, an all_gather, ``finalize()``;
+    prints ``PE-READY <rank> <init seconds>``.
+
+The PEs get RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (and LOCAL_WORLD_SIZE for
+the one-node transport) from :func:`pe_env`; :class:`Job` starts and collects them. A mode that
+kills PEs at random points reuses both (add a subparser and a ``pe`` scenario).
+
+Example: ``python scripts/fault_harness.py rendezvous --pes 2,4,8 --trials 3``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+# ---- what symheap's bootstrap speaks (crates/symheap/src/bootstrap/wire.rs) -----------------
+
+WIRE_VERSION = 1
+K_HELLO, K_WELCOME, K_REJECT = 1, 2, 3
+HEADER_LEN = 12
+
+
+def frame(kind: int, payload: bytes) -> bytes:
+    """A bootstrap frame: magic, version, kind, reserved, length, payload."""
+    return b"SYMH" + struct.pack("<HBBI", WIRE_VERSION, kind, 0, len(payload)) + payload
+
+
+def hello(token: bytes, rank: int, world: int) -> bytes:
+    """The first message a PE sends to PE 0."""
+    return frame(K_HELLO, struct.pack("<I", len(token)) + token + struct.pack("<II", rank, world))
+
+
+def derived_token(world: int, port: int, addr: str = "127.0.0.1") -> bytes:
+    """The token a job started by hand (RANK/WORLD_SIZE, no SYMHEAP_TOKEN) derives."""
+    return f"symheap-job:RANK/WORLD_SIZE environment::{addr}:{port}:{world}".encode()
+
+
+def fnv1a(data: bytes) -> int:
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def runtime_dir() -> str:
+    """The directory of node-local sockets, as symheap computes it."""
+    if os.environ.get("SYMHEAP_RUNTIME_DIR"):
+        return os.environ["SYMHEAP_RUNTIME_DIR"]
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        return os.path.join(os.environ["XDG_RUNTIME_DIR"], "symheap")
+    return f"/tmp/symheap-{os.getuid()}"
+
+
+def rendezvous_socket(token: bytes) -> str:
+    """The Unix socket of a one-node job with this token."""
+    return os.path.join(runtime_dir(), f"rdv-{fnv1a(token):016x}.sock")
+
+
+def listening(spec: "JobSpec") -> bool:
+    """Whether PE 0 of ``spec`` listens yet, found without connecting (which PE 0 would log)."""
+    if spec.one_node:
+        token = spec.token.encode() if spec.token is not None else derived_token(spec.n, spec.port)
+        return os.path.exists(rendezvous_socket(token))
+    want = f":{spec.port:04X}"
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if len(fields) > 3 and fields[1].endswith(want) and fields[3] == "0A":
+                return True
+    return False
+
+
+def free_port() -> int:
+    """A TCP port below Linux's ephemeral range that was free a moment ago."""
+    for _ in range(200):
+        port = 20000 + secrets.randbelow(12000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free TCP port found")
+
+
+# ---- PEs started by hand ---------------------------------------------------------------------
+
+# Variables a launcher sets; a job started here must not inherit any from outside.
+LAUNCHER_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "SYMHEAP_TOKEN",
+    "SYMHEAP_LAUNCHER",
+    "SYMHEAP_BOOTSTRAP_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "SLURM_PROCID",
+    "SLURM_STEP_ID",
+)
+
+
+@dataclass
+class JobSpec:
+    """One job: ``n`` PEs on ``port``; ``one_node`` says LOCAL_WORLD_SIZE == WORLD_SIZE."""
+
+    n: int
+    port: int
+    timeout: float
+    one_node: bool
+    token: Optional[str] = None  # SYMHEAP_TOKEN, None: derived
+    extra_env: Dict[str, str] = field(default_factory=dict)
+
+
+def pe_env(spec: JobSpec, rank: int) -> Dict[str, str]:
+    """The environment of PE ``rank``, as a launcher would set it (minus a launcher)."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    env.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(spec.n),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(spec.port),
+        SYMHEAP_BACKEND="host",
+        SYMHEAP_TIMEOUT=str(spec.timeout),
+        SYMHEAP_HEAP_CAPACITY="256M",
+        SYMHEAP_LOG="warn",
+    )
+    if spec.one_node:
+        env["LOCAL_WORLD_SIZE"] = str(spec.n)
+    if spec.token is not None:
+        env["SYMHEAP_TOKEN"] = spec.token
+    env.update(spec.extra_env)
+    return env
+
+
+@dataclass
+class PeResult:
+    rank: int
+    rc: Optional[int]
+    stdout: str
+    stderr: str
+
+    @property
+    def init_s(self) -> Optional[float]:
+        for line in self.stdout.splitlines():
+            f = line.split()
+            if len(f) == 3 and f[0] == "PE-READY" and f[1] == str(self.rank):
+                return float(f[2])
+        return None
+
+
+class Job:
+    """The PEs of one job, each a process running this script's ``pe`` subcommand."""
+
+    def __init__(self, spec: JobSpec, scenario: Sequence[str] = ()) -> None:
+        self.spec = spec
+        self.scenario = list(scenario)
+        self.procs: Dict[int, subprocess.Popen] = {}
+
+    def start(self, ranks: Sequence[int]) -> None:
+        for r in ranks:
+            cmd = [sys.executable, os.path.abspath(__file__), "pe", *self.scenario]
+            self.procs[r] = subprocess.Popen(
+                cmd,
+                env=pe_env(self.spec, r),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+
+    def wait(self, limit: float) -> List[PeResult]:
+        """Waits up to ``limit`` seconds for every PE; kills the ones still running."""
+        deadline = time.monotonic() + limit
+        out = []
+        for r in sorted(self.procs):
+            p = self.procs[r]
+            try:
+                so, se = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                so, se = p.communicate()
+                out.append(PeResult(r, None, so, se))
+                continue
+            out.append(PeResult(r, p.returncode, so, se))
+        return out
+
+
+def run_pe(args: argparse.Namespace) -> int:
+    """The ``pe`` subcommand: one PE of a job. Scenario ``init`` (the only one so far): init,
+    an all_gather, finalize. A kill mode adds scenarios that work until they are killed."""
+    import symheap
+
+    rank = int(os.environ["RANK"])
+    t0 = time.monotonic()
+    symheap.init()
+    took = time.monotonic() - t0
+    got = symheap.all_gather_object_bytes(bytes([rank]))
+    if got != [bytes([r]) for r in range(symheap.n_pes())]:
+        print(f"PE {rank}: all_gather returned {got}", file=sys.stderr)
+        return 1
+    print(f"PE-READY {rank} {took:.3f}", flush=True)
+    symheap.finalize()
+    return 0
+
+
+# ---- strangers -------------------------------------------------------------------------------
+
+Target = Union[Tuple[str, int], str]  # (host, port) or a Unix socket path
+
+
+@dataclass
+class Outcome:
+    kind: str
+    target: str
+    connected: bool = False
+    local: Optional[str] = None  # the stranger's own address, as PE 0 logs it (TCP)
+    result: str = "never connected"  # welcomed, rejected, closed, open at the end
+
+
+def _read_reply(s: socket.socket) -> str:
+    """What PE 0 answered: welcomed, rejected or closed (b"" or an error)."""
+    buf = b""
+    while len(buf) < HEADER_LEN:
+        chunk = s.recv(HEADER_LEN - len(buf))
+        if not chunk:
+            return "closed"
+        buf += chunk
+    if buf[:4] != b"SYMH":
+        return "closed"
+    return {K_WELCOME: "welcomed", K_REJECT: "rejected"}.get(buf[6], "closed")
+
+
+class Stranger(threading.Thread):
+    """One attacking connection of ``kind``: idle, drip, garbage, wrong-token, derived-token."""
+
+    def __init__(self, kind: str, target: Target, stop: threading.Event, payload: bytes, drip_s: float) -> None:
+        super().__init__(daemon=True)
+        self.kind, self.target, self.stop, self.payload, self.drip_s = kind, target, stop, payload, drip_s
+        shown = self.target if isinstance(self.target, str) else f"{self.target[0]}:{self.target[1]}"
+        self.outcome = Outcome(kind, shown)
+
+    def _connect(self) -> Optional[socket.socket]:
+        while not self.stop.is_set():
+            fam = socket.AF_UNIX if isinstance(self.target, str) else socket.AF_INET
+            s = socket.socket(fam, socket.SOCK_STREAM)
+            try:
+                s.connect(self.target)
+            except OSError:
+                s.close()
+                time.sleep(0.005)
+                continue
+            return s
+        return None
+
+    def run(self) -> None:
+        s = self._connect()
+        if s is None:
+            return
+        o = self.outcome
+        o.connected = True
+        if not isinstance(self.target, str):
+            o.local = "{}:{}".format(*s.getsockname())
+        try:
+            with s:
+                o.result = self._attack(s)
+        except OSError:
+            o.result = "closed"
+
+    def _attack(self, s: socket.socket) -> str:
+        if self.kind == "drip":
+            for b in self.payload:
+                s.settimeout(self.drip_s)
+                try:
+                    if s.recv(1) == b"":
+                        return "closed"
+                except socket.timeout:
+                    pass
+                if self.stop.is_set():
+                    return "open at the end"
+                s.sendall(bytes([b]))
+        elif self.payload:
+            s.sendall(self.payload)
+        s.settimeout(0.2)
+        while not self.stop.is_set():
+            try:
+                return _read_reply(s)
+            except socket.timeout:
+                continue
+        return "open at the end"
+
+
+def strangers_for(spec: JobSpec, idle: int, drip_s: float, stop: threading.Event) -> List[Stranger]:
+    """The attack on ``spec``'s rendezvous (see the module documentation)."""
+    tcp: Target = ("127.0.0.1", spec.port)
+    token = spec.token.encode() if spec.token is not None else derived_token(spec.n, spec.port)
+    main: Target = rendezvous_socket(token) if spec.one_node else tcp
+    wrong = hello(secrets.token_hex(16).encode(), 1, spec.n)
+    derived = hello(derived_token(spec.n, spec.port), 1, spec.n)
+    garbage = b"GET / HTTP/1.1\r\nHost: symheap\r\n\r\n" + secrets.token_bytes(64)
+    drip = hello(secrets.token_hex(16).encode(), 1, spec.n)
+    out = [Stranger("idle", main, stop, b"", drip_s) for _ in range(idle)]
+    out += [
+        Stranger("drip", main, stop, drip, drip_s),
+        Stranger("garbage", main, stop, garbage, drip_s),
+        Stranger("wrong-token", main, stop, wrong, drip_s),
+        # Over the Unix socket a stranger of this user with the derived token would be a PE (the
+        # user can ptrace the job anyway); what must hold is that nothing listens on TCP.
+        Stranger("derived-token", tcp, stop, derived, drip_s),
+    ]
+    return out
+
+
+# ---- the rendezvous mode ---------------------------------------------------------------------
+
+
+@dataclass
+class Trial:
+    transport: str
+    n: int
+    started: bool
+    init_s: float
+    join_s: float
+    strangers: int
+    refused: int
+    logged: int
+    reached: int
+    problems: List[str]
+
+
+def refusal_lines(stderr: str) -> List[str]:
+    return [line for line in stderr.splitlines() if "rendezvous: refused a connection from" in line]
+
+
+def rendezvous_trial(n: int, one_node: bool, timeout: float, idle: int, drip_s: float) -> Trial:
+    spec = JobSpec(n=n, port=free_port(), timeout=timeout, one_node=one_node)
+    if not one_node:
+        spec.token = secrets.token_hex(16)
+    stop = threading.Event()
+    strangers = strangers_for(spec, idle, drip_s, stop)
+    job = Job(spec)
+    t0 = time.monotonic()
+    job.start([0])
+    while not listening(spec) and time.monotonic() < t0 + timeout and job.procs[0].poll() is None:
+        time.sleep(0.005)
+    for s in strangers:
+        s.start()
+    # The strangers get to PE 0 before the PEs do.
+    ready_by = time.monotonic() + 3
+    waiting = [s for s in strangers if s.kind != "derived-token" or not one_node]
+    while time.monotonic() < ready_by and not all(s.outcome.connected for s in waiting):
+        time.sleep(0.01)
+    job.start(range(1, n))
+    results = job.wait(timeout + 20)
+    wall = time.monotonic() - t0
+    stop.set()
+    for s in strangers:
+        s.join(5)
+    return judge(spec, results, strangers, wall)
+
+
+def judge(spec: JobSpec, results: List[PeResult], strangers: List[Stranger], wall: float) -> Trial:
+    problems = []
+    times = [r.init_s for r in results]
+    started = all(r.rc == 0 and t is not None for r, t in zip(results, times))
+    for r, t in zip(results, times):
+        if r.rc != 0 or t is None:
+            problems.append(f"PE {r.rank} exited {r.rc}: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+        elif t > spec.timeout:
+            problems.append(f"PE {r.rank} took {t:.2f} s to start, past the {spec.timeout} s timeout")
+    pe0 = results[0].stderr if results else ""
+    lines = refusal_lines(pe0)
+    reached = [
+        s.outcome for s in strangers if s.outcome.connected and not (s.kind == "derived-token" and spec.one_node)
+    ]
+    for s in strangers:
+        if s.outcome.result == "welcomed":
+            problems.append(f"a {s.kind} stranger at {s.outcome.target} was welcomed as a PE")
+        if s.kind == "derived-token" and spec.one_node and s.outcome.connected:
+            problems.append("something listens on TCP although the job meets on a Unix socket")
+    if spec.one_node:
+        logged = min(len(lines), len(reached))
+        if len(lines) < len(reached):
+            problems.append(f"PE 0 logged {len(lines)} refusals for {len(reached)} strangers that reached it")
+    else:
+        unlogged = [o for o in reached if not any(f"from {o.local}:" in line for line in lines)]
+        logged = len(reached) - len(unlogged)
+        for o in unlogged[:3]:
+            problems.append(f"no warning names the {o.kind} stranger at {o.local} ({o.result})")
+    refused = sum(1 for s in strangers if s.outcome.result != "welcomed")
+    pe_times = [t for t in times if t is not None]
+    join = [t for r, t in zip(results, times) if r.rank > 0 and t is not None]
+    return Trial(
+        transport="unix" if spec.one_node else "tcp",
+        n=spec.n,
+        started=started,
+        init_s=max(pe_times) if pe_times else wall,
+        join_s=max(join) if join else 0.0,
+        strangers=len(strangers),
+        refused=refused,
+        logged=logged,
+        reached=len(reached),
+        problems=problems,
+    )
+
+
+def table(trials: List[Trial]) -> str:
+    rows = [
+        "| transport | PEs | trials | started | refused strangers | refusals logged by PE 0 "
+        "| max init time (s) | max time for PEs 1.. to join (s) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    keys = sorted({(t.transport, t.n) for t in trials})
+    for tr, n in keys:
+        ts = [t for t in trials if (t.transport, t.n) == (tr, n)]
+        rows.append(
+            f"| {tr} | {n} | {len(ts)} | {sum(t.started for t in ts)} "
+            f"| {sum(t.refused for t in ts)} of {sum(t.strangers for t in ts)} "
+            f"| {sum(t.logged for t in ts)} of {sum(t.reached for t in ts)} "
+            f"| {max(t.init_s for t in ts):.2f} | {max(t.join_s for t in ts):.2f} |"
+        )
+    return "\n".join(rows)
+
+
+def run_rendezvous(args: argparse.Namespace) -> int:
+    pes = [int(p) for p in args.pes.split(",")]
+    transports = ["tcp", "unix"] if args.transport == "both" else [args.transport]
+    trials: List[Trial] = []
+    for n in pes:
+        for transport in transports:
+            for _ in range(args.trials):
+                t = rendezvous_trial(n, transport == "unix", args.timeout, args.idle, args.drip)
+                trials.append(t)
+                for p in t.problems:
+                    print(f"FAIL {transport} {n} PEs: {p}", file=sys.stderr)
+    print(table(trials))
+    return 1 if any(t.problems for t in trials) else 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="mode", required=True)
+    r = sub.add_parser("rendezvous", help="attack PE 0's rendezvous while jobs start")
+    r.add_argument("--pes", default="2,4,8", help="job sizes, comma separated (default 2,4,8)")
+    r.add_argument("--trials", type=int, default=3, help="jobs per size and transport (default 3)")
+    r.add_argument("--transport", choices=["tcp", "unix", "both"], default="both")
+    r.add_argument("--timeout", type=float, default=10.0, help="SYMHEAP_TIMEOUT of the jobs (default 10)")
+    r.add_argument("--idle", type=int, default=129, help="idle strangers per job (default 129)")
+    r.add_argument("--drip", type=float, default=1.0, help="seconds between the dripping stranger's bytes")
+    r.set_defaults(run=run_rendezvous)
+    p = sub.add_parser("pe", help="(internal) one PE of a job")
+    p.add_argument("scenario", nargs="?", default="init", choices=["init"], help="what the PE does (default init)")
+    p.set_defaults(run=run_pe)
+    args = ap.parse_args(argv)
+    return int(args.run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

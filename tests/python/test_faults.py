@@ -1,0 +1,157 @@
+"""The rendezvous mode of scripts/fault_harness.py, short: jobs of 2, 4 and 8 PEs started by hand
+(no launcher) on the host backend, over TCP and over the one-node Unix socket, while strangers
+(idle past PE 0's cap, dripping, garbage, wrong token, derived token) hit PE 0's rendezvous."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, clean_env, launch
+
+HARNESS = ROOT / "scripts" / "fault_harness.py"
+
+
+def test_rendezvous_cannot_be_stalled_or_joined() -> None:
+    idle = 70  # more than the 64 connections PE 0 lets wait for their Hello at once
+    timeout = 10.0
+    cmd = [sys.executable, str(HARNESS), "rendezvous", "--pes", "2,4,8", "--trials", "1"]
+    cmd += ["--idle", str(idle), "--timeout", str(timeout)]
+    p = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, f"exit status {p.returncode}\n{p.stdout}\n{p.stderr}"
+    rows = [line.split("|")[1:-1] for line in p.stdout.splitlines() if line.startswith(("| tcp", "| unix"))]
+    seen = {(r[0].strip(), int(r[1])) for r in rows}
+    assert seen == {(t, n) for t in ("tcp", "unix") for n in (2, 4, 8)}, p.stdout
+    strangers = idle + 4
+    for transport, _n, trials, started, refused, logged, init_s, join_s in (map(str.strip, r) for r in rows):
+        assert trials == started == "1", p.stdout
+        assert refused == f"{strangers} of {strangers}", p.stdout
+        # Every stranger that reached PE 0 is named in a warning (on the Unix socket, all but
+        # the derived-token one, which tries TCP, where nothing listens).
+        reached = strangers if transport == "tcp" else strangers - 1
+        assert logged == f"{reached} of {reached}", p.stdout
+        assert float(init_s) < timeout and float(join_s) < timeout / 2, p.stdout
+
+
+# ---- the rendezvous's other guarantees, on jobs started by hand with the harness's helpers ----
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import fault_harness as fh  # noqa: E402
+
+JOINABLE = "has no secret (SYMHEAP_TOKEN is not set)"
+
+
+def _job(spec: fh.JobSpec, limit: float = 60) -> list:
+    job = fh.Job(spec)
+    job.start(range(spec.n))
+    results = job.wait(limit)
+    for r in results:
+        assert r.rc == 0 and r.init_s is not None, f"PE {r.rank} exited {r.rc}\n{r.stdout}\n{r.stderr}"
+    return results
+
+
+def test_a_joinable_job_says_so_once() -> None:
+    """Across nodes (the launcher does not say one node) without SYMHEAP_TOKEN, PE 0 warns once;
+    with a secret, or on one node (a Unix socket only this user reaches), nothing is said."""
+    r = _job(fh.JobSpec(n=3, port=fh.free_port(), timeout=20, one_node=False))
+    assert r[0].stderr.count(JOINABLE) == 1, r[0].stderr
+    assert all(JOINABLE not in x.stderr for x in r[1:])
+    for spec in (
+        fh.JobSpec(n=3, port=fh.free_port(), timeout=20, one_node=False, token="s3cret-of-this-job"),
+        fh.JobSpec(n=3, port=fh.free_port(), timeout=20, one_node=True),
+    ):
+        assert all(JOINABLE not in x.stderr for x in _job(spec)), spec
+
+
+def _local_ipv4() -> str:
+    """A non-loopback IPv4 address of this machine (from the kernel's routing trie)."""
+    lines = Path("/proc/net/fib_trie").read_text().splitlines()
+    for prev, line in zip(lines, lines[1:]):
+        if "/32 host LOCAL" in line:
+            ip = prev.split()[-1]
+            if not ip.startswith("127."):
+                return ip
+    raise AssertionError("this test needs a non-loopback IPv4 address on the machine")
+
+
+def _tcp_listeners(port: int) -> list:
+    """Local addresses listening on ``port``, as dotted quads."""
+    out = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        f = line.split()
+        addr, p = f[1].split(":")
+        if int(p, 16) == port and f[3] == "0A":
+            out.append(socket.inet_ntoa(struct.pack("<I", int(addr, 16))))
+    return out
+
+
+def test_pe_0_listens_only_where_master_addr_points() -> None:
+    ip = _local_ipv4()
+    spec = fh.JobSpec(n=2, port=fh.free_port(), timeout=20, one_node=False, token="t0k3n")
+    spec.extra_env["MASTER_ADDR"] = ip
+    job = fh.Job(spec)
+    job.start([0])
+    deadline = time.monotonic() + 20
+    while not _tcp_listeners(spec.port) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _tcp_listeners(spec.port) == [ip]
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", spec.port), timeout=2)
+    job.start([1])
+    for r in job.wait(60):
+        assert r.rc == 0, r.stderr
+
+
+def _stale_socket(path: Path) -> None:
+    """A socket file nobody listens on, as a killed process leaves it, two minutes old."""
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(path))
+    s.close()
+    old = time.time() - 120
+    os.utime(path, (old, old))
+
+
+def test_stale_sockets_are_removed_at_the_next_start(tmp_path) -> None:
+    rt = tmp_path / "rt"
+    rt.mkdir(mode=0o700)
+    # PE 0 of a one-node job killed while its rendezvous socket exists leaves it behind...
+    spec = fh.JobSpec(n=2, port=fh.free_port(), timeout=20, one_node=True, extra_env={"SYMHEAP_RUNTIME_DIR": str(rt)})
+    job = fh.Job(spec)
+    job.start([0])
+    rdv = rt / Path(fh.rendezvous_socket(fh.derived_token(2, spec.port))).name
+    deadline = time.monotonic() + 20
+    while not rdv.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    job.procs[0].send_signal(signal.SIGKILL)
+    job.wait(10)
+    assert rdv.exists()
+    # ...and a node leader killed while its node-channel socket existed left one too.
+    node_sock = rt / "0123456789abcdef-0-4194305.sock"
+    _stale_socket(node_sock)
+    # The same job started again meets on a fresh socket; a job over TCP sweeps the leftovers.
+    _job(spec)
+    assert not rdv.exists()
+    _stale_socket(node_sock)
+    _job(fh.JobSpec(n=2, port=fh.free_port(), timeout=20, one_node=False, token="x", extra_env=spec.extra_env))
+    assert not node_sock.exists(), sorted(os.listdir(rt))
+
+
+def test_a_symlinked_runtime_directory_is_refused(tmp_path) -> None:
+    target = tmp_path / "target"
+    target.mkdir()
+    target.chmod(0o755)
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    p = launch(2, [sys.executable, "-c", "import symheap; symheap.init()"], env={"SYMHEAP_RUNTIME_DIR": str(link)})
+    assert p.returncode != 0, p.stdout + p.stderr
+    assert f"{link} is a symbolic link; symheap does not follow it" in p.stdout + p.stderr
+    assert target.stat().st_mode & 0o777 == 0o755, "the link's target was chmod'ed"
+    assert os.listdir(target) == []
