@@ -616,11 +616,13 @@ impl<'a> Job<'a> {
                     &self.err,
                     &format!("symheap launch: got {name}, forwarding it to the PEs"),
                 );
+                // The phase first: a PE that dies of the forwarded signal while it is being
+                // sent to the others is not the job's first failure.
+                self.phase = Phase::Terminated;
                 match Signal::try_from(sig) {
                     Ok(s) => self.signal_live(s, false),
                     Err(_) => self.signal_live(Signal::SIGTERM, false),
                 }
-                self.phase = Phase::Terminated;
                 self.deadline = Some(Instant::now() + self.opts.grace);
             }
             // The user insists: no more waiting.
