@@ -34,6 +34,8 @@ step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked 
 step "ruff check" ruff check python tests scripts bench examples
 step "ruff format --check" ruff format --check python tests scripts bench examples
 step "cargo test" cargo test --workspace --locked
+step "divergence property test at scale (40 random programs at 2, 3, 4 and 8 PEs)" \
+  scripts/diverge_stats.sh 40 target/debug/symheap
 
 # The wheel as it ships (manylinux_2_28, kernels prebuilt), installed from the built file: into a
 # fresh venv to check what a pip user gets, and into the test venv (which has torch and Triton)

@@ -871,6 +871,42 @@ def case_torch_coll() -> None:
 
 
 @case
+def case_torch_release_order() -> None:
+    """A CUDA tensor deleted right after an asynchronous put into it (still pending behind a
+    closed gate on a stream) is not reused by any PE until the put finished; then it is."""
+    import symheap.torch as st
+    import torch
+
+    me, n = symheap.my_pe(), symheap.n_pes()
+    nxt = (me + 1) % n
+    s = torch.cuda.Stream()
+    gate = st.zeros(1, dtype=torch.int64)
+    src = torch.full((1 << 18,), me + 1, dtype=torch.int32, device=st.device())
+    x = st.zeros(1 << 18, dtype=torch.int32)
+    old = x.data_ptr()
+    torch.cuda.synchronize()
+    symheap.barrier_all()
+    symheap.signal_wait_until(gate, "ge", 1, stream=s)
+    symheap.put(x, src, nxt, stream=s)
+    del x
+    gc.collect()
+    symheap.barrier_all()  # every PE released x; its put is still pending everywhere
+    y = st.zeros(1 << 18, dtype=torch.int32)
+    torch.cuda.synchronize()
+    assert y.data_ptr() != old, "memory reused while a put into it was pending"
+    symheap.barrier_all()
+    gate.fill_(1)
+    torch.cuda.synchronize()
+    s.synchronize()
+    symheap.barrier_all()
+    assert int(y.abs().sum()) == 0, "the pending put landed in the new tensor"
+    symheap.barrier_all()
+    z = st.zeros(1 << 18, dtype=torch.int32)
+    assert z.data_ptr() == old, "the released memory was not reclaimed after the stream finished"
+    symheap.barrier_all()
+
+
+@case
 def case_torch_dist() -> None:
     """init() from an initialised torch.distributed (gloo): its store drives the rendezvous."""
     import torch.distributed as dist

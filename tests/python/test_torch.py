@@ -24,6 +24,12 @@ def test_cuda_tensors(cuda_gpus: int) -> None:
     run_cases(n, "torch", "torch_coll", env={"SYMHEAP_BACKEND": "cuda"})
 
 
+def test_cuda_release_is_stream_ordered(cuda_gpus: int) -> None:
+    """Deleting a CUDA tensor right after an asynchronous put into it: no PE reuses the memory
+    until the put finished (several PEs may share one GPU)."""
+    run_cases(2, "torch_release_order", env={"SYMHEAP_BACKEND": "cuda"})
+
+
 def test_cuda_grow_failure(cuda_gpus: int) -> None:
     """A GPU too full for a heap chunk on one PE fails the allocation on every PE alike (no PE
     left waiting for the others' handles); after PyTorch frees that memory it succeeds."""

@@ -35,6 +35,30 @@ fn selftest(scenario: &str) {
     assert!(!stdout.contains("FAIL"), "{stdout}");
 }
 
+/// The divergence property test: random programs of collective calls at 2, 3, 4 and 8 PEs, one
+/// PE diverging at a random step in a random way (or none): every divergence named within 1 s
+/// on every PE, every identical program exact. Twelve programs per PE count.
+#[test]
+fn random_divergences_are_named_fast_and_identical_programs_are_exact() {
+    let base = seed();
+    for k in 0..12u64 {
+        let s = base.wrapping_add(k.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let out = Command::new(SYMHEAP)
+            .args([
+                "selftest", "--pes", "2,3,4,8", "--only", "diverge", "--seed",
+            ])
+            .arg(s.to_string())
+            .output()
+            .expect("run symheap selftest");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && stdout.contains("4 of 4 runs passed"),
+            "seed {s} (rerun: symheap selftest --only diverge --pes 2,3,4,8 --seed {s})\n{stdout}\n{stderr}"
+        );
+    }
+}
+
 #[test]
 fn contract_tables_offsets_translation_growth() {
     selftest("contract");

@@ -13,6 +13,7 @@ macro_rules! ensure {
 }
 
 mod coll_scenarios;
+mod diverge_scenarios;
 mod gpu_scenarios;
 mod ops_scenarios;
 mod provider_scenarios;
@@ -106,6 +107,16 @@ pub const SCENARIOS: &[Scenario] = &[
         victims: false,
         gpu: false,
         run: scenarios::mismatch,
+    },
+    Scenario {
+        name: "diverge",
+        about: "a random program, one PE diverging at a random step: named within 1 s, else exact",
+        min_pes: 1,
+        env: &[("SYMHEAP_TIMEOUT", "30"), ("SYMHEAP_CHUNK_SIZE", "4M")],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: false,
+        run: diverge_scenarios::diverge_random,
     },
     Scenario {
         name: "kill",
