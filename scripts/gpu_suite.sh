@@ -82,7 +82,7 @@ run)
     step selftest-gpu-8pe "${SELFTEST8_LIMIT:-200}" env SYMHEAP_TIMEOUT=60 "$B" selftest --gpu --pes 8 --only contract,release,alloc-churn,ring,alltoall,broadcast,all-reduce,atomics,signal,teams,coll-errors,team-mismatch,mismatch,diverge,stream-ring,stream-signal,stream-barrier,release-order,multi-stream,device-divergence,kill-device,internal-state,protocols-pcie,kernel-translate,kernel-atomics,example-kernel,coll-stream,coll-graph
   fi
   # The divergence property test on the CUDA backend: random programs, one PE diverging.
-  step diverge-stats 120 env SYMHEAP_BACKEND=cuda scripts/diverge_stats.sh 25 "$B"
+  step diverge-stats 120 env SYMHEAP_BACKEND=cuda scripts/diverge_stats.sh "${DIVERGE_N:-8}" "$B"
   tail -n 3 "$OUTDIR/diverge-stats.log"
   # The Python package's torch and CUDA tests (CI runs only their CPU part).
   if ls .carry/wheels/symheap-*.whl >/dev/null 2>&1; then
