@@ -14,9 +14,22 @@ Modes (subcommands):
     that no stranger was welcomed, and that PE 0 logged every stranger that reached it. Prints a
     markdown table; the exit status is 1 if any check failed.
 
+``kill``
+    Jobs of N PEs started by hand, one PE killed with SIGKILL at a random moment of a phase:
+    ``init`` (while the PEs start), ``alloc`` (allocating and freeing), ``grow`` (allocations
+    that grow the heap), ``barrier``, ``collective`` (all_reduce), ``signal`` (the others wait
+    for a signal from the victim) and, on the CUDA backend, ``graph`` (replaying a CUDA graph of
+    all_reduce). ``SYMHEAP_TIMEOUT`` stays at its default (120 s), so a survivor that does not
+    fail within seconds is a hang. Counts hangs, survivors whose error does not name the dead PE
+    (or is not a ``SymheapPeerError``), and the time from the kill to each survivor's error;
+    prints a markdown table per phase. The exit status is 1 if a hang or an unnamed death
+    happened, or the slowest survivor took over ``--limit`` seconds (default 2).
+
 ``pe``
-    One PE of a job (what the modes start): ``symheap.init()``, an all_gather, ``finalize()``;
-    prints ``PE-READY <rank> <init seconds>``.
+    One PE of a job (what the modes start): ``init`` (``symheap.init()``, an all_gather,
+    ``finalize()``, printing ``PE-READY <rank> <init seconds>``) or ``work PHASE`` (the kill
+    mode's loops, printing ``WORKING`` once in the loop and ``ERROR <time> <kind> <message>``
+    when symheap raises).
 
 The PEs get RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (and LOCAL_WORLD_SIZE for
 the one-node transport) from :func:`pe_env`; :class:`Job` starts and collects them. A mode that
@@ -29,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import secrets
 import socket
 import struct
@@ -219,8 +233,10 @@ class Job:
 
 
 def run_pe(args: argparse.Namespace) -> int:
-    """The ``pe`` subcommand: one PE of a job. Scenario ``init`` (the only one so far): init,
-    an all_gather, finalize. A kill mode adds scenarios that work until they are killed."""
+    """The ``pe`` subcommand: one PE of a job. Scenario ``init``: init, an all_gather,
+    finalize. Scenario ``work PHASE``: the kill mode's loop for PHASE (see :func:`work`)."""
+    if args.scenario == "work":
+        return work(args.phase)
     import symheap
 
     rank = int(os.environ["RANK"])
@@ -469,6 +485,195 @@ def run_rendezvous(args: argparse.Namespace) -> int:
     return 1 if any(t.problems for t in trials) else 0
 
 
+# ---- kill mode ---------------------------------------------------------------------------------
+
+PHASES = ("init", "alloc", "grow", "barrier", "collective", "signal", "graph")
+
+
+def work(phase: str) -> int:
+    """One PE of a kill trial: does PHASE in a loop until symheap raises (a peer was killed),
+    then prints ``ERROR <monotonic time> <kind> <message>`` and exits 3. The victim is killed by
+    the harness somewhere in the loop (or during init for ``init``)."""
+    import symheap
+
+    try:
+        symheap.init()
+        cuda = symheap.backend() == "cuda"
+        if cuda:
+            import symheap.torch as front
+            import torch
+
+            def arr(n: int, dtype: str = "float32"):  # noqa: ANN202
+                return front.zeros(n, dtype=getattr(torch, dtype))
+        else:
+            import numpy as np
+            import symheap.numpy as front
+
+            def arr(n: int, dtype: str = "float32"):  # noqa: ANN202
+                return front.zeros(n, dtype=getattr(np, dtype))
+
+        me, n = symheap.my_pe(), symheap.n_pes()
+        x = arr(1 << 14)
+        sig = arr(1, "int64")
+        symheap.barrier_all()
+        print("WORKING", flush=True)
+        k = 0
+        graph = None
+        while True:
+            k += 1
+            if phase in ("init", "barrier"):
+                symheap.barrier_all()
+            elif phase == "alloc":
+                y = arr(1 << (8 + k % 8))
+                symheap.free(y)
+                symheap.barrier_all()
+            elif phase == "grow":
+                y = arr((1 << 20) * (1 + k % 4))  # past the 1 MiB chunks: the heap grows
+                symheap.barrier_all()
+                del y
+            elif phase == "collective":
+                symheap.all_reduce(x)
+                if cuda:
+                    torch.cuda.synchronize()
+            elif phase == "signal":
+                # Every PE signals the previous one and waits for the next one's signal (the
+                # victim's never comes): a host wait here, a wait on the stream on CUDA.
+                symheap.barrier_all()
+                symheap.put_signal(x, x, sig, k, (me + n - 1) % n)
+                symheap.signal_wait_until(sig, "ge", k)
+                if cuda:
+                    torch.cuda.synchronize()
+            elif phase == "graph":
+                if not cuda:
+                    raise SystemExit("the graph phase needs the CUDA backend")
+                if graph is None:
+                    s = torch.cuda.Stream()
+                    with torch.cuda.stream(s):
+                        symheap.all_reduce(x, stream=s)
+                    torch.cuda.synchronize()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        symheap.all_reduce(x)
+                graph.replay()
+                torch.cuda.synchronize()
+    except symheap.SymheapError as e:
+        print(f"ERROR {time.monotonic():.6f} {type(e).__name__} {e}", flush=True)
+        os._exit(3)
+
+
+@dataclass
+class KillTrial:
+    phase: str
+    n: int
+    victim: int
+    hangs: int = 0
+    unnamed: int = 0
+    times: List[float] = field(default_factory=list)
+    # Survivors that named a victim killed before it reached the rendezvous: nothing can tell a
+    # PE that never connected from a slow one, so they name it when the init timeout ends.
+    never_joined: int = 0
+    problems: List[str] = field(default_factory=list)
+
+
+# The init timeout of the `init` phase: a victim killed before it connected is named when it
+# ends (as missing from the rendezvous), which takes that long.
+INIT_TIMEOUT = 3.0
+
+
+def names_missing(msg: str, victim: int) -> bool:
+    """Whether a timeout message names ``victim`` among the PEs that did not arrive."""
+    import re
+
+    m = re.search(r"PEs? ([0-9, ]+) did not arrive", msg)
+    return m is not None and str(victim) in [x.strip() for x in m.group(1).split(",")]
+
+
+def kill_trial(n: int, phase: str, backend: str, rng: "random.Random") -> KillTrial:
+    """One job: start N PEs on PHASE, kill a random victim at a random moment, judge the rest."""
+    import signal as _signal
+
+    victim = rng.randrange(n)
+    extra = {"SYMHEAP_BACKEND": backend, "SYMHEAP_CHUNK_SIZE": "1M", "SYMHEAP_HEAP_CAPACITY": "1G"}
+    timeout = INIT_TIMEOUT if phase == "init" else 120.0
+    spec = JobSpec(n, free_port(), timeout=timeout, one_node=True, token=secrets.token_hex(8), extra_env=extra)
+    job = Job(spec, ["work", phase])
+    job.start(range(n))
+    t = KillTrial(phase, n, victim)
+    # The victim dies at a random point: during init for `init`, else inside its loop.
+    if phase == "init":
+        time.sleep(rng.uniform(0.05, 0.4))
+    else:
+        deadline = time.monotonic() + 60
+        p = job.procs[victim]
+        while time.monotonic() < deadline:
+            line = p.stdout.readline()
+            if not line or line.strip() == "WORKING":
+                break
+        time.sleep(rng.uniform(0.02, 0.3))
+    killed_at = time.monotonic()
+    try:
+        os.kill(job.procs[victim].pid, _signal.SIGKILL)
+    except ProcessLookupError:
+        t.problems.append(f"PE {victim} was gone before it was killed")
+    for r in job.wait(limit=15.0):
+        if r.rank == victim:
+            continue
+        if r.rc is None:
+            t.hangs += 1
+            t.problems.append(f"PE {r.rank} hung ({phase}, {n} PEs, victim {victim})")
+            continue
+        err = [ln for ln in r.stdout.splitlines() if ln.startswith("ERROR ")]
+        if not err:
+            t.unnamed += 1
+            t.problems.append(f"PE {r.rank} ended ({r.rc}) without a symheap error: {r.stderr[-300:]}")
+            continue
+        _, ts, kind, msg = err[-1].split(" ", 3)
+        if phase == "init" and kind == "SymheapTimeoutError" and names_missing(msg, victim):
+            t.never_joined += 1
+            continue
+        t.times.append(max(0.0, float(ts) - killed_at))
+        if kind != "SymheapPeerError" or f"PE {victim} exited" not in msg:
+            t.unnamed += 1
+            t.problems.append(f"PE {r.rank}: {kind} does not name PE {victim}: {msg[:300]}")
+    return t
+
+
+def run_kill(args: argparse.Namespace) -> int:
+    import statistics
+
+    rng = random.Random(args.seed)
+    phases = [p for p in args.phases.split(",") if p]
+    if args.backend != "cuda":
+        phases = [p for p in phases if p != "graph"]
+    trials: List[KillTrial] = []
+    for n in [int(p) for p in args.pes.split(",")]:
+        for phase in phases:
+            for _ in range(args.trials):
+                t = kill_trial(n, phase, args.backend, rng)
+                trials.append(t)
+                for p in t.problems:
+                    print(f"FAIL {p}", file=sys.stderr)
+    print(
+        f"| phase | trials | hangs | deaths not named | median s to error | max s to error "
+        f"| named as never joined (at the {INIT_TIMEOUT:.0f} s init timeout) | ({args.backend})"
+    )
+    print("|---|---|---|---|---|---|---|")
+    worst = 0.0
+    for phase in phases:
+        ts = [t for t in trials if t.phase == phase]
+        times = [x for t in ts for x in t.times]
+        worst = max([worst, *times])
+        med = f"{statistics.median(times):.3f}" if times else "-"
+        mx = f"{max(times):.3f}" if times else "-"
+        joined = sum(t.never_joined for t in ts)
+        print(
+            f"| {phase} | {len(ts)} | {sum(t.hangs for t in ts)} | {sum(t.unnamed for t in ts)} "
+            f"| {med} | {mx} | {joined} |"
+        )
+    bad = any(t.hangs or t.unnamed for t in trials) or worst > args.limit
+    return 1 if bad else 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="mode", required=True)
@@ -480,8 +685,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     r.add_argument("--idle", type=int, default=129, help="idle strangers per job (default 129)")
     r.add_argument("--drip", type=float, default=1.0, help="seconds between the dripping stranger's bytes")
     r.set_defaults(run=run_rendezvous)
+    k = sub.add_parser("kill", help="kill one PE of running jobs at random points")
+    k.add_argument("--pes", default="2,4,8", help="job sizes, comma separated (default 2,4,8)")
+    k.add_argument("--trials", type=int, default=3, help="jobs per size and phase (default 3)")
+    k.add_argument("--phases", default=",".join(PHASES), help="phases, comma separated")
+    k.add_argument("--backend", choices=["host", "cuda"], default="host")
+    k.add_argument("--limit", type=float, default=2.0, help="slowest acceptable kill-to-error time (s)")
+    k.add_argument("--seed", type=int, default=1)
+    k.set_defaults(run=run_kill)
     p = sub.add_parser("pe", help="(internal) one PE of a job")
-    p.add_argument("scenario", nargs="?", default="init", choices=["init"], help="what the PE does (default init)")
+    p.add_argument(
+        "scenario", nargs="?", default="init", choices=["init", "work"], help="what the PE does (default init)"
+    )
+    p.add_argument("phase", nargs="?", default="barrier", choices=PHASES, help="for work: the phase")
     p.set_defaults(run=run_pe)
     args = ap.parse_args(argv)
     return int(args.run(args))

@@ -902,7 +902,10 @@ def case_torch_release_order() -> None:
     assert int(y.abs().sum()) == 0, "the pending put landed in the new tensor"
     symheap.barrier_all()
     z = st.zeros(1 << 18, dtype=torch.int32)
-    assert z.data_ptr() == old, "the released memory was not reclaimed after the stream finished"
+    assert z.data_ptr() == old, (
+        f"the released memory was not reclaimed after the stream finished: x {old:#x}, "
+        f"y {y.data_ptr():#x}, z {z.data_ptr():#x}, {symheap.heap_usage()}"
+    )
     symheap.barrier_all()
 
 

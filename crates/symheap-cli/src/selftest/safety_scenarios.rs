@@ -124,6 +124,10 @@ pub fn multi_stream(ctx: &Context, a: PeArgs) -> Outcome {
 }
 
 /// A graph of in-place sums captured on one stream, replayed between eager sums on another.
+/// symheap orders the collectives it is asked for; a graph replay is not one of them, so it is
+/// ordered by the stream it is launched on, as any CUDA graph: here each replay goes on the
+/// stream of the team's previous collective, and the eager sums that follow on the other stream
+/// are ordered after it by symheap.
 fn graph_and_eager(ctx: &Context, streams: &[u64], me: usize, n: usize) -> Outcome {
     let world = ctx.world_team();
     let (g, e) = (streams[0], streams[1]);
@@ -148,14 +152,18 @@ fn graph_and_eager(ctx: &Context, streams: &[u64], me: usize, n: usize) -> Outco
     let graph = Graph::capture(g, || sum(gb.addr(), g)).map_err(e2s)?;
     let replays = 3;
     for _ in 0..replays {
+        // The team's last collective was on `g` (the capture, then the eager sums' stream is
+        // synchronised below), so the replay needs no more ordering than its stream's.
+        sum(gb.addr(), g).map_err(e2s)?;
         graph.launch(g).map_err(e2s)?;
+        // symheap orders this after everything enqueued on `g` so far, the replay included.
         sum(eb.addr(), e).map_err(e2s)?;
-        // The next replay follows the eager call on the graph's stream (graphs are ordered by
-        // the stream they are launched on, as with any CUDA graph).
-        ctx.sync_stream(e).map_err(e2s)?;
+        sum(eb.addr(), g).map_err(e2s)?;
     }
     ctx.sync_stream(g).map_err(e2s)?;
-    let want_g = (n as i32).pow(replays);
+    ctx.sync_stream(e).map_err(e2s)?;
+    // gb: each round an eager sum and a replayed one (x n each); eb: two eager sums per round.
+    let want_g = (n as i32).wrapping_pow(2 * replays);
     let got = gb.to_vec::<i32>().map_err(e2s)?;
     ensure!(
         got.iter().all(|&v| v == want_g),
@@ -163,8 +171,8 @@ fn graph_and_eager(ctx: &Context, streams: &[u64], me: usize, n: usize) -> Outco
         &got[..4]
     );
     let mut want_e = (0..n as i32).sum::<i32>();
-    for _ in 1..replays {
-        want_e *= n as i32;
+    for _ in 1..2 * replays {
+        want_e = want_e.wrapping_mul(n as i32);
     }
     let got = eb.to_vec::<i32>().map_err(e2s)?;
     ensure!(

@@ -326,15 +326,29 @@ impl Admission<'_> {
         } else {
             String::new()
         };
+        let what = format!(
+            "{} PEs to connect to the rendezvous at {}{strangers}",
+            self.env.world,
+            listener.describe()
+        );
+        // The PEs that did join learn why the job ends (which PEs never started), instead of
+        // only seeing PE 0's connection close ("PE 0 exited").
+        let abort = Msg::Abort {
+            origin: 0,
+            class: super::wire::AbortClass::Timeout,
+            reason: what.clone(),
+            missing: missing.iter().map(|&m| m as u32).collect(),
+            waited_ms: timeout.as_millis().min(u64::MAX as u128) as u64,
+        };
+        for c in self.conns.iter_mut().flatten() {
+            let _ = abort.write_to(c);
+            let _ = c.flush();
+        }
         Error::new(
             Some(0),
             "init",
             ErrorKind::Timeout {
-                what: format!(
-                    "{} PEs to connect to the rendezvous at {}{strangers}",
-                    self.env.world,
-                    listener.describe()
-                ),
+                what,
                 waited: timeout,
                 missing,
             },

@@ -104,6 +104,8 @@ pub struct NodeChannel {
     local_rank: usize,
     local_size: usize,
     rank: usize,
+    /// World rank of every PE of this node, by local rank.
+    peers: Vec<usize>,
     timeout: Duration,
     /// On the leader: one stream per other local PE, by local rank (index 0 unused).
     /// Elsewhere: one stream to the leader at index 0.
@@ -116,6 +118,40 @@ const FDS_PER_MESSAGE: usize = 200;
 
 fn nerr(what: impl std::fmt::Display) -> Error {
     bootstrap("node channel", what.to_string())
+}
+
+/// The PE at the other end of a stream, before [`peer_gone`] names it.
+const UNKNOWN_PEER: usize = usize::MAX;
+
+/// The other end of a node-channel stream closed: the PE there died (or is dying).
+fn closed(what: impl std::fmt::Display) -> Error {
+    Error::new(
+        None,
+        "node channel",
+        ErrorKind::PeerExited {
+            peer: UNKNOWN_PEER,
+            how: format!("its node channel to this PE closed: {what}"),
+        },
+    )
+}
+
+/// Names the PE behind a [`closed`] stream, so every survivor is told which PE died rather
+/// than given a socket error; other errors pass unchanged.
+fn peer_gone(peer: usize, e: Error) -> Error {
+    match e.kind() {
+        ErrorKind::PeerExited {
+            peer: UNKNOWN_PEER,
+            how,
+        } => Error::new(
+            None,
+            "node channel",
+            ErrorKind::PeerExited {
+                peer,
+                how: how.clone(),
+            },
+        ),
+        _ => e,
+    }
 }
 
 impl NodeChannel {
@@ -175,6 +211,7 @@ impl NodeChannel {
             local_rank: node.local_rank,
             local_size: node.local_size(),
             rank,
+            peers: node.local_peers.clone(),
             timeout,
             streams,
         })
@@ -297,7 +334,8 @@ impl NodeChannel {
                 let s = self.streams[lr]
                     .as_ref()
                     .ok_or_else(|| nerr("missing stream"))?;
-                let got = recv_fds(s, k, deadline, health, self.rank)?;
+                let got = recv_fds(s, k, deadline, health, self.rank)
+                    .map_err(|e| peer_gone(self.peers[lr], e))?;
                 all.push(got);
             }
             for lr in 1..self.local_size {
@@ -305,7 +343,7 @@ impl NodeChannel {
                     .as_ref()
                     .ok_or_else(|| nerr("missing stream"))?;
                 for fds in &all {
-                    send_fds(s, fds)?;
+                    send_fds(s, fds).map_err(|e| peer_gone(self.peers[lr], e))?;
                 }
             }
             Ok(all)
@@ -313,10 +351,14 @@ impl NodeChannel {
             let s = self.streams[0]
                 .as_ref()
                 .ok_or_else(|| nerr("missing stream"))?;
-            send_fds(s, mine)?;
+            let leader = self.peers[0];
+            send_fds(s, mine).map_err(|e| peer_gone(leader, e))?;
             let mut all = Vec::with_capacity(self.local_size);
             for _ in 0..self.local_size {
-                all.push(recv_fds(s, k, deadline, health, self.rank)?);
+                all.push(
+                    recv_fds(s, k, deadline, health, self.rank)
+                        .map_err(|e| peer_gone(leader, e))?,
+                );
             }
             Ok(all)
         }
@@ -326,16 +368,18 @@ impl NodeChannel {
 /// Sends `fds` as one or more messages: a 4-byte count, then the descriptors as SCM_RIGHTS.
 fn send_fds(s: &UnixStream, fds: &[OwnedFd]) -> Result<()> {
     let count = (fds.len() as u32).to_le_bytes();
-    (&*s)
-        .write_all(&count)
-        .map_err(|e| nerr(format!("send: {e}")))?;
+    (&*s).write_all(&count).map_err(closed)?;
     for batch in fds.chunks(FDS_PER_MESSAGE) {
         let raw: Vec<RawFd> = batch.iter().map(|f| f.as_raw_fd()).collect();
         let n = [batch.len() as u8];
         let iov = [IoSlice::new(&n)];
         let cmsg = [ControlMessage::ScmRights(&raw)];
-        sendmsg::<()>(s.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None)
-            .map_err(|e| nerr(format!("sendmsg: {e}")))?;
+        sendmsg::<()>(s.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None).map_err(
+            |e| match e {
+                nix::errno::Errno::EPIPE | nix::errno::Errno::ECONNRESET => closed(e),
+                e => nerr(format!("sendmsg: {e}")),
+            },
+        )?;
     }
     Ok(())
 }
@@ -374,9 +418,7 @@ fn recv_fds(
 ) -> Result<Vec<OwnedFd>> {
     wait_readable(s, deadline, health, rank)?;
     let mut count = [0u8; 4];
-    (&*s)
-        .read_exact(&mut count)
-        .map_err(|e| nerr(format!("a node-local PE closed the channel: {e}")))?;
+    (&*s).read_exact(&mut count).map_err(closed)?;
     let count = u32::from_le_bytes(count) as usize;
     if count != expect {
         return Err(nerr(format!(
@@ -395,9 +437,12 @@ fn recv_fds(
             Some(&mut space),
             MsgFlags::MSG_CMSG_CLOEXEC,
         )
-        .map_err(|e| nerr(format!("recvmsg: {e}")))?;
+        .map_err(|e| match e {
+            nix::errno::Errno::ECONNRESET => closed(e),
+            e => nerr(format!("recvmsg: {e}")),
+        })?;
         if msg.bytes == 0 {
-            return Err(nerr("a node-local PE closed the channel"));
+            return Err(closed("end of stream"));
         }
         let mut got = 0;
         for c in msg.cmsgs().map_err(|e| nerr(format!("cmsg: {e}")))? {

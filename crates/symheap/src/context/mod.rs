@@ -712,7 +712,16 @@ impl Inner {
     /// buffer of the same size is a named mismatch instead of a silent wrong result.
     pub(crate) fn coll_args(&self, args: String, dest: u64, src: u64) -> String {
         let base = self.backend.slot_base(self.rank).unwrap_or(0);
-        let at = |a: u64| format!("heap+{:#x}", a.wrapping_sub(base));
+        let end = base + self.backend.mapped();
+        // An address outside the heap (refused later) is shown as given, the same on every PE
+        // that passes the same value, instead of as an offset that differs per PE.
+        let at = |a: u64| {
+            if (base..end).contains(&a) {
+                format!("heap+{:#x}", a - base)
+            } else {
+                format!("{a:#x} (not in the heap)")
+            }
+        };
         if dest == src {
             format!("{args}, in place at {}", at(dest))
         } else {
