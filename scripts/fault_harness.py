@@ -555,7 +555,9 @@ def work(phase: str) -> int:
                     with torch.cuda.graph(graph):
                         symheap.all_reduce(x)
                 graph.replay()
-                torch.cuda.synchronize()
+                # Through symheap, so a failure raises here (a torch-only loop would replay
+                # kernels that end at once on the abort word and never learn why).
+                symheap.sync_stream()
     except symheap.SymheapError as e:
         print(f"ERROR {time.monotonic():.6f} {type(e).__name__} {e}", flush=True)
         os._exit(3)

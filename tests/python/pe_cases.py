@@ -873,40 +873,44 @@ def case_torch_coll() -> None:
 @case
 def case_torch_release_order() -> None:
     """A CUDA tensor deleted right after an asynchronous put into it (still pending behind a
-    closed gate on a stream) is not reused by any PE until the put finished; then it is."""
+    closed gate on a stream) is not reused by any PE until the put finished; then it is. The
+    reclaim points are host barriers (on CUDA, barrier_all is a stream barrier)."""
     import symheap.torch as st
     import torch
 
     me, n = symheap.my_pe(), symheap.n_pes()
     nxt = (me + 1) % n
     s = torch.cuda.Stream()
+    cur = torch.cuda.current_stream()
     gate = st.zeros(1, dtype=torch.int64)
     src = torch.full((1 << 18,), me + 1, dtype=torch.int32, device=st.device())
     x = st.zeros(1 << 18, dtype=torch.int32)
     old = x.data_ptr()
     torch.cuda.synchronize()
-    symheap.barrier_all()
+    symheap.host_barrier()
     symheap.signal_wait_until(gate, "ge", 1, stream=s)
     symheap.put(x, src, nxt, stream=s)
     del x
     gc.collect()
-    symheap.barrier_all()  # every PE released x; its put is still pending everywhere
+    symheap.host_barrier()  # every PE released x; its put is still pending everywhere
+    assert symheap.heap_usage()["waiting_releases"] == 1, symheap.heap_usage()
     y = st.zeros(1 << 18, dtype=torch.int32)
-    torch.cuda.synchronize()
+    cur.synchronize()  # not torch.cuda.synchronize(): that would wait for the gated stream
     assert y.data_ptr() != old, "memory reused while a put into it was pending"
-    symheap.barrier_all()
+    symheap.host_barrier()
     gate.fill_(1)
-    torch.cuda.synchronize()
+    cur.synchronize()
     s.synchronize()
-    symheap.barrier_all()
+    symheap.host_barrier()  # the put finished everywhere: x is reclaimed here
     assert int(y.abs().sum()) == 0, "the pending put landed in the new tensor"
-    symheap.barrier_all()
+    assert symheap.heap_usage()["waiting_releases"] == 0, symheap.heap_usage()
     z = st.zeros(1 << 18, dtype=torch.int32)
     assert z.data_ptr() == old, (
         f"the released memory was not reclaimed after the stream finished: x {old:#x}, "
         f"y {y.data_ptr():#x}, z {z.data_ptr():#x}, {symheap.heap_usage()}"
     )
-    symheap.barrier_all()
+    torch.cuda.synchronize()
+    symheap.host_barrier()
 
 
 @case

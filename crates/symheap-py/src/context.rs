@@ -385,6 +385,7 @@ impl PyContext {
         d.set_item("capacity", u.capacity)?;
         d.set_item("live_blocks", u.live_blocks)?;
         d.set_item("allocation_syncs", u.allocation_syncs)?;
+        d.set_item("waiting_releases", u.waiting_releases)?;
         Ok(d)
     }
 

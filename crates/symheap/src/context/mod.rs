@@ -39,6 +39,9 @@ pub struct HeapUsage {
     /// released blocks or grow the heap (a host round trip each; the rest need no
     /// communication).
     pub allocation_syncs: u64,
+    /// Released on this PE but not yet offered for reclaim: device work on the streams they
+    /// were used on had not finished at the last look (see stream-ordered release).
+    pub waiting_releases: usize,
 }
 
 pub(crate) struct Inner {
@@ -1036,6 +1039,7 @@ impl Context {
             capacity: self.inner.backend.capacity(),
             live_blocks: st.live_blocks(),
             allocation_syncs: st.allocation_syncs(),
+            waiting_releases: self.inner.heap.deferred_count(),
         }
     }
 

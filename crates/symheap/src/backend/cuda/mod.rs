@@ -749,7 +749,10 @@ struct StreamFence {
 impl StreamFence {
     /// A stream the driver no longer knows (destroyed since it was used): its work may still
     /// run, and only the whole device can be waited for.
-    fn lost_stream(&mut self) {
+    fn lost_stream(&mut self, stream: u64, why: &crate::Error) {
+        tracing::warn!(
+            "stream {stream:#x} of a released buffer is unusable ({why}); waiting for the whole device"
+        );
         let _ = driver::ctx_synchronize();
     }
 }
@@ -762,9 +765,9 @@ impl crate::backend::Fence for StreamFence {
                 Ok(true) => still.push(s),
                 Ok(false) => match driver::DoneEvent::record(s) {
                     Ok(e) => self.events.push(e),
-                    Err(_) => self.lost_stream(),
+                    Err(e) => self.lost_stream(s, &e),
                 },
-                Err(_) => self.lost_stream(),
+                Err(e) => self.lost_stream(s, &e),
             }
         }
         self.capturing = still;
@@ -1098,11 +1101,17 @@ impl Backend for CudaBackend {
                 Ok(true) => f.capturing.push(s),
                 Ok(false) => match driver::DoneEvent::record(s) {
                     Ok(e) => f.events.push(e),
-                    Err(_) => f.lost_stream(),
+                    Err(e) => f.lost_stream(s, &e),
                 },
-                Err(_) => f.lost_stream(),
+                Err(e) => f.lost_stream(s, &e),
             }
         }
+        tracing::debug!(
+            ?streams,
+            events = f.events.len(),
+            capturing = f.capturing.len(),
+            "release fenced"
+        );
         Some(Box::new(f))
     }
 
