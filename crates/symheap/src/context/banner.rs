@@ -53,6 +53,7 @@ pub(crate) fn render(c: &Inner) -> String {
         .map(|pe| pe.to_string())
         .collect();
     let _ = writeln!(s, "  direct    : PEs {}", compress(&direct));
+    let _ = writeln!(s, "  rendezvous: {}", c.rendezvous);
     let _ = writeln!(
         s,
         "  timeout   : {:.1} s | rendezvous token: {}",

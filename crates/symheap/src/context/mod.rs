@@ -48,6 +48,8 @@ pub(crate) struct Inner {
     pub(crate) cfg: Config,
     pub(crate) launcher: Launcher,
     pub(crate) token_is_secret: bool,
+    /// How the PEs met, for the banner.
+    pub(crate) rendezvous: String,
     pub(crate) rank: usize,
     pub(crate) world: usize,
     pub(crate) boot: Arc<dyn Bootstrap>,
@@ -101,7 +103,7 @@ impl ContextBuilder {
         self
     }
 
-    /// Limit on every wait.
+    /// Limit on every wait (0.001 s to 1e9 s; `init` refuses others).
     pub fn timeout(mut self, t: Duration) -> Self {
         self.cfg.timeout = t;
         self
@@ -126,21 +128,44 @@ impl ContextBuilder {
         if cfg.capacity == 0 || cfg.chunk_size == 0 {
             return Err(invalid("init", "capacity and chunk size must be positive"));
         }
+        // The builder takes any Duration; the same range as SYMHEAP_TIMEOUT applies (a wait
+        // limit near Duration::MAX would overflow every deadline).
+        crate::config::timeout_from_secs(cfg.timeout.as_secs_f64()).map_err(|range| {
+            invalid(
+                "init",
+                format!("timeout {:?} is out of range: {range}", cfg.timeout),
+            )
+        })?;
         let mut phases = crate::util::Phases::start();
-        let (boot, launcher, token, token_is_secret): (Arc<dyn Bootstrap>, _, _, _) =
+        let (boot, launcher, token, token_is_secret, rendezvous): (Arc<dyn Bootstrap>, _, _, _, _) =
             match self.bootstrap {
                 Some(b) => {
                     let token = format!("custom-bootstrap:{}", b.size()).into_bytes();
-                    (b, Launcher::TorchStyle, token, false)
+                    let what = "the caller's bootstrap".to_string();
+                    (b, Launcher::TorchStyle, token, false, what)
                 }
                 None => {
                     let env = LaunchEnv::detect(&mut cfg)?;
-                    let b: Arc<dyn Bootstrap> = if env.world == 1 {
-                        Arc::new(SingleBootstrap::new(cfg.timeout))
+                    let (b, what): (Arc<dyn Bootstrap>, String) = if env.world == 1 {
+                        (
+                            Arc::new(SingleBootstrap::new(cfg.timeout)),
+                            "none (one PE)".into(),
+                        )
                     } else {
-                        Arc::new(TcpBootstrap::connect(&env, cfg.timeout)?)
+                        let what = if env.one_node {
+                            "a Unix socket in the runtime directory (every PE on this node)".into()
+                        } else {
+                            format!("TCP at {}:{}", env.addr, env.port)
+                        };
+                        (Arc::new(TcpBootstrap::connect(&env, cfg.timeout)?), what)
                     };
-                    (b, env.launcher, env.token.clone(), env.token_is_secret)
+                    (
+                        b,
+                        env.launcher,
+                        env.token.clone(),
+                        env.token_is_secret,
+                        what,
+                    )
                 }
             };
         let rank = boot.rank();
@@ -194,6 +219,7 @@ impl ContextBuilder {
             cfg,
             launcher,
             token_is_secret,
+            rendezvous,
             rank,
             world,
             boot,
@@ -1070,6 +1096,35 @@ impl Drop for Context {
         }
         if let Err(e) = self.inner.finalize() {
             tracing::debug!("finalize on drop: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_builder_timeout_out_of_range_is_refused_not_a_panic() {
+        for t in [
+            Duration::MAX,
+            Duration::from_secs(u64::MAX / 2),
+            Duration::ZERO,
+        ] {
+            let e = ContextBuilder {
+                cfg: Config::default(),
+                bootstrap: Some(Arc::new(crate::bootstrap::SingleBootstrap::new(
+                    Duration::from_secs(5),
+                ))),
+            }
+            .timeout(t)
+            .init()
+            .err()
+            .expect("out of range");
+            assert!(
+                matches!(e.kind(), ErrorKind::InvalidArgument(m) if m.contains("0.001 to 1e9")),
+                "{e}"
+            );
         }
     }
 }

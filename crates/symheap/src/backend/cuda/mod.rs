@@ -369,7 +369,13 @@ impl CudaBackend {
         let base = driver::reserve(reserved, gran).map_err(|e| {
             backend(
                 "init",
-                format!("{} (lower SYMHEAP_HEAP_CAPACITY)", e.kind()),
+                format!(
+                    "{} (lower SYMHEAP_HEAP_CAPACITY)",
+                    match e.kind() {
+                        ErrorKind::Backend(m) => m.clone(),
+                        k => k.to_string(),
+                    }
+                ),
             )
         })?;
         let direct = (0..world)
