@@ -53,8 +53,8 @@ pub(crate) fn init() -> Result<i32> {
             // SAFETY: cuInit(0) is the documented first call and may be repeated.
             check(unsafe { sys::cuInit(0) }, "cuInit").map_err(|e| e.to_string())?;
             let mut v = 0;
-            // SAFETY: writes one int.
             check(
+                // SAFETY: writes one int.
                 unsafe { sys::cuDriverGetVersion(&mut v) },
                 "cuDriverGetVersion",
             )
@@ -101,14 +101,14 @@ impl Device {
     pub(crate) fn open(ordinal: usize) -> Result<Device> {
         init()?;
         let mut dev = 0;
-        // SAFETY: writes one device handle; the ordinal is checked by the driver.
         check(
+            // SAFETY: writes one device handle; the ordinal is checked by the driver.
             unsafe { sys::cuDeviceGet(&mut dev, ordinal as i32) },
             "cuDeviceGet",
         )?;
         let mut ctx = std::ptr::null_mut();
-        // SAFETY: writes one context handle for a valid device; released in Drop.
         check(
+            // SAFETY: writes one context handle for a valid device; released in Drop.
             unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) },
             "cuDevicePrimaryCtxRetain",
         )?;
@@ -116,8 +116,8 @@ impl Device {
         check(unsafe { sys::cuCtxSetCurrent(ctx) }, "cuCtxSetCurrent")?;
         let attr = |a: sys::CUdevice_attribute| -> Result<i32> {
             let mut v = 0;
-            // SAFETY: writes one int for a valid device and attribute.
             check(
+                // SAFETY: writes one int for a valid device and attribute.
                 unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) },
                 "cuDeviceGetAttribute",
             )?;
@@ -127,8 +127,8 @@ impl Device {
         let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
         let sm_count = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let mut name = [0 as std::ffi::c_char; 256];
-        // SAFETY: the driver writes at most `len` bytes, NUL-terminated.
         check(
+            // SAFETY: the driver writes at most `len` bytes, NUL-terminated.
             unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), 256, dev) },
             "cuDeviceGetName",
         )?;
@@ -137,8 +137,8 @@ impl Device {
             .to_string_lossy()
             .into_owned();
         let mut uuid: sys::CUuuid = sys::CUuuid { bytes: [0; 16] };
-        // SAFETY: writes one 16-byte uuid.
         check(
+            // SAFETY: writes one 16-byte uuid.
             unsafe { sys::cuDeviceGetUuid_v2(&mut uuid, dev) },
             "cuDeviceGetUuid",
         )?;
@@ -180,8 +180,8 @@ impl Device {
     pub(crate) fn granularity(&self) -> Result<u64> {
         let p = self.prop();
         let mut g = 0usize;
-        // SAFETY: `p` is a fully initialised property struct; writes one size.
         check(
+            // SAFETY: `p` is a fully initialised property struct; writes one size.
             unsafe {
                 sys::cuMemGetAllocationGranularity(
                     &mut g,
@@ -198,8 +198,8 @@ impl Device {
     pub(crate) fn create(&self, size: u64) -> Result<u64> {
         let p = self.prop();
         let mut h = 0;
-        // SAFETY: `p` is valid; writes one handle, which the caller releases.
         check(
+            // SAFETY: `p` is valid; writes one handle, which the caller releases.
             unsafe { sys::cuMemCreate(&mut h, size as usize, &p, 0) },
             "cuMemCreate",
         )?;
@@ -231,8 +231,8 @@ impl Drop for Device {
 /// Reserves `size` bytes of device virtual address space.
 pub(crate) fn reserve(size: u64, align: u64) -> Result<u64> {
     let mut p = 0;
-    // SAFETY: writes one address; freed by `release_reservation`.
     check(
+        // SAFETY: writes one address; freed by `release_reservation`.
         unsafe { sys::cuMemAddressReserve(&mut p, size as usize, align as usize, 0, 0) },
         "cuMemAddressReserve",
     )?;
@@ -248,8 +248,8 @@ pub(crate) fn release_reservation(addr: u64, size: u64) {
 /// Exports a physical allocation as a POSIX file descriptor.
 pub(crate) fn export_fd(handle: u64) -> Result<OwnedFd> {
     let mut fd: std::ffi::c_int = -1;
-    // SAFETY: for POSIX handles the driver writes an int file descriptor through the pointer.
     check(
+        // SAFETY: for POSIX handles the driver writes an int file descriptor through the pointer.
         unsafe {
             sys::cuMemExportToShareableHandle(
                 (&mut fd as *mut std::ffi::c_int).cast::<c_void>(),
@@ -273,9 +273,9 @@ pub(crate) fn export_fd(handle: u64) -> Result<OwnedFd> {
 /// Imports a physical allocation from a descriptor exported by another process.
 pub(crate) fn import_fd(fd: &OwnedFd) -> Result<u64> {
     let mut h = 0;
-    // SAFETY: for POSIX handles the descriptor is passed by value in the pointer argument; the
-    // driver does not take ownership of it. Writes one handle, released by the caller.
     check(
+        // SAFETY: for POSIX handles the descriptor is passed by value in the pointer argument; the
+        // driver does not take ownership of it. Writes one handle, released by the caller.
         unsafe {
             sys::cuMemImportFromShareableHandle(
                 &mut h,
@@ -313,10 +313,10 @@ pub(crate) fn release(handle: u64) {
 /// waits for nothing but itself (the synchronous `cuMemcpyHtoD` would also wait for all work
 /// on the legacy default stream, which is PyTorch's usual stream).
 pub(crate) fn htod(dst: u64, src: &[u8], stream: u64) -> Result<()> {
-    // SAFETY: `src` is a live host slice of exactly the copied length and stays borrowed until
-    // the stream synchronisation below completes the copy; `dst` was range-checked by the
-    // caller against mapped device memory.
     check(
+        // SAFETY: `src` is a live host slice of exactly the copied length and stays borrowed until
+        // the stream synchronisation below completes the copy; `dst` was range-checked by the
+        // caller against mapped device memory.
         unsafe {
             sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr().cast(), src.len(), stream as sys::CUstream)
         },
@@ -327,8 +327,8 @@ pub(crate) fn htod(dst: u64, src: &[u8], stream: u64) -> Result<()> {
 
 /// Device-to-host copy on `stream`, complete when this returns.
 pub(crate) fn dtoh(dst: &mut [u8], src: u64, stream: u64) -> Result<()> {
-    // SAFETY: as in `htod`, in the other direction; `dst` stays borrowed until the copy is done.
     check(
+        // SAFETY: as in `htod`, in the other direction; `dst` stays borrowed until the copy is done.
         unsafe {
             sys::cuMemcpyDtoHAsync_v2(
                 dst.as_mut_ptr().cast(),
@@ -360,8 +360,8 @@ pub(crate) struct Stream(pub u64);
 /// Creates a non-blocking stream (no implicit synchronisation with the legacy default stream).
 pub(crate) fn stream_create() -> Result<Stream> {
     let mut s = std::ptr::null_mut();
-    // SAFETY: writes one stream handle, destroyed by `stream_destroy`.
     check(
+        // SAFETY: writes one stream handle, destroyed by `stream_destroy`.
         unsafe { sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) },
         "cuStreamCreate",
     )?;
@@ -377,8 +377,8 @@ pub(crate) fn stream_destroy(s: Stream) {
 /// Free and total bytes of the current context's device memory.
 pub(crate) fn mem_info() -> Result<(u64, u64)> {
     let (mut free, mut total) = (0usize, 0usize);
-    // SAFETY: writes two sizes; the caller has bound the context.
     check(
+        // SAFETY: writes two sizes; the caller has bound the context.
         unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) },
         "cuMemGetInfo",
     )?;
@@ -397,8 +397,8 @@ pub(crate) fn stream_sync(s: u64) -> Result<()> {
 /// Whether `s` is being captured into a CUDA graph.
 pub(crate) fn is_capturing(s: u64) -> Result<bool> {
     let mut st = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: writes one status for a stream handle.
     check(
+        // SAFETY: writes one status for a stream handle.
         unsafe { sys::cuStreamIsCapturing(s as sys::CUstream, &mut st) },
         "cuStreamIsCapturing",
     )?;
@@ -410,8 +410,8 @@ pub(crate) fn is_capturing(s: u64) -> Result<bool> {
 /// capture both streams must belong to it, and the wait becomes a graph edge).
 pub(crate) fn stream_after(waiter: u64, on: u64) -> Result<()> {
     let mut e = std::ptr::null_mut();
-    // SAFETY: writes one event handle, destroyed below.
     check(
+        // SAFETY: writes one event handle, destroyed below.
         unsafe { sys::cuEventCreate(&mut e, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) },
         "cuEventCreate",
     )?;
@@ -447,16 +447,16 @@ impl DoneEvent {
     /// Records a new event on `stream`: it completes when everything enqueued there so far has.
     pub(crate) fn record(stream: u64) -> Result<DoneEvent> {
         let mut e = std::ptr::null_mut();
-        // SAFETY: writes one event handle, owned by the returned value.
         check(
+            // SAFETY: writes one event handle, owned by the returned value.
             unsafe {
                 sys::cuEventCreate(&mut e, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
             },
             "cuEventCreate",
         )?;
         let ev = DoneEvent(e);
-        // SAFETY: a live event and the caller's stream of this context.
         check(
+            // SAFETY: a live event and the caller's stream of this context.
             unsafe { sys::cuEventRecord(ev.0, stream as sys::CUstream) },
             "cuEventRecord",
         )?;
@@ -498,9 +498,9 @@ impl Module {
     /// Loads a CUBIN image into the current context.
     pub(crate) fn load(image: &[u8]) -> Result<Module> {
         let mut m = std::ptr::null_mut();
-        // SAFETY: `image` is a complete CUBIN produced by NVRTC for this device's arch; the driver
-        // copies it during the call.
         check(
+            // SAFETY: `image` is a complete CUBIN produced by NVRTC for this device's arch; the driver
+            // copies it during the call.
             unsafe { sys::cuModuleLoadData(&mut m, image.as_ptr().cast()) },
             "cuModuleLoadData",
         )?;
@@ -512,8 +512,8 @@ impl Module {
     pub(crate) fn set_global_u64(&self, name: &str, value: u64) -> Result<()> {
         let c = std::ffi::CString::new(name).map_err(|e| backend("cuda", e.to_string()))?;
         let (mut ptr, mut size) = (0, 0usize);
-        // SAFETY: the module is loaded; writes the variable's device address and size.
         check(
+            // SAFETY: the module is loaded; writes the variable's device address and size.
             unsafe { sys::cuModuleGetGlobal_v2(&mut ptr, &mut size, self.0, c.as_ptr()) },
             "cuModuleGetGlobal",
         )?;
@@ -535,8 +535,8 @@ impl Module {
     pub(crate) fn function(&self, name: &str) -> Result<Function> {
         let c = std::ffi::CString::new(name).map_err(|e| backend("cuda", e.to_string()))?;
         let mut f = std::ptr::null_mut();
-        // SAFETY: the module is loaded; writes one function handle valid while it stays loaded.
         check(
+            // SAFETY: the module is loaded; writes one function handle valid while it stays loaded.
             unsafe { sys::cuModuleGetFunction(&mut f, self.0, c.as_ptr()) },
             "cuModuleGetFunction",
         )?;
@@ -634,8 +634,8 @@ impl MappedHost {
     /// Allocates `len` zeroed bytes.
     pub(crate) fn new(len: usize) -> Result<MappedHost> {
         let mut p = std::ptr::null_mut();
-        // SAFETY: writes one host pointer to `len` pinned bytes, freed in Drop.
         check(
+            // SAFETY: writes one host pointer to `len` pinned bytes, freed in Drop.
             unsafe {
                 sys::cuMemHostAlloc(
                     &mut p,
@@ -648,8 +648,8 @@ impl MappedHost {
         // SAFETY: `p` points at `len` writable bytes just allocated.
         unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, len) };
         let mut d = 0;
-        // SAFETY: `p` is a DEVICEMAP allocation; writes its device address.
         check(
+            // SAFETY: `p` is a DEVICEMAP allocation; writes its device address.
             unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, p, 0) },
             "cuMemHostGetDevicePointer",
         )?;
@@ -702,8 +702,8 @@ impl Event {
     /// A timing event in the current context.
     pub fn new() -> Result<Event> {
         let mut e = std::ptr::null_mut();
-        // SAFETY: writes one event handle, destroyed in Drop.
         check(
+            // SAFETY: writes one event handle, destroyed in Drop.
             unsafe { sys::cuEventCreate(&mut e, sys::CUevent_flags::CU_EVENT_DEFAULT as u32) },
             "cuEventCreate",
         )?;
@@ -721,14 +721,14 @@ impl Event {
 
     /// Milliseconds from `self` to `end` (both recorded; waits for `end`).
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
-        // SAFETY: valid event handle.
         check(
+            // SAFETY: valid event handle.
             unsafe { sys::cuEventSynchronize(end.0) },
             "cuEventSynchronize",
         )?;
         let mut ms = 0f32;
-        // SAFETY: both events were recorded; writes one float.
         check(
+            // SAFETY: both events were recorded; writes one float.
             unsafe { sys::cuEventElapsedTime_v2(&mut ms, self.0, end.0) },
             "cuEventElapsedTime",
         )?;
@@ -756,8 +756,8 @@ impl Graph {
     /// stream) into a graph, without running it. The capture is relaxed, so other threads'
     /// unrelated CUDA calls are not disturbed.
     pub fn capture(stream: u64, body: impl FnOnce() -> Result<()>) -> Result<Graph> {
-        // SAFETY: begins capture on a caller-provided stream; ended below on every path.
         check(
+            // SAFETY: begins capture on a caller-provided stream; ended below on every path.
             unsafe {
                 sys::cuStreamBeginCapture_v2(
                     stream as sys::CUstream,
@@ -776,8 +776,8 @@ impl Graph {
         r?;
         end?;
         let mut exec = std::ptr::null_mut();
-        // SAFETY: `graph` is a valid captured graph; writes one executable graph handle.
         if let Err(e) = check(
+            // SAFETY: `graph` is a valid captured graph; writes one executable graph handle.
             unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) },
             "cuGraphInstantiate",
         ) {
@@ -828,13 +828,13 @@ impl PeerCopy {
         let alloc = |d: &Device| -> Result<u64> {
             d.bind()?;
             let mut p = 0;
-            // SAFETY: writes one device pointer to `bytes` bytes, freed in Drop.
             check(
+                // SAFETY: writes one device pointer to `bytes` bytes, freed in Drop.
                 unsafe { sys::cuMemAlloc_v2(&mut p, bytes as usize) },
                 "cuMemAlloc",
             )?;
-            // SAFETY: `p` points at `bytes` bytes of this device's memory.
             check(
+                // SAFETY: `p` points at `bytes` bytes of this device's memory.
                 unsafe { sys::cuMemsetD8_v2(p, 0x5b, bytes as usize) },
                 "cuMemsetD8",
             )?;
@@ -902,8 +902,8 @@ impl DeviceBuffer {
     /// address of at least `bytes` readable bytes in the same context) into it.
     pub fn copy_of(copy_from: u64, bytes: u64) -> Result<DeviceBuffer> {
         let mut p = 0;
-        // SAFETY: writes one device pointer to `bytes` bytes, freed in Drop.
         check(
+            // SAFETY: writes one device pointer to `bytes` bytes, freed in Drop.
             unsafe { sys::cuMemAlloc_v2(&mut p, bytes.max(1) as usize) },
             "cuMemAlloc",
         )?;
@@ -911,9 +911,9 @@ impl DeviceBuffer {
             ptr: p,
             bytes: bytes.max(1),
         };
-        // SAFETY: both ranges hold `bytes` bytes of this context's device memory (the caller's
-        // promise for `copy_from`); the copy is synchronous with respect to the host.
         check(
+            // SAFETY: both ranges hold `bytes` bytes of this context's device memory (the caller's
+            // promise for `copy_from`); the copy is synchronous with respect to the host.
             unsafe { sys::cuMemcpyDtoD_v2(p, copy_from, bytes as usize) },
             "cuMemcpyDtoD",
         )?;

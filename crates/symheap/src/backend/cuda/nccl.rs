@@ -101,9 +101,9 @@ impl Nccl {
             id.internal[i] = *b as std::ffi::c_char;
         }
         let mut comm = std::ptr::null_mut();
-        // SAFETY: every PE passes the same id, its own rank and the world size; the device's
-        // context is current (bound above). Writes one communicator, destroyed in Drop.
         check(
+            // SAFETY: every PE passes the same id, its own rank and the world size; the device's
+            // context is current (bound above). Writes one communicator, destroyed in Drop.
             unsafe { sys::ncclCommInitRank(&mut comm, ctx.n_pes() as i32, id, ctx.my_pe() as i32) },
             "ncclCommInitRank",
         )?;
