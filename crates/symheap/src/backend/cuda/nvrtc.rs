@@ -30,8 +30,14 @@ pub const HEADER: &str = include_str!(concat!(
 /// The backend's kernels (`kernels.cu`, includes `"symheap.cuh"`) as compiled into the library.
 pub const KERNELS: &str = include_str!("kernels.cu");
 
-/// The collective kernels (all_reduce, all_gather, reduce_scatter, broadcast, alltoall).
-pub const COLL: &str = include_str!("coll.cu");
+/// The collective kernels (all_reduce, all_gather, reduce_scatter, broadcast, alltoall): one
+/// program ("coll.cu") kept in three files by role: the common part, the all_reduce family and
+/// the exchange family.
+pub const COLL: &str = concat!(
+    include_str!("coll/common.cu"),
+    include_str!("coll/all_reduce.cu"),
+    include_str!("coll/exchange.cu")
+);
 
 /// The include name under which [`HEADER`] is passed to NVRTC.
 pub const HEADER_NAME: &str = "symheap.cuh";
