@@ -1,0 +1,173 @@
+//! Which addresses a call may use: ranges inside live allocations of the caller (never freed
+//! here, never symheap's own state), their translation to a peer's copy, and how a
+//! collective's buffers are recorded in the ledger.
+
+use super::{table_offset, Inner};
+use crate::error::{invalid, Error, ErrorKind, Result};
+use crate::heap::{Block, RangeError};
+
+impl Inner {
+    /// Checks `[addr, addr+len)` lies in one live user allocation of a directly reachable PE's
+    /// heap (any PE's copy: the heaps are symmetric, so this PE's allocator knows every PE's
+    /// allocations); returns that PE.
+    /// `read` also admits an allocation's own peer table (its trailer), which is documented as
+    /// readable ([`SymmetricBuffer::peer_bases_addr`]); nothing may write it.
+    pub(super) fn locate(
+        &self,
+        addr: u64,
+        len: u64,
+        read: bool,
+        call: &'static str,
+    ) -> Result<usize> {
+        let mapped = self.backend.mapped();
+        for pe in 0..self.world {
+            if let Some(base) = self.backend.slot_base(pe) {
+                if addr >= base && addr < base + mapped {
+                    let off = addr - base;
+                    return match self.user_range(pe, off, len, call) {
+                        Ok(_) => Ok(pe),
+                        Err(_) if read && self.in_user_table(off, len) => Ok(pe),
+                        Err(e) => Err(e),
+                    };
+                }
+            }
+        }
+        Err(invalid(
+            call,
+            format!("address {addr:#x} is not in the symmetric heap of any directly reachable PE"),
+        )
+        .with_pe(self.rank))
+    }
+
+    /// Whether `[off, off + len)` lies in the peer table of a live user allocation.
+    pub(super) fn in_user_table(&self, off: u64, len: u64) -> bool {
+        let st = self.lock_heap();
+        let Some(b) = st.block_before(off) else {
+            return false;
+        };
+        let t = table_offset(&b);
+        !st.is_internal(b.id)
+            && !self.heap.is_freed_here(b.id)
+            && off >= t
+            && off.saturating_add(len) <= t + 8 * self.world as u64
+    }
+
+    /// Checks `[off, off+bytes)` of the heap is a range of one live user allocation (not freed
+    /// on this PE, not symheap's own), naming what is wrong otherwise; `pe` is whose copy the
+    /// address was in, for the message.
+    pub(super) fn user_range(
+        &self,
+        pe: usize,
+        off: u64,
+        bytes: u64,
+        call: &'static str,
+    ) -> Result<Block> {
+        let base = self.backend.slot_base(pe).unwrap_or(0);
+        let addr = base + off;
+        let st = self.lock_heap();
+        let whose = if pe == self.rank {
+            "this PE's".to_string()
+        } else {
+            format!("PE {pe}'s")
+        };
+        let why = match self.heap.user_block(&st, off, bytes) {
+            Ok(b) => return Ok(b),
+            Err(RangeError::NotAllocated) => format!(
+                "address {addr:#x} is in {whose} symmetric heap but not in a live allocation"
+            ),
+            Err(RangeError::Freed(b)) => format!(
+                "address {addr:#x} is in a {}-byte allocation (at {:#x}) that was freed on this PE; nothing made from a freed buffer may be used",
+                b.bytes,
+                base + b.offset
+            ),
+            Err(RangeError::Internal) => format!(
+                "address {addr:#x} is in symheap's own state, not in an allocation of yours"
+            ),
+            Err(RangeError::PastEnd(b)) => format!(
+                "{bytes} bytes at {addr:#x} run past the end of their {}-byte allocation (which starts at {:#x})",
+                b.bytes,
+                base + b.offset
+            ),
+        };
+        Err(invalid(call, why).with_pe(self.rank))
+    }
+
+    /// Checks `[addr, addr+bytes)` lies inside one live user allocation of this PE's heap and
+    /// returns its heap offset.
+    pub(crate) fn own_offset(&self, addr: u64, bytes: u64, call: &'static str) -> Result<u64> {
+        let base = self
+            .backend
+            .slot_base(self.rank)
+            .expect("own heap is always mapped");
+        let mapped = self.backend.mapped();
+        if addr < base || addr >= base + mapped {
+            return Err(invalid(
+                call,
+                format!(
+                    "address {addr:#x} is not in this PE's symmetric heap ({base:#x}..{:#x})",
+                    base + mapped
+                ),
+            )
+            .with_pe(self.rank));
+        }
+        let off = addr - base;
+        self.user_range(self.rank, off, bytes, call)?;
+        Ok(off)
+    }
+
+    /// A collective's ledger arguments with the heap offsets of its buffers appended: the same
+    /// symmetric buffer is at the same offset on every PE, so a PE that passes a different
+    /// buffer of the same size is a named mismatch instead of a silent wrong result.
+    pub(crate) fn coll_args(&self, args: String, dest: u64, src: u64) -> String {
+        let base = self.backend.slot_base(self.rank).unwrap_or(0);
+        let end = base + self.backend.mapped();
+        // An address outside the heap (refused later) is shown as given, the same on every PE
+        // that passes the same value, instead of as an offset that differs per PE.
+        let at = |a: u64| {
+            if (base..end).contains(&a) {
+                format!("heap+{:#x}", a - base)
+            } else {
+                format!("{a:#x} (not in the heap)")
+            }
+        };
+        if dest == src {
+            format!("{args}, in place at {}", at(dest))
+        } else {
+            format!("{args}, dest {}, src {}", at(dest), at(src))
+        }
+    }
+
+    /// PE `pe`'s copy of the symmetric range `[addr, addr+bytes)` of this PE's heap.
+    pub(crate) fn remote(
+        &self,
+        addr: u64,
+        bytes: u64,
+        pe: usize,
+        call: &'static str,
+    ) -> Result<u64> {
+        self.pe_in_range(pe, call)?;
+        let off = self.own_offset(addr, bytes, call)?;
+        match self.backend.slot_base(pe) {
+            Some(b) => Ok(b + off),
+            None => Err(Error::new(
+                Some(self.rank),
+                call,
+                ErrorKind::Unsupported(format!(
+                    "PE {pe} is on another node; the {} backend reaches only PEs of this node",
+                    self.backend.kind().name()
+                )),
+            )),
+        }
+    }
+
+    pub(crate) fn pe_in_range(&self, pe: usize, call: &'static str) -> Result<()> {
+        if pe >= self.world {
+            return Err(invalid(
+                call,
+                format!("PE {pe} is out of range (n_pes = {})", self.world),
+            )
+            .with_pe(self.rank));
+        }
+        Ok(())
+    }
+}
