@@ -152,140 +152,10 @@ impl Nvshmem {
         {
             default_env("NVSHMEM_REMOTE_TRANSPORT", "none");
         }
-        // Local preparation, then one exchange, so a PE that cannot load NVSHMEM makes every
-        // PE fail instead of leaving the others waiting in NVSHMEM's bootstrap.
-        let prepared = load_api(lib, site_dirs).and_then(|api| {
-            let uid = if rank == 0 {
-                sys::unique_id(api)?
-            } else {
-                [0u8; sys::UNIQUEID_BYTES]
-            };
-            Ok((api, uid))
-        });
-        let payload = match &prepared {
-            Ok((_, uid)) => [&[1u8][..], &uid[..]].concat(),
-            Err(m) => [&[0u8][..], m.as_bytes()].concat(),
-        };
-        let all = inner.collective(CALL, String::new(), &payload)?;
-        let (api, _) = prepared.map_err(|m| unsupported(CALL, m).with_pe(rank))?;
-        for (r, p) in all.iter().enumerate() {
-            if p.first() != Some(&1) {
-                return Err(unsupported(
-                    CALL,
-                    format!(
-                        "PE {r} could not start NVSHMEM: {}",
-                        String::from_utf8_lossy(p.get(1..).unwrap_or_default())
-                    ),
-                )
-                .with_pe(rank));
-            }
-        }
-        let uid: [u8; sys::UNIQUEID_BYTES] = all[0]
-            .get(1..)
-            .and_then(|b| b.try_into().ok())
-            .ok_or_else(|| {
-                err(
-                    CALL,
-                    ErrorKind::Bootstrap("PE 0 sent a malformed NVSHMEM unique id".into()),
-                )
-                .with_pe(rank)
-            })?;
+        let (api, uid) = exchange_unique_id(&inner, lib, site_dirs)?;
         cu.bind()?;
-        let started = Session::init(api, rank, world, &uid);
-        // Every PE learns whether every PE is fully up before anyone allocates (a collective
-        // NVSHMEM call with a PE missing would hang).
-        let status = match &started {
-            Ok(_) => vec![1u8],
-            Err(m) => [&[0u8][..], m.as_bytes()].concat(),
-        };
-        let all = inner.collective("Nvshmem::new (started)", String::new(), &status)?;
-        let mut session = started.map_err(|m| {
-            err(
-                CALL,
-                ErrorKind::Backend(format!(
-                    "NVSHMEM {} from {}: {m}",
-                    version(api.version),
-                    api.path.display()
-                )),
-            )
-            .with_pe(rank)
-        })?;
-        for (r, p) in all.iter().enumerate() {
-            if p.first() != Some(&1) {
-                // NVSHMEM is left as it is: finalising needs every PE.
-                drop(session);
-                return Err(err(
-                    CALL,
-                    ErrorKind::Backend(format!(
-                        "PE {r} could not start NVSHMEM: {}",
-                        String::from_utf8_lossy(p.get(1..).unwrap_or_default())
-                    )),
-                )
-                .with_pe(rank));
-            }
-        }
-        // Measure the per-peer offsets once, on a probe allocation every PE makes here. Every
-        // PE reports how that went before the next collective NVSHMEM call (the probe's free).
-        let probe = session.malloc(256);
-        let offsets: Vec<Option<i64>> = (0..world)
-            .map(|r| {
-                let q = probe.map_or(0, |p| session.ptr(p, r));
-                (q != 0).then(|| q.wrapping_sub(probe.unwrap_or(0)) as i64)
-            })
-            .collect();
-        let reach = (0..world)
-            .filter(|&r| r != rank && offsets[r].is_some())
-            .count();
-        // 0: no probe; 1: fine; 2: no other PE directly addressable.
-        let verdict = match probe {
-            None => 0u8,
-            Some(_) if world > 1 && reach == 0 => 2,
-            Some(_) => 1,
-        };
-        let verdicts = inner.collective("Nvshmem::new (probe)", String::new(), &[verdict])?;
-        let with = |code: u8| -> Vec<usize> {
-            (0..world)
-                .filter(|&r| verdicts.get(r).and_then(|v| v.first()) == Some(&code))
-                .collect()
-        };
-        let list = |pes: &[usize]| {
-            let s: Vec<String> = pes.iter().map(|r| r.to_string()).collect();
-            format!(
-                "PE{} {}",
-                if pes.len() == 1 { "" } else { "s" },
-                s.join(", ")
-            )
-        };
-        let failed = with(0);
-        if !failed.is_empty() || verdicts.len() != world {
-            // Some PE has no probe to free: NVSHMEM is left as it is (finalising needs every
-            // PE to be able to take part).
-            drop(session);
-            return Err(err(
-                CALL,
-                ErrorKind::Backend(format!(
-                    "nvshmem_malloc of a 256-byte probe returned NULL on {} (NVSHMEM_DEBUG=WARN shows why)",
-                    list(&failed)
-                )),
-            )
-            .with_pe(rank));
-        }
-        if let Some(p) = probe {
-            session.free(p);
-        }
-        let blind = with(2);
-        if !blind.is_empty() {
-            // Every PE is here, so finalising together cannot hang.
-            session.finalize();
-            return Err(unsupported(
-                CALL,
-                format!(
-                    "NVSHMEM reports no other PE as load/store-addressable from {} (nvshmem_ptr returned NULL for every peer): the GPUs have no peer-to-peer path, or NVSHMEM's P2P transport is off; symheap's kernels need direct access",
-                    list(&blind)
-                ),
-            )
-            .with_pe(rank));
-        }
+        let session = start_session(&inner, api, &uid)?;
+        let (session, offsets) = probe_offsets(&inner, session)?;
         tracing::debug!(rank, path = %api.path.display(), "NVSHMEM initialised");
         Ok(Nvshmem {
             id: next_provider_id(),
@@ -358,6 +228,174 @@ impl Nvshmem {
 
 fn version(v: (i32, i32, i32)) -> String {
     format!("{}.{}.{}", v.0, v.1, v.2)
+}
+
+/// Collective (first step of [`Nvshmem::with_search_path`]): every PE loads NVSHMEM, PE 0 makes
+/// the unique id, and one exchange tells every PE whether all could and hands it the id, so a PE
+/// that cannot load NVSHMEM makes every PE fail instead of leaving the others waiting in
+/// NVSHMEM's bootstrap.
+fn exchange_unique_id(
+    inner: &Arc<Inner>,
+    lib: Option<&Path>,
+    site_dirs: Option<&[PathBuf]>,
+) -> Result<(&'static sys::Api, [u8; sys::UNIQUEID_BYTES])> {
+    const CALL: &str = "Nvshmem::new";
+    let rank = inner.rank;
+    // Local preparation, then one exchange, so a PE that cannot load NVSHMEM makes every
+    // PE fail instead of leaving the others waiting in NVSHMEM's bootstrap.
+    let prepared = load_api(lib, site_dirs).and_then(|api| {
+        let uid = if rank == 0 {
+            sys::unique_id(api)?
+        } else {
+            [0u8; sys::UNIQUEID_BYTES]
+        };
+        Ok((api, uid))
+    });
+    let payload = match &prepared {
+        Ok((_, uid)) => [&[1u8][..], &uid[..]].concat(),
+        Err(m) => [&[0u8][..], m.as_bytes()].concat(),
+    };
+    let all = inner.collective(CALL, String::new(), &payload)?;
+    let (api, _) = prepared.map_err(|m| unsupported(CALL, m).with_pe(rank))?;
+    for (r, p) in all.iter().enumerate() {
+        if p.first() != Some(&1) {
+            return Err(unsupported(
+                CALL,
+                format!(
+                    "PE {r} could not start NVSHMEM: {}",
+                    String::from_utf8_lossy(p.get(1..).unwrap_or_default())
+                ),
+            )
+            .with_pe(rank));
+        }
+    }
+    let uid: [u8; sys::UNIQUEID_BYTES] = all[0]
+        .get(1..)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| {
+            err(
+                CALL,
+                ErrorKind::Bootstrap("PE 0 sent a malformed NVSHMEM unique id".into()),
+            )
+            .with_pe(rank)
+        })?;
+    Ok((api, uid))
+}
+
+/// Collective (second step): NVSHMEM's initialisation on every PE, then an exchange so that no
+/// PE allocates before every PE is up (a collective NVSHMEM call with a PE missing would hang).
+fn start_session(
+    inner: &Arc<Inner>,
+    api: &'static sys::Api,
+    uid: &[u8; sys::UNIQUEID_BYTES],
+) -> Result<Session> {
+    const CALL: &str = "Nvshmem::new";
+    let (rank, world) = (inner.rank, inner.world);
+    let started = Session::init(api, rank, world, uid);
+    // Every PE learns whether every PE is fully up before anyone allocates (a collective
+    // NVSHMEM call with a PE missing would hang).
+    let status = match &started {
+        Ok(_) => vec![1u8],
+        Err(m) => [&[0u8][..], m.as_bytes()].concat(),
+    };
+    let all = inner.collective("Nvshmem::new (started)", String::new(), &status)?;
+    let session = started.map_err(|m| {
+        err(
+            CALL,
+            ErrorKind::Backend(format!(
+                "NVSHMEM {} from {}: {m}",
+                version(api.version),
+                api.path.display()
+            )),
+        )
+        .with_pe(rank)
+    })?;
+    for (r, p) in all.iter().enumerate() {
+        if p.first() != Some(&1) {
+            // NVSHMEM is left as it is: finalising needs every PE.
+            drop(session);
+            return Err(err(
+                CALL,
+                ErrorKind::Backend(format!(
+                    "PE {r} could not start NVSHMEM: {}",
+                    String::from_utf8_lossy(p.get(1..).unwrap_or_default())
+                )),
+            )
+            .with_pe(rank));
+        }
+    }
+    Ok(session)
+}
+
+/// Collective (third step): the per-peer offsets, measured once on a probe allocation every PE
+/// makes; every PE reports how that went before the next collective NVSHMEM call (the probe's
+/// free), and a PE that reaches no peer directly fails every PE alike.
+fn probe_offsets(inner: &Arc<Inner>, mut session: Session) -> Result<(Session, Vec<Option<i64>>)> {
+    const CALL: &str = "Nvshmem::new";
+    let (rank, world) = (inner.rank, inner.world);
+    // Measure the per-peer offsets once, on a probe allocation every PE makes here. Every
+    // PE reports how that went before the next collective NVSHMEM call (the probe's free).
+    let probe = session.malloc(256);
+    let offsets: Vec<Option<i64>> = (0..world)
+        .map(|r| {
+            let q = probe.map_or(0, |p| session.ptr(p, r));
+            (q != 0).then(|| q.wrapping_sub(probe.unwrap_or(0)) as i64)
+        })
+        .collect();
+    let reach = (0..world)
+        .filter(|&r| r != rank && offsets[r].is_some())
+        .count();
+    // 0: no probe; 1: fine; 2: no other PE directly addressable.
+    let verdict = match probe {
+        None => 0u8,
+        Some(_) if world > 1 && reach == 0 => 2,
+        Some(_) => 1,
+    };
+    let verdicts = inner.collective("Nvshmem::new (probe)", String::new(), &[verdict])?;
+    let with = |code: u8| -> Vec<usize> {
+        (0..world)
+            .filter(|&r| verdicts.get(r).and_then(|v| v.first()) == Some(&code))
+            .collect()
+    };
+    let list = |pes: &[usize]| {
+        let s: Vec<String> = pes.iter().map(|r| r.to_string()).collect();
+        format!(
+            "PE{} {}",
+            if pes.len() == 1 { "" } else { "s" },
+            s.join(", ")
+        )
+    };
+    let failed = with(0);
+    if !failed.is_empty() || verdicts.len() != world {
+        // Some PE has no probe to free: NVSHMEM is left as it is (finalising needs every
+        // PE to be able to take part).
+        drop(session);
+        return Err(err(
+            CALL,
+            ErrorKind::Backend(format!(
+                "nvshmem_malloc of a 256-byte probe returned NULL on {} (NVSHMEM_DEBUG=WARN shows why)",
+                list(&failed)
+            )),
+        )
+        .with_pe(rank));
+    }
+    if let Some(p) = probe {
+        session.free(p);
+    }
+    let blind = with(2);
+    if !blind.is_empty() {
+        // Every PE is here, so finalising together cannot hang.
+        session.finalize();
+        return Err(unsupported(
+            CALL,
+            format!(
+                "NVSHMEM reports no other PE as load/store-addressable from {} (nvshmem_ptr returned NULL for every peer): the GPUs have no peer-to-peer path, or NVSHMEM's P2P transport is off; symheap's kernels need direct access",
+                list(&blind)
+            ),
+        )
+        .with_pe(rank));
+    }
+    Ok((session, offsets))
 }
 
 impl Provider for Nvshmem {
