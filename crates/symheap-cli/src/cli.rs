@@ -1,9 +1,10 @@
 //! The command line: parsing and dispatch of every subcommand.
 
 use std::ffi::OsString;
+use std::path::Path;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 use crate::{bench, selftest};
 
@@ -65,36 +66,7 @@ enum Cmd {
     },
     /// The main job: start PEs on whatever this machine has and run the standard sweep against
     /// the peer available there, printing the comparison table.
-    Bench {
-        /// What to run: `all` (the standard sweep), `coll` (collectives only) or `rma`.
-        #[arg(default_value = "all")]
-        what: String,
-        /// Number of PEs (default: every GPU; on the host one per CPU, 2 to 8).
-        #[arg(short = 'n', long)]
-        pes: Option<usize>,
-        /// Collectives to sweep (comma separated): all_reduce, all_gather, reduce_scatter,
-        /// broadcast, alltoall.
-        #[arg(long, value_delimiter = ',')]
-        op: Vec<String>,
-        /// Message sizes (comma separated, e.g. 8K,512K,4M,1G).
-        #[arg(long, value_delimiter = ',')]
-        sizes: Vec<String>,
-        /// Element type of the collectives (default bf16 on GPUs, f32 on the host).
-        #[arg(long)]
-        dtype: Option<String>,
-        /// Also write the rows as JSON here.
-        #[arg(long)]
-        json: Option<std::path::PathBuf>,
-        /// Also draw a PNG chart here (needs python3 with matplotlib).
-        #[arg(long)]
-        png: Option<std::path::PathBuf>,
-        /// Merge peer numbers measured in the same run by another program (torch script JSON).
-        #[arg(long)]
-        peer_json: Option<std::path::PathBuf>,
-        /// Force the host backend even when GPUs are visible.
-        #[arg(long)]
-        host: bool,
-    },
+    Bench(BenchArgs),
     /// Compile symheap's own kernels to cubins ahead of time (NVRTC, no GPU needed), for a build
     /// with `SYMHEAP_PREBUILT_KERNELS=DIR` to embed (the wheel and release builds do).
     Kernels {
@@ -146,6 +118,39 @@ enum Cmd {
     },
 }
 
+/// The options of `symheap bench`.
+#[derive(Args)]
+struct BenchArgs {
+    /// What to run: `all` (the standard sweep), `coll` (collectives only) or `rma`.
+    #[arg(default_value = "all")]
+    what: String,
+    /// Number of PEs (default: every GPU; on the host one per CPU, 2 to 8).
+    #[arg(short = 'n', long)]
+    pes: Option<usize>,
+    /// Collectives to sweep (comma separated): all_reduce, all_gather, reduce_scatter,
+    /// broadcast, alltoall.
+    #[arg(long, value_delimiter = ',')]
+    op: Vec<String>,
+    /// Message sizes (comma separated, e.g. 8K,512K,4M,1G).
+    #[arg(long, value_delimiter = ',')]
+    sizes: Vec<String>,
+    /// Element type of the collectives (default bf16 on GPUs, f32 on the host).
+    #[arg(long)]
+    dtype: Option<String>,
+    /// Also write the rows as JSON here.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// Also draw a PNG chart here (needs python3 with matplotlib).
+    #[arg(long)]
+    png: Option<std::path::PathBuf>,
+    /// Merge peer numbers measured in the same run by another program (torch script JSON).
+    #[arg(long)]
+    peer_json: Option<std::path::PathBuf>,
+    /// Force the host backend even when GPUs are visible.
+    #[arg(long)]
+    host: bool,
+}
+
 /// An exit status in the range a process can return.
 fn code(c: i32) -> i32 {
     c.clamp(0, 255)
@@ -168,27 +173,8 @@ pub fn run(args: Vec<OsString>) -> i32 {
             n,
             grace,
             no_prefix,
-            mut program,
-        } => {
-            let prog = program.remove(0);
-            let mut opts = symheap_launch::LaunchOptions::new(n, prog);
-            opts.args = program;
-            opts.prefix_output = !no_prefix;
-            if !(0.0..=symheap::config::MAX_TIMEOUT_SECS).contains(&grace) {
-                eprintln!(
-                    "symheap launch: --grace {grace} is not accepted: expected 0 to 1e9 seconds"
-                );
-                return code(2);
-            }
-            opts.grace = Duration::from_secs_f64(grace);
-            match symheap_launch::launch(&opts) {
-                Ok(outcome) => code(outcome.exit_code()),
-                Err(e) => {
-                    eprintln!("{e}");
-                    code(1)
-                }
-            }
-        }
+            program,
+        } => launch_cmd(n, grace, no_prefix, program),
         Cmd::Info { vars } => info(vars),
         Cmd::Selftest {
             pes,
@@ -197,62 +183,8 @@ pub fn run(args: Vec<OsString>) -> i32 {
             seed,
             list,
             gpu,
-        } => {
-            if list {
-                for s in selftest::SCENARIOS {
-                    println!("{:<10} {}", s.name, s.about);
-                }
-                return code(0);
-            }
-            let seed = seed.unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos() as u64)
-                    .unwrap_or(1)
-            });
-            let sel = selftest::Selection {
-                only: only.as_deref(),
-                skip: skip.as_deref(),
-            };
-            code(selftest::run_suite(&pes, &sel, seed, gpu))
-        }
-        Cmd::Bench {
-            what,
-            pes,
-            op,
-            sizes,
-            dtype,
-            json,
-            png,
-            peer_json,
-            host,
-        } => {
-            let gpus = if host { 0 } else { symheap::cuda::gpu_count() };
-            if gpus == 0 {
-                let opts = bench::HostOptions {
-                    what,
-                    n: pes.unwrap_or_else(|| bench::cpus().clamp(2, 8)),
-                    ops: op,
-                    sizes,
-                    dtype,
-                    json,
-                    png,
-                    peer_json,
-                };
-                return code(bench::run_host(&opts));
-            }
-            let opts = bench::GpuOptions {
-                what,
-                n: pes.unwrap_or(gpus),
-                ops: op,
-                sizes,
-                dtype: dtype.unwrap_or_else(|| "bf16".into()),
-                json,
-                png,
-                peer_json,
-            };
-            code(bench::run_gpu(&opts))
-        }
+        } => selftest_cmd(&pes, only, skip, seed, list, gpu),
+        Cmd::Bench(args) => bench_cmd(args),
         Cmd::Kernels { out, arch } => code(crate::kernels::build(&out, &arch)),
         Cmd::BenchPe {
             out,
@@ -261,45 +193,140 @@ pub fn run(args: Vec<OsString>) -> i32 {
             ops,
             coll_sizes,
             dtype,
-        } => {
-            let Some(dtype) = symheap::DType::parse(&dtype) else {
-                eprintln!("unknown dtype {dtype}");
-                return code(2);
-            };
-            let plan = bench::HostPlan {
-                rma_sizes,
-                barrier,
-                ops,
-                coll_sizes,
-                dtype,
-            };
-            code(bench::bench_pe_host(&plan, &out))
-        }
+        } => bench_pe(&out, rma_sizes, barrier, ops, coll_sizes, &dtype),
         Cmd::BenchPeGpu {
             out,
             ops,
             sizes,
             dtype,
             rma,
-        } => {
-            let Some(dtype) = symheap::DType::parse(&dtype) else {
-                eprintln!("unknown dtype {dtype}");
-                return code(2);
-            };
-            let plan = bench::gpu::GpuPlan {
-                ops,
-                sizes,
-                dtype,
-                rma,
-            };
-            code(bench::gpu::bench_pe_gpu(&plan, &out))
-        }
+        } => bench_pe_gpu(&out, ops, sizes, &dtype, rma),
         Cmd::SelftestPe {
             scenario,
             seed,
             victim,
         } => code(selftest::run_pe(&scenario, seed, victim)),
     }
+}
+
+/// `symheap launch`.
+fn launch_cmd(n: usize, grace: f64, no_prefix: bool, mut program: Vec<OsString>) -> i32 {
+    let prog = program.remove(0);
+    let mut opts = symheap_launch::LaunchOptions::new(n, prog);
+    opts.args = program;
+    opts.prefix_output = !no_prefix;
+    if !(0.0..=symheap::config::MAX_TIMEOUT_SECS).contains(&grace) {
+        eprintln!("symheap launch: --grace {grace} is not accepted: expected 0 to 1e9 seconds");
+        return code(2);
+    }
+    opts.grace = Duration::from_secs_f64(grace);
+    match symheap_launch::launch(&opts) {
+        Ok(outcome) => code(outcome.exit_code()),
+        Err(e) => {
+            eprintln!("{e}");
+            code(1)
+        }
+    }
+}
+
+/// `symheap selftest`.
+fn selftest_cmd(
+    pes: &[usize],
+    only: Option<String>,
+    skip: Option<String>,
+    seed: Option<u64>,
+    list: bool,
+    gpu: bool,
+) -> i32 {
+    if list {
+        for s in selftest::SCENARIOS {
+            println!("{:<10} {}", s.name, s.about);
+        }
+        return code(0);
+    }
+    let seed = seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+    });
+    let sel = selftest::Selection {
+        only: only.as_deref(),
+        skip: skip.as_deref(),
+    };
+    code(selftest::run_suite(pes, &sel, seed, gpu))
+}
+
+/// `symheap bench`: on the GPUs when there are any (and `--host` is not given), else on the
+/// host backend.
+fn bench_cmd(a: BenchArgs) -> i32 {
+    let gpus = if a.host {
+        0
+    } else {
+        symheap::cuda::gpu_count()
+    };
+    if gpus == 0 {
+        let opts = bench::HostOptions {
+            what: a.what,
+            n: a.pes.unwrap_or_else(|| bench::cpus().clamp(2, 8)),
+            ops: a.op,
+            sizes: a.sizes,
+            dtype: a.dtype,
+            json: a.json,
+            png: a.png,
+            peer_json: a.peer_json,
+        };
+        return code(bench::run_host(&opts));
+    }
+    let opts = bench::GpuOptions {
+        what: a.what,
+        n: a.pes.unwrap_or(gpus),
+        ops: a.op,
+        sizes: a.sizes,
+        dtype: a.dtype.unwrap_or_else(|| "bf16".into()),
+        json: a.json,
+        png: a.png,
+        peer_json: a.peer_json,
+    };
+    code(bench::run_gpu(&opts))
+}
+
+/// One PE of the host benchmark.
+fn bench_pe(
+    out: &Path,
+    rma_sizes: Vec<u64>,
+    barrier: bool,
+    ops: Vec<String>,
+    coll_sizes: Vec<u64>,
+    dtype: &str,
+) -> i32 {
+    let Some(dtype) = symheap::DType::parse(dtype) else {
+        eprintln!("unknown dtype {dtype}");
+        return code(2);
+    };
+    let plan = bench::HostPlan {
+        rma_sizes,
+        barrier,
+        ops,
+        coll_sizes,
+        dtype,
+    };
+    code(bench::bench_pe_host(&plan, out))
+}
+
+/// One PE of the GPU benchmark.
+fn bench_pe_gpu(out: &Path, ops: Vec<String>, sizes: Vec<u64>, dtype: &str, rma: bool) -> i32 {
+    let Some(dtype) = symheap::DType::parse(dtype) else {
+        eprintln!("unknown dtype {dtype}");
+        return code(2);
+    };
+    let plan = bench::gpu::GpuPlan {
+        ops,
+        sizes,
+        dtype,
+        rma,
+    };
+    code(bench::gpu::bench_pe_gpu(&plan, out))
 }
 
 /// Which kernels this build carries compiled and whether NVRTC (for the rest) is loadable.

@@ -91,57 +91,145 @@ fn derived_port(job_id: &str) -> usize {
     20000 + (fnv1a(job_id.as_bytes()) % 12000) as usize
 }
 
+/// Which launcher started this PE, its rank, the world size and its local rank, from the first
+/// launcher whose variables are set.
+fn launcher_and_rank(cfg: &mut Config) -> Result<(Launcher, usize, usize, Option<usize>)> {
+    Ok(
+        if let (Some(r), Some(w)) = (num(cfg, "RANK")?, num(cfg, "WORLD_SIZE")?) {
+            let l = if var(cfg, "SYMHEAP_LAUNCHER").is_some() {
+                Launcher::Symheap
+            } else if var(cfg, "TORCHELASTIC_RUN_ID").is_some() {
+                Launcher::Torchrun
+            } else {
+                Launcher::TorchStyle
+            };
+            (l, r, w, num(cfg, "LOCAL_RANK")?)
+        } else if let (Some(r), Some(w)) = (
+            num(cfg, "OMPI_COMM_WORLD_RANK")?,
+            num(cfg, "OMPI_COMM_WORLD_SIZE")?,
+        ) {
+            (
+                Launcher::OpenMpi,
+                r,
+                w,
+                num(cfg, "OMPI_COMM_WORLD_LOCAL_RANK")?,
+            )
+        } else if let (Some(r), Some(w)) = (num(cfg, "PMI_RANK")?, num(cfg, "PMI_SIZE")?) {
+            (Launcher::Pmi, r, w, num(cfg, "MPI_LOCALRANKID")?)
+        } else if var(cfg, "SLURM_STEP_ID").is_some() && var(cfg, "SLURM_PROCID").is_some() {
+            // Only inside an srun step: a batch script also has SLURM_PROCID=0 and SLURM_NTASKS,
+            // and treating a plain `python x.py` there as rank 0 of N would wait for PEs that
+            // never start.
+            let r = num(cfg, "SLURM_PROCID")?.unwrap_or(0);
+            let w = match num(cfg, "SLURM_STEP_NUM_TASKS")? {
+                Some(w) => w,
+                None => num(cfg, "SLURM_NTASKS")?.unwrap_or(1),
+            };
+            (Launcher::Slurm, r, w, num(cfg, "SLURM_LOCALID")?)
+        } else {
+            (Launcher::None, 0, 1, Some(0))
+        },
+    )
+}
+
+/// How many PEs the launcher says run on this node, if it says.
+fn local_size(cfg: &mut Config, launcher: Launcher, world: usize) -> Result<Option<usize>> {
+    Ok(match launcher {
+        Launcher::Symheap | Launcher::Torchrun | Launcher::TorchStyle => {
+            num(cfg, "LOCAL_WORLD_SIZE")?
+        }
+        Launcher::OpenMpi => num(cfg, "OMPI_COMM_WORLD_LOCAL_SIZE")?,
+        Launcher::Pmi => num(cfg, "MPI_LOCALNRANKS")?,
+        Launcher::Slurm => match num(cfg, "SLURM_STEP_NUM_NODES")? {
+            Some(nodes) => (nodes == 1).then_some(world),
+            None => num(cfg, "SLURM_NNODES")?.and_then(|n| (n == 1).then_some(world)),
+        },
+        Launcher::None => Some(1),
+    })
+}
+
+/// The launcher's identifier of this job, the same on every PE, where it has one.
+fn job_id(cfg: &mut Config, launcher: Launcher) -> Option<String> {
+    match launcher {
+        Launcher::Torchrun => var(cfg, "TORCHELASTIC_RUN_ID"),
+        Launcher::OpenMpi => {
+            var(cfg, "OMPI_MCA_ess_base_jobid").or_else(|| var(cfg, "PMIX_NAMESPACE"))
+        }
+        Launcher::Pmi => var(cfg, "PMI_KVSNAME").or_else(|| var(cfg, "PMI_ID")),
+        Launcher::Slurm => {
+            let job = var(cfg, "SLURM_JOB_ID").unwrap_or_default();
+            let step = var(cfg, "SLURM_STEP_ID").unwrap_or_default();
+            Some(format!("{job}.{step}"))
+        }
+        _ => None,
+    }
+}
+
+/// The host rank 0 listens on: `MASTER_ADDR`, else the step's first node under Slurm, else
+/// this machine.
+fn rendezvous_addr(cfg: &mut Config, launcher: Launcher) -> String {
+    match var(cfg, "MASTER_ADDR") {
+        Some(a) => a,
+        None => match launcher {
+            Launcher::Slurm => var(cfg, "SLURM_STEP_NODELIST")
+                .or_else(|| var(cfg, "SLURM_JOB_NODELIST"))
+                .and_then(|l| first_host(&l))
+                .unwrap_or_else(|| "127.0.0.1".into()),
+            _ => "127.0.0.1".into(),
+        },
+    }
+}
+
+/// The rendezvous port: `SYMHEAP_BOOTSTRAP_PORT`, else from `MASTER_PORT`, else derived from
+/// the job identity under MPI, PMI and Slurm.
+fn rendezvous_port(
+    cfg: &mut Config,
+    launcher: Launcher,
+    world: usize,
+    job_id: Option<&str>,
+) -> Result<u16> {
+    let port_var = if var(cfg, "SYMHEAP_BOOTSTRAP_PORT").is_some() {
+        "SYMHEAP_BOOTSTRAP_PORT"
+    } else {
+        "MASTER_PORT"
+    };
+    let port = match num(cfg, "SYMHEAP_BOOTSTRAP_PORT")? {
+        Some(p) => p,
+        None => match (num(cfg, "MASTER_PORT")?, launcher) {
+            // torchrun's own store already listens on MASTER_PORT.
+            (Some(p), Launcher::Torchrun) => p + 1,
+            (Some(p), _) => p,
+            (None, _) if world == 1 => 0,
+            (None, Launcher::OpenMpi | Launcher::Pmi | Launcher::Slurm) => {
+                derived_port(job_id.unwrap_or_default())
+            }
+            (None, _) => {
+                return Err(invalid(
+                    "init",
+                    format!(
+                        "{} started {world} PEs but MASTER_PORT is not set",
+                        launcher.name()
+                    ),
+                ))
+            }
+        },
+    };
+    u16::try_from(port).map_err(|_| {
+        invalid(
+            "init",
+            format!(
+                "{port_var} gives rendezvous port {port}, which is not accepted: expected a \
+                 TCP port, 1 to 65535 (under torchrun symheap uses MASTER_PORT + 1)"
+            ),
+        )
+    })
+}
+
 impl LaunchEnv {
     /// Reads the environment. Records every variable it used in `cfg.env_read`.
     pub fn detect(cfg: &mut Config) -> Result<LaunchEnv> {
-        let (launcher, rank, world, local_rank) =
-            if let (Some(r), Some(w)) = (num(cfg, "RANK")?, num(cfg, "WORLD_SIZE")?) {
-                let l = if var(cfg, "SYMHEAP_LAUNCHER").is_some() {
-                    Launcher::Symheap
-                } else if var(cfg, "TORCHELASTIC_RUN_ID").is_some() {
-                    Launcher::Torchrun
-                } else {
-                    Launcher::TorchStyle
-                };
-                (l, r, w, num(cfg, "LOCAL_RANK")?)
-            } else if let (Some(r), Some(w)) = (
-                num(cfg, "OMPI_COMM_WORLD_RANK")?,
-                num(cfg, "OMPI_COMM_WORLD_SIZE")?,
-            ) {
-                (
-                    Launcher::OpenMpi,
-                    r,
-                    w,
-                    num(cfg, "OMPI_COMM_WORLD_LOCAL_RANK")?,
-                )
-            } else if let (Some(r), Some(w)) = (num(cfg, "PMI_RANK")?, num(cfg, "PMI_SIZE")?) {
-                (Launcher::Pmi, r, w, num(cfg, "MPI_LOCALRANKID")?)
-            } else if var(cfg, "SLURM_STEP_ID").is_some() && var(cfg, "SLURM_PROCID").is_some() {
-                // Only inside an srun step: a batch script also has SLURM_PROCID=0 and SLURM_NTASKS,
-                // and treating a plain `python x.py` there as rank 0 of N would wait for PEs that
-                // never start.
-                let r = num(cfg, "SLURM_PROCID")?.unwrap_or(0);
-                let w = match num(cfg, "SLURM_STEP_NUM_TASKS")? {
-                    Some(w) => w,
-                    None => num(cfg, "SLURM_NTASKS")?.unwrap_or(1),
-                };
-                (Launcher::Slurm, r, w, num(cfg, "SLURM_LOCALID")?)
-            } else {
-                (Launcher::None, 0, 1, Some(0))
-            };
-        let local_size = match launcher {
-            Launcher::Symheap | Launcher::Torchrun | Launcher::TorchStyle => {
-                num(cfg, "LOCAL_WORLD_SIZE")?
-            }
-            Launcher::OpenMpi => num(cfg, "OMPI_COMM_WORLD_LOCAL_SIZE")?,
-            Launcher::Pmi => num(cfg, "MPI_LOCALNRANKS")?,
-            Launcher::Slurm => match num(cfg, "SLURM_STEP_NUM_NODES")? {
-                Some(nodes) => (nodes == 1).then_some(world),
-                None => num(cfg, "SLURM_NNODES")?.and_then(|n| (n == 1).then_some(world)),
-            },
-            Launcher::None => Some(1),
-        };
-        let one_node = local_size == Some(world);
+        let (launcher, rank, world, local_rank) = launcher_and_rank(cfg)?;
+        let one_node = local_size(cfg, launcher, world)? == Some(world);
         if world == 0 || rank >= world {
             return Err(invalid(
                 "init",
@@ -151,68 +239,9 @@ impl LaunchEnv {
         if world > u32::MAX as usize / 2 {
             return Err(invalid("init", format!("world size {world} is too large")));
         }
-
-        let job_id = match launcher {
-            Launcher::Torchrun => var(cfg, "TORCHELASTIC_RUN_ID"),
-            Launcher::OpenMpi => {
-                var(cfg, "OMPI_MCA_ess_base_jobid").or_else(|| var(cfg, "PMIX_NAMESPACE"))
-            }
-            Launcher::Pmi => var(cfg, "PMI_KVSNAME").or_else(|| var(cfg, "PMI_ID")),
-            Launcher::Slurm => {
-                let job = var(cfg, "SLURM_JOB_ID").unwrap_or_default();
-                let step = var(cfg, "SLURM_STEP_ID").unwrap_or_default();
-                Some(format!("{job}.{step}"))
-            }
-            _ => None,
-        };
-
-        let addr = match var(cfg, "MASTER_ADDR") {
-            Some(a) => a,
-            None => match launcher {
-                Launcher::Slurm => var(cfg, "SLURM_STEP_NODELIST")
-                    .or_else(|| var(cfg, "SLURM_JOB_NODELIST"))
-                    .and_then(|l| first_host(&l))
-                    .unwrap_or_else(|| "127.0.0.1".into()),
-                _ => "127.0.0.1".into(),
-            },
-        };
-
-        let port_var = if var(cfg, "SYMHEAP_BOOTSTRAP_PORT").is_some() {
-            "SYMHEAP_BOOTSTRAP_PORT"
-        } else {
-            "MASTER_PORT"
-        };
-        let port = match num(cfg, "SYMHEAP_BOOTSTRAP_PORT")? {
-            Some(p) => p,
-            None => match (num(cfg, "MASTER_PORT")?, launcher) {
-                // torchrun's own store already listens on MASTER_PORT.
-                (Some(p), Launcher::Torchrun) => p + 1,
-                (Some(p), _) => p,
-                (None, _) if world == 1 => 0,
-                (None, Launcher::OpenMpi | Launcher::Pmi | Launcher::Slurm) => {
-                    derived_port(job_id.as_deref().unwrap_or_default())
-                }
-                (None, _) => {
-                    return Err(invalid(
-                        "init",
-                        format!(
-                            "{} started {world} PEs but MASTER_PORT is not set",
-                            launcher.name()
-                        ),
-                    ))
-                }
-            },
-        };
-        let port = u16::try_from(port).map_err(|_| {
-            invalid(
-                "init",
-                format!(
-                    "{port_var} gives rendezvous port {port}, which is not accepted: expected a \
-                     TCP port, 1 to 65535 (under torchrun symheap uses MASTER_PORT + 1)"
-                ),
-            )
-        })?;
-
+        let job_id = job_id(cfg, launcher);
+        let addr = rendezvous_addr(cfg, launcher);
+        let port = rendezvous_port(cfg, launcher, world, job_id.as_deref())?;
         let (token, token_is_secret) = match var(cfg, "SYMHEAP_TOKEN") {
             Some(t) => (t.into_bytes(), true),
             None => (
@@ -225,7 +254,6 @@ impl LaunchEnv {
                 false,
             ),
         };
-
         Ok(LaunchEnv {
             launcher,
             rank,

@@ -6,13 +6,15 @@
 //! gathers contributions, answers them, starts the clock on every collective when its first
 //! contribution arrives (so a timeout can name who did not come, even when PE 0's own thread is
 //! the one stuck), and turns a closed connection into "PE r exited" on every PE. A reader thread
-//! on every other PE does the same for PE 0's connection.
+//! on every other PE does the same for PE 0's connection. The hub is in `tcp/hub.rs`.
 
-use std::collections::{BTreeMap, HashMap};
-use std::io::{BufReader, BufWriter, Write};
+mod hub;
+
+use std::collections::HashMap;
+use std::io::{BufReader, BufWriter};
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -22,6 +24,7 @@ use super::conn::{self, Conn, Listener};
 use super::wire::{AbortClass, Msg};
 use super::{Bootstrap, Health, LaunchEnv};
 use crate::error::{bootstrap, Error, ErrorKind, Result};
+use hub::Hub;
 
 /// How long after the root's timeout a non-root PE gives up waiting for the root's verdict.
 const LEAF_GRACE: Duration = Duration::from_secs(5);
@@ -496,200 +499,6 @@ impl Drop for TcpBootstrap {
             }
             Role::Leaf { stream, .. } => {
                 let _ = stream.shutdown(Shutdown::Both);
-            }
-        }
-    }
-}
-
-struct Pending {
-    what: String,
-    parts: Vec<Option<Vec<u8>>>,
-    since: Instant,
-}
-
-/// PE 0's coordinator thread.
-struct Hub {
-    world: usize,
-    timeout: Duration,
-    shared: Arc<Shared>,
-    writers: Vec<Option<BufWriter<Conn>>>,
-    bye: Vec<bool>,
-    closed: Vec<bool>,
-    pending: BTreeMap<u64, Pending>,
-    failed: bool,
-    finalize: Option<(Sender<Result<(), String>>, Instant)>,
-}
-
-impl Hub {
-    fn new(
-        world: usize,
-        timeout: Duration,
-        shared: Arc<Shared>,
-        writers: Vec<Option<BufWriter<Conn>>>,
-    ) -> Hub {
-        Hub {
-            world,
-            timeout,
-            shared,
-            writers,
-            bye: vec![false; world],
-            closed: vec![false; world],
-            pending: BTreeMap::new(),
-            failed: false,
-            finalize: None,
-        }
-    }
-
-    fn send(&mut self, to: usize, msg: &Msg) {
-        if let Some(w) = self.writers[to].as_mut() {
-            let frame = msg.encode();
-            if w.write_all(&frame).and_then(|_| w.flush()).is_err() {
-                self.writers[to] = None;
-            }
-        }
-    }
-
-    fn broadcast(&mut self, msg: &Msg) {
-        for to in 1..self.world {
-            self.send(to, msg);
-        }
-    }
-
-    fn fail(&mut self, kind: ErrorKind, origin: usize) {
-        if self.failed {
-            return;
-        }
-        self.failed = true;
-        let msg = kind_to_abort(origin, &kind);
-        self.broadcast(&msg);
-        self.shared.fail(kind);
-    }
-
-    fn contribute(&mut self, from: usize, seq: u64, what: String, data: Vec<u8>) {
-        let world = self.world;
-        let p = self.pending.entry(seq).or_insert_with(|| Pending {
-            what,
-            parts: vec![None; world],
-            since: Instant::now(),
-        });
-        p.parts[from] = Some(data);
-        if p.parts.iter().all(Option::is_some) {
-            let p = self.pending.remove(&seq).expect("present");
-            let parts: Vec<Vec<u8>> = p.parts.into_iter().map(|x| x.unwrap_or_default()).collect();
-            let msg = Msg::Gathered { seq, parts };
-            self.broadcast(&msg);
-            if let Msg::Gathered { parts, .. } = msg {
-                self.shared.deliver(seq, parts);
-            }
-        }
-    }
-
-    fn all_left(&self) -> bool {
-        (1..self.world).all(|r| self.bye[r] || self.closed[r])
-    }
-
-    fn run(mut self, rx: Receiver<Event>) {
-        loop {
-            if let Some((_, until)) = &self.finalize {
-                if self.all_left() || Instant::now() >= *until {
-                    let (tx, _) = self.finalize.take().expect("present");
-                    let stragglers: Vec<usize> = (1..self.world)
-                        .filter(|&r| !(self.bye[r] || self.closed[r]))
-                        .collect();
-                    for w in self.writers.iter_mut().flatten() {
-                        let _ = w.flush();
-                        let _ = w.get_ref().shutdown(Shutdown::Both);
-                    }
-                    let _ = tx.send(if stragglers.is_empty() {
-                        Ok(())
-                    } else {
-                        Err(format!("PEs {stragglers:?} did not finalize"))
-                    });
-                    return;
-                }
-            }
-            let wait = self
-                .pending
-                .values()
-                .map(|p| (p.since + self.timeout).saturating_duration_since(Instant::now()))
-                .min()
-                .unwrap_or(Duration::from_millis(500))
-                .min(Duration::from_millis(500));
-            match rx.recv_timeout(wait) {
-                Ok(Event::Local { seq, what, data }) => self.contribute(0, seq, what, data),
-                Ok(Event::Remote { from, msg }) => match msg {
-                    Msg::Contribute { seq, what, data } => self.contribute(from, seq, what, data),
-                    Msg::Abort {
-                        origin,
-                        class,
-                        reason,
-                        missing,
-                        waited_ms,
-                    } => {
-                        let kind = abort_kind(origin, class, reason, missing, waited_ms);
-                        self.fail(kind, origin as usize);
-                    }
-                    Msg::Bye => self.bye[from] = true,
-                    _ => {}
-                },
-                Ok(Event::Closed { from, why }) => {
-                    self.closed[from] = true;
-                    self.writers[from] = None;
-                    if !self.bye[from] {
-                        self.fail(
-                            ErrorKind::PeerExited {
-                                peer: from,
-                                how: why,
-                            },
-                            from,
-                        );
-                    }
-                }
-                Ok(Event::Abort(msg)) => {
-                    if let Msg::Abort {
-                        origin,
-                        class,
-                        reason,
-                        missing,
-                        waited_ms,
-                    } = msg
-                    {
-                        let kind = abort_kind(origin, class, reason, missing, waited_ms);
-                        self.fail(kind, origin as usize);
-                    }
-                }
-                Ok(Event::Finalize(tx)) => {
-                    self.finalize = Some((tx, Instant::now() + self.timeout));
-                }
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return,
-            }
-            if !self.failed {
-                let now = Instant::now();
-                let late = self
-                    .pending
-                    .iter()
-                    .find(|(_, p)| now >= p.since + self.timeout)
-                    .map(|(&seq, p)| {
-                        (
-                            seq,
-                            p.what.clone(),
-                            p.parts
-                                .iter()
-                                .enumerate()
-                                .filter(|(_, x)| x.is_none())
-                                .map(|(r, _)| r)
-                                .collect::<Vec<_>>(),
-                        )
-                    });
-                if let Some((seq, what, missing)) = late {
-                    let kind = ErrorKind::Timeout {
-                        what: format!("{what} (collective #{seq})"),
-                        waited: self.timeout,
-                        missing,
-                    };
-                    self.fail(kind, 0);
-                }
             }
         }
     }
