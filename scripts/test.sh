@@ -34,6 +34,7 @@ step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked 
 step "ruff check" ruff check python tests scripts bench examples
 step "ruff format --check" ruff format --check python tests scripts bench examples
 step "cargo test" cargo test --workspace --locked
+step "docs (rustdoc -D warnings, Python API page up to date)" scripts/docs.sh
 step "divergence property test at scale (40 random programs at 2, 3, 4 and 8 PEs)" \
   scripts/diverge_stats.sh 40 target/debug/symheap
 
