@@ -19,7 +19,7 @@ for pes in 2 3 4 8; do
     if [ "$rc" -ne 0 ]; then
       bad=$((bad + 1))
       echo "FAILED: $pes PEs, seed $seed" >&2
-      grep -E "SELFTEST-FAIL|error" <<<"$out" | head -3 >&2
+      { grep -E "SELFTEST-FAIL|error" <<<"$out" || tail -n 5 <<<"$out"; } | head -5 >&2
       continue
     fi
     if [ "$named" -eq "$pes" ]; then

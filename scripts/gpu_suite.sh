@@ -24,8 +24,11 @@ build)
   rm -rf .carry/wheels && mkdir -p .carry/wheels
   scripts/build_wheel.sh --out .carry/wheels
   SYMHEAP_PREBUILT_KERNELS="$PWD/target/prebuilt-kernels" cargo build --release --locked -p symheap-cli
+  SYMHEAP_PREBUILT_KERNELS="$PWD/target/prebuilt-kernels" cargo build --release --locked -p symheap --examples
   mkdir -p .carry/bin
-  cp target/release/symheap .carry/bin/
+  cp target/release/symheap target/release/examples/peer_write target/release/examples/stream_ring .carry/bin/
+  # The device call carries at most 64 MiB: line tables stay in target/, not in the carried copies.
+  strip --strip-debug .carry/bin/*
   ls -la .carry/bin .carry/wheels
   ;;
 run)
@@ -81,7 +84,7 @@ run)
   # real devices while the 8-GPU machine is not lent. NCCL and NVSHMEM allow one rank per GPU,
   # so their scenarios stay out.
   if [ "${SKIP_PES8:-0}" != 1 ] && [ "$NGPU" -lt 8 ]; then
-    step selftest-gpu-8pe "${SELFTEST8_LIMIT:-200}" env SYMHEAP_TIMEOUT=60 "$B" selftest --gpu --pes 8 --only contract,release,alloc-churn,ring,alltoall,broadcast,all-reduce,atomics,signal,teams,coll-errors,team-mismatch,mismatch,diverge,stream-ring,stream-signal,stream-barrier,release-order,multi-stream,device-divergence,kill-device,internal-state,protocols-pcie,kernel-translate,kernel-atomics,example-kernel,coll-stream,coll-graph
+    step selftest-gpu-8pe "${SELFTEST8_LIMIT:-200}" env SYMHEAP_TIMEOUT=60 "$B" selftest --gpu --pes 8 --only contract,release,alloc-churn,ring,alltoall,broadcast,all-reduce,atomics,signal,teams,coll-errors,team-mismatch,mismatch,diverge,stream-ring,stream-signal,stream-barrier,release-order,multi-stream,device-divergence,kill-device,internal-state,local-ranges,protocols-pcie,kernel-translate,kernel-atomics,example-kernel,coll-stream,coll-graph
   fi
   # The divergence property test on the CUDA backend: random programs, one PE diverging.
   step diverge-stats 120 env SYMHEAP_BACKEND=cuda scripts/diverge_stats.sh "${DIVERGE_N:-8}" "$B"
@@ -98,6 +101,15 @@ run)
     [ "${SKIP_PROVIDERS:-0}" = 1 ] || step python-providers "${PROVIDERS_LIMIT:-300}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs test_providers_gpu.py test_providers.py test_triton_compile.py"
     step triton-hint 60 python3 scripts/triton_hint_check.py
     cat "$OUTDIR/triton-hint.log"
+    # The newcomer examples as their README launches them, 2 PEs (sharing a GPU when there is
+    # one); numpy_ring picks the host backend itself. A GPU example's skip (77) counts as FAIL.
+    for ex in peer_write stream_ring; do
+      step "example-rust-$ex" 60 env SYMHEAP_TIMEOUT=30 "$B" launch -n 2 -- ".carry/bin/$ex"
+    done
+    for ex in numpy_ring torch_tensors triton_kernel cuda_kernel; do
+      step "example-$ex" 120 env SYMHEAP_TIMEOUT=30 "$B" launch -n 2 -- python3 "examples/python/$ex.py"
+      grep -E "^\[PE 0\] $ex " "$OUTDIR/example-$ex.log" || true
+    done
   fi
   # The torch SymmetricMemory peer, measured in this same run, merged into symheap's table.
   [ "${SKIP_BENCH:-0}" = 1 ] || step torch-symm-mem "${TORCH_LIMIT:-100}" torchrun --standalone --nproc-per-node "$NGPU" bench/torch_symm_mem.py "$OUTDIR/torch.json"

@@ -24,6 +24,7 @@ subclasses. Launch PEs with ``python -m symheap.launch -n N script.py``, torchru
 
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, List
 
 from . import _core, _peers, providers
@@ -96,6 +97,27 @@ from ._ops import (
     team_world,
 )
 from .providers import SymheapProviderError
+
+
+def _nvshmem_env_defaults() -> None:
+    """NVSHMEM reads its settings from the environment when the NVSHMEM provider starts; the
+    Rust side must not change the environment of a running process, so the defaults symheap
+    wants go in here, at import, before any of symheap's threads exist. Never NVLink multicast;
+    on a job of one node, no network transport to probe."""
+    os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+    env = os.environ
+    pairs = [
+        ("WORLD_SIZE", "LOCAL_WORLD_SIZE"),
+        ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ]
+    several_nodes = (
+        any(w in env and env.get(w) != env.get(loc) for w, loc in pairs) or env.get("SLURM_NNODES", "1") != "1"
+    )
+    if not several_nodes:
+        env.setdefault("NVSHMEM_REMOTE_TRANSPORT", "none")
+
+
+_nvshmem_env_defaults()
 
 
 def get_include() -> str:

@@ -7,6 +7,7 @@ mod cli;
 mod kernels;
 mod selfcmd;
 mod selftest;
+mod tools;
 
 use std::ffi::OsString;
 use std::process::ExitCode;

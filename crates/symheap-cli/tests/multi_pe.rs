@@ -99,15 +99,16 @@ fn provider_trait_contract_on_the_native_heap() {
     selftest("provider-native");
 }
 
-#[test]
-fn example_writes_into_every_peer_under_the_launcher() {
+/// Runs the symheap crate's example `name` under the launcher at 4 PEs; every PE must print
+/// `says` after its prefix.
+fn run_example(name: &str, says: &str) {
     // The example is built by `cargo test` (examples are compiled with the tests) next to the
     // symheap binary's directory.
     let dir = std::path::Path::new(SYMHEAP).parent().unwrap();
-    let example = dir.join("examples").join("peer_write");
+    let example = dir.join("examples").join(name);
     if !example.exists() {
         let st = Command::new(env!("CARGO"))
-            .args(["build", "-p", "symheap", "--example", "peer_write"])
+            .args(["build", "-p", "symheap", "--example", name])
             .status()
             .unwrap();
         assert!(st.success());
@@ -115,6 +116,7 @@ fn example_writes_into_every_peer_under_the_launcher() {
     let out = Command::new(SYMHEAP)
         .args(["launch", "-n", "4", "--"])
         .arg(&example)
+        .env("SEED", seed().to_string())
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -125,10 +127,20 @@ fn example_writes_into_every_peer_under_the_launcher() {
     );
     for pe in 0..4 {
         assert!(
-            stdout.contains(&format!("[PE {pe}] PE {pe} of 4: received")),
+            stdout.contains(&format!("[PE {pe}] PE {pe} of 4: {says}")),
             "{stdout}"
         );
     }
+}
+
+#[test]
+fn example_writes_into_every_peer_under_the_launcher() {
+    run_example("peer_write", "received");
+}
+
+#[test]
+fn example_ring_on_a_stream_under_the_launcher() {
+    run_example("stream_ring", "ring and all_reduce");
 }
 
 #[test]
@@ -283,6 +295,11 @@ fn sub_team_divergence_is_named() {
 #[test]
 fn stream_put_and_get_with_each_engine() {
     selftest("stream-ring");
+}
+
+#[test]
+fn stream_copies_refuse_local_ranges_they_may_not_touch() {
+    selftest("local-ranges");
 }
 
 #[test]

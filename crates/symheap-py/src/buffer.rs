@@ -280,7 +280,7 @@ impl SymmetricBuffer {
         };
         let g = self.live()?;
         if let Some(b) = g.as_ref() {
-            b.record_stream(s);
+            b.record_stream(&crate::convert::stream_or(Some(s))).py()?;
         }
         Ok(())
     }

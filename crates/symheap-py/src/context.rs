@@ -7,185 +7,32 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyFloat};
-use symheap::{AllReduceAlgo, AtomicOp, BackendChoice, Cmp, DType, ReduceOp, SignalOp, Team};
+use pyo3::types::{PyBytes, PyDict};
+use symheap::{AtomicOp, BackendChoice, DType, SignalOp, Team};
 
 use crate::buffer::{numel, parse_dtype, HeapView, SymmetricBuffer};
+use crate::convert::{
+    from_bits, parse_algo, parse_atomic, parse_cmp, parse_reduce, parse_signal_op, stream_or,
+    to_bits,
+};
 use crate::errors::{to_py, value_error, IntoPyResult};
 use crate::store::{PyBootstrap, Source, Watcher};
+use crate::team::PyTeam;
 
 /// This PE's handle on the job. Made by `Context.init` (collective); `finalize()` (collective)
 /// leaves the job.
 ///
 /// The methods taking addresses work on raw symmetric addresses; `symheap`'s Python functions
-/// take arrays and tensors and call these. Local (non-symmetric) pointers given to the
-/// `*_from_host` / `*_to_host` / `*_on_stream` methods are trusted: pass only pointers of live
-/// arrays of at least `nbytes` bytes.
+/// take arrays and tensors and call these. Local host pointers given to the `*_from_host` /
+/// `*_to_host` methods are trusted: pass only pointers of live arrays of at least `nbytes`
+/// bytes. Local pointers of the `*_on_stream` methods are checked (a live symmetric
+/// allocation, or on CUDA device memory of this PE's GPU).
 #[pyclass(module = "symheap._native", name = "Context", frozen)]
 pub struct PyContext {
     pub(crate) ctx: Arc<symheap::Context>,
     finalized: AtomicBool,
     /// The store watcher thread, when the rendezvous runs over a Python store.
     watcher: Option<Arc<Watcher>>,
-}
-
-/// A team handle (`Team.INVALID`-like when `is_valid` is false: operations on it do nothing).
-#[pyclass(module = "symheap._native", name = "Team", frozen)]
-pub struct PyTeam {
-    pub(crate) team: Team,
-}
-
-#[pymethods]
-impl PyTeam {
-    /// False for the invalid team non-members get from a split.
-    #[getter]
-    fn is_valid(&self) -> bool {
-        self.team.is_valid()
-    }
-
-    /// This PE's index in the team (None when invalid).
-    fn my_pe(&self) -> Option<usize> {
-        self.team.my_pe()
-    }
-
-    /// Number of members (0 when invalid).
-    fn n_pes(&self) -> usize {
-        self.team.n_pes()
-    }
-
-    /// World ranks of the members, in team order.
-    #[getter]
-    fn members(&self) -> Vec<usize> {
-        self.team.members().to_vec()
-    }
-
-    /// World rank of team member `pe` (None if there is no such member).
-    fn world_pe(&self, pe: usize) -> Option<usize> {
-        self.team.world_pe(pe)
-    }
-
-    /// Team member `pe` of this team as a member index of `dest` (None if not a member).
-    fn translate_pe(&self, pe: usize, dest: &PyTeam) -> Option<usize> {
-        self.team.translate_pe(pe, &dest.team)
-    }
-
-    fn __eq__(&self, other: &PyTeam) -> bool {
-        self.team.same_as(&other.team)
-    }
-
-    fn __hash__(&self) -> u64 {
-        self.team
-            .members()
-            .iter()
-            .fold(self.team.n_pes() as u64, |h, &m| {
-                h.wrapping_mul(1_000_003).wrapping_add(m as u64)
-            })
-    }
-
-    fn __repr__(&self) -> String {
-        format!("Team({}, members={:?})", self.team, self.team.members())
-    }
-}
-
-fn parse_cmp(s: &str) -> PyResult<Cmp> {
-    Cmp::parse(s).ok_or_else(|| {
-        value_error(format!(
-            "unknown comparison {s:?}; use eq, ne, gt, ge, lt, le (or == != > >= < <=)"
-        ))
-    })
-}
-
-fn parse_signal_op(s: &str) -> PyResult<SignalOp> {
-    match s.trim().to_ascii_lowercase().as_str() {
-        "set" => Ok(SignalOp::Set),
-        "add" => Ok(SignalOp::Add),
-        _ => Err(value_error(format!(
-            "unknown signal op {s:?}; use \"set\" or \"add\""
-        ))),
-    }
-}
-
-fn parse_reduce(s: &str) -> PyResult<ReduceOp> {
-    ReduceOp::parse(s)
-        .ok_or_else(|| value_error(format!("unknown reduction {s:?}; use sum, min, max, prod")))
-}
-
-fn parse_algo(s: &str) -> PyResult<AllReduceAlgo> {
-    match s
-        .trim()
-        .to_ascii_lowercase()
-        .replace(['-', '_'], "")
-        .as_str()
-    {
-        "auto" => Ok(AllReduceAlgo::Auto),
-        "oneshot" => Ok(AllReduceAlgo::OneShot),
-        "twoshot" => Ok(AllReduceAlgo::TwoShot),
-        _ => Err(value_error(format!(
-            "unknown all_reduce algorithm {s:?}; use auto, one_shot, two_shot"
-        ))),
-    }
-}
-
-fn parse_atomic(s: &str) -> PyResult<AtomicOp> {
-    Ok(match s.trim().to_ascii_lowercase().as_str() {
-        "fetch" | "load" => AtomicOp::Load,
-        "set" | "store" => AtomicOp::Store,
-        "swap" => AtomicOp::Swap,
-        "compare_swap" | "cas" => AtomicOp::CompareSwap,
-        "add" | "fetch_add" => AtomicOp::Add,
-        "and" => AtomicOp::And,
-        "or" => AtomicOp::Or,
-        "xor" => AtomicOp::Xor,
-        _ => {
-            return Err(value_error(format!(
-                "unknown atomic {s:?}; use fetch, set, swap, compare_swap, add, and, or, xor"
-            )))
-        }
-    })
-}
-
-/// The bits of Python number `v` as a `dtype` word (integers wrap modulo the width; values
-/// outside `[-2^(w-1), 2^w)` are rejected).
-fn to_bits(v: &Bound<'_, PyAny>, dtype: DType) -> PyResult<u64> {
-    match dtype {
-        DType::F32 => Ok(v.extract::<f64>()? as f32).map(|f| f.to_bits() as u64),
-        DType::F64 => v.extract::<f64>().map(f64::to_bits),
-        DType::I32 | DType::U32 | DType::I64 | DType::U64 => {
-            let x: i128 = v.extract().map_err(|_| {
-                value_error(format!("atomic operand {v} is not an integer (dtype {dtype})"))
-            })?;
-            let bits = 8 * dtype.size() as u32;
-            let lo = -(1i128 << (bits - 1));
-            let hi = 1i128 << bits;
-            if x < lo || x >= hi {
-                return Err(value_error(format!(
-                    "atomic operand {x} does not fit in {dtype}"
-                )));
-            }
-            let mask = if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
-            Ok((x as u64) & mask)
-        }
-        _ => Err(value_error(format!(
-            "atomics are defined on int32, uint32, int64, uint64 (and fetch/set/swap on float32, float64), not {dtype}"
-        ))),
-    }
-}
-
-fn from_bits(py: Python<'_>, bits: u64, dtype: DType) -> PyResult<Py<PyAny>> {
-    Ok(match dtype {
-        DType::F32 => PyFloat::new(py, f32::from_bits(bits as u32) as f64)
-            .into_any()
-            .unbind(),
-        DType::F64 => PyFloat::new(py, f64::from_bits(bits)).into_any().unbind(),
-        DType::I32 => (bits as u32 as i32).into_pyobject(py)?.into_any().unbind(),
-        DType::U32 => (bits as u32).into_pyobject(py)?.into_any().unbind(),
-        DType::I64 => (bits as i64).into_pyobject(py)?.into_any().unbind(),
-        _ => bits.into_pyobject(py)?.into_any().unbind(),
-    })
-}
-
-fn stream_or(stream: Option<u64>) -> u64 {
-    stream.unwrap_or(0)
 }
 
 impl PyContext {
@@ -591,7 +438,7 @@ impl PyContext {
         stream: Option<u64>,
     ) -> PyResult<()> {
         let ctx = self.ctx.clone();
-        py.detach(move || ctx.put_on_stream(dest, src, nbytes, pe, stream_or(stream)))
+        py.detach(move || ctx.put_on_stream(dest, src, nbytes, pe, &stream_or(stream)))
             .py()
     }
 
@@ -607,7 +454,7 @@ impl PyContext {
         stream: Option<u64>,
     ) -> PyResult<()> {
         let ctx = self.ctx.clone();
-        py.detach(move || ctx.get_on_stream(dest, src, nbytes, pe, stream_or(stream)))
+        py.detach(move || ctx.get_on_stream(dest, src, nbytes, pe, &stream_or(stream)))
             .py()
     }
 
@@ -629,7 +476,7 @@ impl PyContext {
         let op = parse_signal_op(op)?;
         let ctx = self.ctx.clone();
         py.detach(move || {
-            ctx.put_signal_on_stream(dest, src, nbytes, sig, value, op, pe, stream_or(stream))
+            ctx.put_signal_on_stream(dest, src, nbytes, sig, value, op, pe, &stream_or(stream))
         })
         .py()
     }
@@ -655,7 +502,7 @@ impl PyContext {
     ) -> PyResult<()> {
         let cmp = parse_cmp(cmp)?;
         let ctx = self.ctx.clone();
-        py.detach(move || ctx.signal_wait_until_on_stream(sig, cmp, value, stream_or(stream)))
+        py.detach(move || ctx.signal_wait_until_on_stream(sig, cmp, value, &stream_or(stream)))
             .py()
     }
 
@@ -710,14 +557,14 @@ impl PyContext {
     /// Enqueues completion of this PE's stream operations on `stream`.
     #[pyo3(signature = (stream = None))]
     fn quiet_on_stream(&self, stream: Option<u64>) -> PyResult<()> {
-        self.c().quiet_on_stream(stream_or(stream)).py()
+        self.c().quiet_on_stream(&stream_or(stream)).py()
     }
 
     /// Waits (GIL released) for `stream` to finish; reports device-side wait timeouts.
     #[pyo3(signature = (stream = None))]
     fn sync_stream(&self, py: Python<'_>, stream: Option<u64>) -> PyResult<()> {
         let ctx = self.ctx.clone();
-        py.detach(move || ctx.sync_stream(stream_or(stream))).py()
+        py.detach(move || ctx.sync_stream(&stream_or(stream))).py()
     }
 
     // ---- synchronisation and teams ---------------------------------------------------------
@@ -735,7 +582,7 @@ impl PyContext {
     #[pyo3(signature = (stream = None))]
     fn barrier_all_on_stream(&self, py: Python<'_>, stream: Option<u64>) -> PyResult<()> {
         let ctx = self.ctx.clone();
-        py.detach(move || ctx.barrier_all_on_stream(stream_or(stream)))
+        py.detach(move || ctx.barrier_all_on_stream(&stream_or(stream)))
             .py()
     }
 
@@ -809,7 +656,7 @@ impl PyContext {
         let dt = parse_dtype(dtype)?;
         let (ctx, t) = (self.ctx.clone(), self.team_or_world(team));
         py.detach(move || match stream {
-            Some(s) => ctx.broadcast_on_stream(&t, dest, src, count, dt, root, s),
+            Some(s) => ctx.broadcast_on_stream(&t, dest, src, count, dt, root, &stream_or(Some(s))),
             None => ctx.broadcast_raw(&t, dest, src, count, dt, root),
         })
         .py()
@@ -831,7 +678,7 @@ impl PyContext {
         let dt = parse_dtype(dtype)?;
         let (ctx, t) = (self.ctx.clone(), self.team_or_world(team));
         py.detach(move || match stream {
-            Some(s) => ctx.all_gather_on_stream(&t, dest, src, count, dt, s),
+            Some(s) => ctx.all_gather_on_stream(&t, dest, src, count, dt, &stream_or(Some(s))),
             None => ctx.all_gather_raw(&t, dest, src, count, dt),
         })
         .py()
@@ -856,7 +703,9 @@ impl PyContext {
         let op = parse_reduce(op)?;
         let (ctx, t) = (self.ctx.clone(), self.team_or_world(team));
         py.detach(move || match stream {
-            Some(s) => ctx.reduce_scatter_on_stream(&t, dest, src, count, dt, op, s),
+            Some(s) => {
+                ctx.reduce_scatter_on_stream(&t, dest, src, count, dt, op, &stream_or(Some(s)))
+            }
             None => ctx.reduce_scatter_raw(&t, dest, src, count, dt, op),
         })
         .py()
@@ -883,7 +732,9 @@ impl PyContext {
         let algo = parse_algo(algo)?;
         let (ctx, t) = (self.ctx.clone(), self.team_or_world(team));
         py.detach(move || match stream {
-            Some(s) => ctx.all_reduce_on_stream(&t, dest, src, count, dt, op, algo, s),
+            Some(s) => {
+                ctx.all_reduce_on_stream(&t, dest, src, count, dt, op, algo, &stream_or(Some(s)))
+            }
             None => ctx.all_reduce_raw(&t, dest, src, count, dt, op, algo),
         })
         .py()
@@ -905,7 +756,7 @@ impl PyContext {
         let dt = parse_dtype(dtype)?;
         let (ctx, t) = (self.ctx.clone(), self.team_or_world(team));
         py.detach(move || match stream {
-            Some(s) => ctx.alltoall_on_stream(&t, dest, src, count, dt, s),
+            Some(s) => ctx.alltoall_on_stream(&t, dest, src, count, dt, &stream_or(Some(s))),
             None => ctx.alltoall_raw(&t, dest, src, count, dt),
         })
         .py()

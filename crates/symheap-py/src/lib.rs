@@ -9,11 +9,13 @@
 
 mod buffer;
 mod context;
+mod convert;
 mod dlpack;
 mod errors;
 mod launch;
 mod provider;
 mod store;
+mod team;
 
 use pyo3::prelude::*;
 use symheap::DType;
@@ -42,7 +44,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     errors::register(m)?;
     m.add_class::<context::PyContext>()?;
-    m.add_class::<context::PyTeam>()?;
+    m.add_class::<team::PyTeam>()?;
     m.add_class::<buffer::SymmetricBuffer>()?;
     m.add_class::<buffer::HeapView>()?;
     m.add_class::<provider::PyNvshmem>()?;

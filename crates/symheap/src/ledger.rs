@@ -41,11 +41,6 @@ impl Ledger {
         }
     }
 
-    /// Number of calls recorded.
-    pub fn count(&self) -> u64 {
-        self.count
-    }
-
     /// Records a call.
     pub fn record(&mut self, call: &str, args: String) {
         let mut bytes = self.hash.to_le_bytes().to_vec();
@@ -222,22 +217,6 @@ impl Decoded {
     }
 }
 
-/// `1048576` → `1 MiB`, for messages.
-pub fn human_bytes(b: u64) -> String {
-    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < U.len() - 1 && (b >> (10 * (i + 1))) << (10 * (i + 1)) == b {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{b} B")
-    } else {
-        format!("{} {}", v as u64, U[i])
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,13 +262,5 @@ mod tests {
         let msg = a.compare(&[&ea, &eb]).unwrap_err();
         assert!(msg.contains("#2"), "{msg}");
         assert!(msg.contains("PE 0 called nothing"), "{msg}");
-    }
-
-    #[test]
-    fn bytes_read_well() {
-        assert_eq!(human_bytes(1 << 20), "1 MiB");
-        assert_eq!(human_bytes(3 << 30), "3 GiB");
-        assert_eq!(human_bytes(1000), "1000 B");
-        assert_eq!(human_bytes(1536), "1536 B");
     }
 }

@@ -17,20 +17,25 @@
 //! # Ok::<(), symheap::Error>(())
 //! ```
 
-pub mod backend;
+pub(crate) mod backend;
 pub mod bootstrap;
 pub mod config;
 mod context;
 pub mod element;
 pub mod error;
-pub mod heap;
-pub mod ledger;
-pub mod ops;
+pub(crate) mod heap;
+pub(crate) mod ledger;
+pub(crate) mod ops;
 pub mod provider;
-pub mod table;
+mod stream;
+pub(crate) mod table;
 mod util;
 
-pub use backend::cuda;
+/// The CUDA backend's public parts: the backend a context runs on ([`Context::cuda`]), users'
+/// modules compiled against `symheap.cuh`, NVRTC and the kernels symheap ships.
+pub mod cuda {
+    pub use crate::backend::cuda::*;
+}
 pub use backend::cuda::Engine;
 pub use backend::{AtomicOp, BackendKind, ReduceOp};
 pub use config::{BackendChoice, Config};
@@ -39,7 +44,9 @@ pub use element::{DType, Element};
 pub use error::{Error, ErrorKind, Result};
 pub use ops::{AllReduceAlgo, AtomicBitwise, AtomicElement, AtomicInt, Cmp, SignalOp, Team};
 pub use provider::{Allocation, NativeHeap, Nvshmem, NvshmemLibrary, Provider};
+pub use stream::Stream;
 pub use table::{translate, PeerMask, SymmetricAddressMap};
+pub use util::human_bytes;
 
 /// Tells symheap which Python directories (`sys.path`) to search for NVIDIA's pip wheels
 /// (`nvidia-cuda-nvrtc`, `nvidia-nvshmem-cu13`) instead of asking the `python3` on PATH. The

@@ -8,7 +8,7 @@
 //! (installs `nvidia-cuda-nvrtc` 13.0 into the project venv and sets `SYMHEAP_NVRTC_LIB`), or with
 //! a `python3` on PATH whose site-packages hold that wheel.
 
-use symheap::backend::cuda::nvrtc;
+use symheap::cuda::nvrtc;
 
 const ARCHS: [u32; 2] = [80, 90];
 const RING_PUT: &str = include_str!(concat!(

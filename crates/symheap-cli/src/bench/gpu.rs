@@ -7,9 +7,9 @@
 
 use std::path::Path;
 
+use crate::tools::cuda::{DeviceBuffer, Event, Graph, PeerCopy};
+use crate::tools::nccl::Nccl;
 use serde::{Deserialize, Serialize};
-use symheap::cuda::nccl::Nccl;
-use symheap::cuda::{DeviceBuffer, Event, Graph, PeerCopy};
 use symheap::{AllReduceAlgo, Cmp, Context, DType, Engine, ReduceOp, SignalOp, SymmetricBuffer};
 
 /// One measured configuration.
@@ -53,7 +53,7 @@ fn e2s(e: symheap::Error) -> String {
 
 /// Median over `trials` of (time of `k` calls of `f` enqueued on `stream`) / k, in µs.
 fn time_stream(
-    stream: u64,
+    stream: &symheap::Stream,
     trials: usize,
     k: usize,
     mut f: impl FnMut() -> Result<(), String>,
@@ -86,7 +86,7 @@ fn time_stream(
 
 /// The same for a graph of `k` captured calls, replayed once per trial.
 fn time_graph(
-    stream: u64,
+    stream: &symheap::Stream,
     trials: usize,
     k: usize,
     mut f: impl FnMut() -> symheap::Result<()>,
@@ -132,7 +132,7 @@ fn fill(b: &SymmetricBuffer, seed: u64) -> Result<(), String> {
 fn bench_coll(
     ctx: &Context,
     nccl: &mut Nccl,
-    s: u64,
+    s: &symheap::Stream,
     op: &str,
     bytes: u64,
     dtype: DType,
@@ -158,9 +158,9 @@ fn bench_coll(
     // NCCL gets ordinary cuMemAlloc buffers with the same contents, as its users give it (and
     // NCCL 2.28's graph-time registration of VMM memory hangs graph-captured alltoall of
     // 64 MiB on symheap's heap; see BENCHMARKS.md).
-    let nsrc = DeviceBuffer::copy_of(src.addr(), src.len_bytes()).map_err(e2s)?;
-    let ndst = DeviceBuffer::copy_of(dst.addr(), dst.len_bytes()).map_err(e2s)?;
-    let (psrc, pdst) = (nsrc.addr(), ndst.addr());
+    let nsrc = DeviceBuffer::copy_of(&src).map_err(e2s)?;
+    let ndst = DeviceBuffer::copy_of(&dst).map_err(e2s)?;
+    let (psrc, pdst) = (&nsrc, &ndst);
     let w = ctx.world_team();
     let (k, trials) = k_for(bytes);
     let sym = || -> symheap::Result<()> {
@@ -258,7 +258,7 @@ fn bench_coll(
 fn bench_rma(
     ctx: &Context,
     nccl: &mut Nccl,
-    s: u64,
+    s: &symheap::Stream,
     sizes: &[u64],
     rows: &mut Vec<GpuRow>,
 ) -> Result<(), String> {
@@ -361,11 +361,11 @@ fn bench_rma(
         let nrounds = 500;
         let (c, d) = (Event::new().map_err(e2s)?, Event::new().map_err(e2s)?);
         for _ in 0..5 {
-            nccl.ping_pong(buf.addr(), bytes, s).map_err(e2s)?;
+            nccl.ping_pong(&buf, bytes, s).map_err(e2s)?;
         }
         c.record(s).map_err(e2s)?;
         for _ in 0..nrounds {
-            nccl.ping_pong(buf.addr(), bytes, s).map_err(e2s)?;
+            nccl.ping_pong(&buf, bytes, s).map_err(e2s)?;
         }
         d.record(s).map_err(e2s)?;
         let nccl_us = c.elapsed_ms(&d).map_err(e2s)? as f64 * 1e3 / nrounds as f64 / 2.0;
@@ -462,13 +462,13 @@ fn run(ctx: &Context, plan: &GpuPlan) -> Result<Vec<GpuRow>, String> {
                 eprint!(
                     "{lead}bench: [{done}/{total}] {op} {} {}        {end}",
                     plan.dtype,
-                    symheap::ledger::human_bytes(b)
+                    symheap::human_bytes(b)
                 );
             }
             bench_coll(
                 ctx,
                 &mut nccl,
-                s,
+                &s,
                 op,
                 b,
                 plan.dtype,
@@ -489,10 +489,10 @@ fn run(ctx: &Context, plan: &GpuPlan) -> Result<Vec<GpuRow>, String> {
             .chain((0..=9).map(|i| 4096u64 << (2 * i)))
             .filter(|&b| b <= 1 << 30)
             .collect();
-        bench_rma(ctx, &mut nccl, s, &sizes, &mut rows)?;
+        bench_rma(ctx, &mut nccl, &s, &sizes, &mut rows)?;
     }
     note("RMA done");
-    ctx.sync_stream(s).map_err(e2s)?;
+    ctx.sync_stream(&s).map_err(e2s)?;
     drop(nccl);
     note("NCCL communicator destroyed");
     Ok(rows)
@@ -579,7 +579,7 @@ pub fn print_tables(title: &str, rows: &[GpuRow]) {
                 "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 r.op,
                 r.dtype,
-                symheap::ledger::human_bytes(r.bytes),
+                symheap::human_bytes(r.bytes),
                 us(r.graph_us),
                 us(r.peer_graph_us),
                 ratio(r.peer_graph_us, r.graph_us),
@@ -610,7 +610,7 @@ pub fn print_tables(title: &str, rows: &[GpuRow]) {
             println!(
                 "| {} | {} | {} | {} | {} | {} | {} | {} |",
                 r.op,
-                symheap::ledger::human_bytes(r.bytes),
+                symheap::human_bytes(r.bytes),
                 us(r.eager_us),
                 gbps(r.eager_us),
                 r.peer,

@@ -66,7 +66,7 @@ pub fn iters(bytes: u64) -> usize {
 }
 
 fn human(b: u64) -> String {
-    symheap::ledger::human_bytes(b)
+    symheap::human_bytes(b)
 }
 
 fn fmt_time(s: f64) -> String {

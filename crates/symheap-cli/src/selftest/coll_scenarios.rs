@@ -2,26 +2,24 @@
 //! and their agreement with NCCL (GPU only).
 #![allow(clippy::needless_range_loop, clippy::neg_cmp_op_on_partial_ord)]
 
+use crate::tools::cuda::Graph;
+use crate::tools::nccl::Nccl;
 use half::{bf16, f16};
-use symheap::cuda::nccl::Nccl;
-use symheap::cuda::Graph;
 use symheap::{AllReduceAlgo, Context, DType, ReduceOp, Team};
 
 use super::ops_scenarios::{close, data, poison, reference, TestElem};
 use super::scenarios::{e2s, Outcome, PeArgs};
 
-fn stream(ctx: &Context) -> Result<u64, String> {
-    match ctx.cuda() {
-        Some(cu) => cu.create_stream().map_err(e2s),
-        None => Ok(0),
-    }
+/// A stream of this PE's GPU (on the host backend, the calling thread).
+fn stream(ctx: &Context) -> Result<symheap::Stream, String> {
+    ctx.create_stream().map_err(e2s)
 }
 
 /// Launches one collective case and waits for it; errors name the case. With
 /// SYMHEAP_SELFTEST_TRACE set each case is printed before it starts (to find a faulting kernel).
 fn launch_case(
     ctx: &Context,
-    s: u64,
+    s: &symheap::Stream,
     what: &str,
     f: impl FnOnce() -> symheap::Result<()>,
 ) -> Outcome {
@@ -51,7 +49,7 @@ fn check_vec<T: TestElem>(got: &[T], want: &[f64], scale: &[f64], what: &str) ->
 fn ar_case<T: TestElem>(
     ctx: &Context,
     team: &Team,
-    s: u64,
+    s: &symheap::Stream,
     a: PeArgs,
     count: usize,
     op: ReduceOp,
@@ -105,7 +103,7 @@ fn ar_case<T: TestElem>(
 fn ar_unaligned<T: TestElem>(
     ctx: &Context,
     team: &Team,
-    s: u64,
+    s: &symheap::Stream,
     a: PeArgs,
     count: usize,
     tag: u64,
@@ -121,7 +119,7 @@ fn ar_unaligned<T: TestElem>(
 fn others<T: TestElem>(
     ctx: &Context,
     team: &Team,
-    s: u64,
+    s: &symheap::Stream,
     a: PeArgs,
     count: usize,
     tag: u64,
@@ -258,21 +256,21 @@ pub fn coll_stream(ctx: &Context, a: PeArgs) -> Outcome {
             for algo in [AllReduceAlgo::Auto, AllReduceAlgo::TwoShot] {
                 for in_place in [false, true] {
                     tag += 10;
-                    ar_case::<f32>(ctx, &world, s, a, count, op, algo, in_place, tag, 0)?;
-                    ar_case::<bf16>(ctx, &world, s, a, count, op, algo, in_place, tag, 0)?;
+                    ar_case::<f32>(ctx, &world, &s, a, count, op, algo, in_place, tag, 0)?;
+                    ar_case::<bf16>(ctx, &world, &s, a, count, op, algo, in_place, tag, 0)?;
                     if count <= 100_003 {
-                        ar_case::<f16>(ctx, &world, s, a, count, op, algo, in_place, tag, 0)?;
-                        ar_case::<i32>(ctx, &world, s, a, count, op, algo, in_place, tag, 0)?;
+                        ar_case::<f16>(ctx, &world, &s, a, count, op, algo, in_place, tag, 0)?;
+                        ar_case::<i32>(ctx, &world, &s, a, count, op, algo, in_place, tag, 0)?;
                     }
                 }
             }
         }
         tag += 10;
         // Buffers off 16-byte alignment: the one-shot's flag path above the LL sizes.
-        ar_unaligned::<f32>(ctx, &world, s, a, count, tag, 1)?;
-        ar_unaligned::<bf16>(ctx, &world, s, a, count, tag, 3)?;
-        others::<f32>(ctx, &world, s, a, count.min(300_001), tag)?;
-        others::<bf16>(ctx, &world, s, a, count.min(1001), tag + 5)?;
+        ar_unaligned::<f32>(ctx, &world, &s, a, count, tag, 1)?;
+        ar_unaligned::<bf16>(ctx, &world, &s, a, count, tag, 3)?;
+        others::<f32>(ctx, &world, &s, a, count.min(300_001), tag)?;
+        others::<bf16>(ctx, &world, &s, a, count.min(1001), tag + 5)?;
     }
     // A second team with the same members: it runs in its own team slot (its own device flags
     // and epochs) and, not being the world, always two-shot. Teams with non-members are covered
@@ -282,7 +280,7 @@ pub fn coll_stream(ctx: &Context, a: PeArgs) -> Outcome {
     ar_case::<f32>(
         ctx,
         &sub,
-        s,
+        &s,
         a,
         5000,
         ReduceOp::Sum,
@@ -294,7 +292,7 @@ pub fn coll_stream(ctx: &Context, a: PeArgs) -> Outcome {
     ar_case::<i32>(
         ctx,
         &sub,
-        s,
+        &s,
         a,
         77,
         ReduceOp::Max,
@@ -303,7 +301,7 @@ pub fn coll_stream(ctx: &Context, a: PeArgs) -> Outcome {
         9002,
         0,
     )?;
-    others::<i32>(ctx, &sub, s, a, 333, 9003)?;
+    others::<i32>(ctx, &sub, &s, a, 333, 9003)?;
     ctx.barrier_all().map_err(e2s)?;
     ctx.team_destroy(sub).map_err(e2s)?;
     ctx.barrier_all().map_err(e2s)
@@ -355,17 +353,17 @@ pub fn coll_graph(ctx: &Context, _a: PeArgs) -> Outcome {
             DType::I32,
             ReduceOp::Sum,
             AllReduceAlgo::Auto,
-            s,
+            &s,
         )
     };
-    let graph = Graph::capture(s, || {
+    let graph = Graph::capture(&s, || {
         for it in 0..per_graph {
             for (b, &c) in bufs.iter().zip(&counts) {
                 sum_in_place(b.addr(), c)?;
             }
             for (b, c, shift) in &bcs {
                 let root = (it + shift) % n;
-                ctx.broadcast_on_stream(&world, b.addr(), b.addr(), *c, DType::I32, root, s)?;
+                ctx.broadcast_on_stream(&world, b.addr(), b.addr(), *c, DType::I32, root, &s)?;
                 sum_in_place(b.addr(), *c)?;
             }
         }
@@ -374,9 +372,9 @@ pub fn coll_graph(ctx: &Context, _a: PeArgs) -> Outcome {
     .map_err(e2s)?;
     let replays = 5;
     for _ in 0..replays {
-        graph.launch(s).map_err(e2s)?;
+        graph.launch(&s).map_err(e2s)?;
     }
-    ctx.sync_stream(s).map_err(e2s)?;
+    ctx.sync_stream(&s).map_err(e2s)?;
     let k = (per_graph * replays) as u32;
     for (b, &c) in bufs.iter().zip(&counts) {
         let got = b.to_vec::<i32>().map_err(e2s)?;
@@ -410,7 +408,7 @@ pub fn coll_graph(ctx: &Context, _a: PeArgs) -> Outcome {
 fn nccl_ar<T: TestElem>(
     ctx: &Context,
     nccl: &mut Nccl,
-    s: u64,
+    s: &symheap::Stream,
     a: PeArgs,
     count: usize,
     op: ReduceOp,
@@ -435,7 +433,7 @@ fn nccl_ar<T: TestElem>(
         s,
     )
     .map_err(e2s)?;
-    nccl.all_reduce(theirs.addr(), src.addr(), count, T::DTYPE, op, s)
+    nccl.all_reduce(&theirs, &src, count, T::DTYPE, op, s)
         .map_err(e2s)?;
     ctx.sync_stream(s).map_err(e2s)?;
     let x = ours.to_vec::<T>().map_err(e2s)?;
@@ -461,7 +459,7 @@ fn nccl_ar<T: TestElem>(
 fn nccl_rest<T: TestElem>(
     ctx: &Context,
     nccl: &mut Nccl,
-    s: u64,
+    s: &symheap::Stream,
     a: PeArgs,
     count: usize,
     tag: u64,
@@ -484,7 +482,7 @@ fn nccl_rest<T: TestElem>(
             "all_gather",
             Box::new(|c: &Context, nc: &mut Nccl| {
                 c.all_gather_on_stream(&w, a1.addr(), src.addr(), count, T::DTYPE, s)?;
-                nc.all_gather(b1.addr(), src.addr(), count, T::DTYPE, s)
+                nc.all_gather(&b1, &src, count, T::DTYPE, s)
             }),
         ),
         (
@@ -499,21 +497,21 @@ fn nccl_rest<T: TestElem>(
                     ReduceOp::Max,
                     s,
                 )?;
-                nc.reduce_scatter(b1.addr(), src.addr(), count, T::DTYPE, ReduceOp::Max, s)
+                nc.reduce_scatter(&b1, &src, count, T::DTYPE, ReduceOp::Max, s)
             }),
         ),
         (
             "broadcast",
             Box::new(|c: &Context, nc: &mut Nccl| {
                 c.broadcast_on_stream(&w, a1.addr(), src.addr(), count, T::DTYPE, n - 1, s)?;
-                nc.broadcast(b1.addr(), src.addr(), count, T::DTYPE, n - 1, s)
+                nc.broadcast(&b1, &src, count, T::DTYPE, n - 1, s)
             }),
         ),
         (
             "alltoall",
             Box::new(|c: &Context, nc: &mut Nccl| {
                 c.alltoall_on_stream(&w, a1.addr(), src.addr(), count, T::DTYPE, s)?;
-                nc.alltoall(b1.addr(), src.addr(), count, T::DTYPE, s)
+                nc.alltoall(&b1, &src, count, T::DTYPE, s)
             }),
         ),
     ];
@@ -548,13 +546,13 @@ pub fn coll_nccl(ctx: &Context, a: PeArgs) -> Outcome {
     for &count in &[1usize, 1000, 100_003, (1 << 20) + 1, 1 << 24] {
         for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max] {
             tag += 1;
-            nccl_ar::<f32>(ctx, &mut nccl, s, a, count, op, tag)?;
-            nccl_ar::<bf16>(ctx, &mut nccl, s, a, count, op, tag)?;
-            nccl_ar::<f16>(ctx, &mut nccl, s, a, count, op, tag)?;
-            nccl_ar::<i32>(ctx, &mut nccl, s, a, count, op, tag)?;
+            nccl_ar::<f32>(ctx, &mut nccl, &s, a, count, op, tag)?;
+            nccl_ar::<bf16>(ctx, &mut nccl, &s, a, count, op, tag)?;
+            nccl_ar::<f16>(ctx, &mut nccl, &s, a, count, op, tag)?;
+            nccl_ar::<i32>(ctx, &mut nccl, &s, a, count, op, tag)?;
         }
-        nccl_rest::<f32>(ctx, &mut nccl, s, a, count.min(1 << 22), tag + 7)?;
-        nccl_rest::<bf16>(ctx, &mut nccl, s, a, count.min(4099), tag + 8)?;
+        nccl_rest::<f32>(ctx, &mut nccl, &s, a, count.min(1 << 22), tag + 7)?;
+        nccl_rest::<bf16>(ctx, &mut nccl, &s, a, count.min(4099), tag + 8)?;
     }
     drop(nccl);
     ctx.barrier_all().map_err(e2s)

@@ -82,7 +82,7 @@ pub fn kernel_translate(ctx: &Context, a: PeArgs) -> Outcome {
             8,
             256,
             0,
-            stream,
+            &stream,
             &[
                 KernelArg::U64(buf_a.peer_bases_addr()),
                 KernelArg::U64(slot),
@@ -94,7 +94,7 @@ pub fn kernel_translate(ctx: &Context, a: PeArgs) -> Outcome {
         )
     }
     .map_err(e2s)?;
-    ctx.sync_stream(stream).map_err(e2s)?;
+    ctx.sync_stream(&stream).map_err(e2s)?;
     ctx.barrier_all().map_err(e2s)?;
     let got = buf_b.to_vec::<f32>().map_err(e2s)?;
     for from in 0..n {
@@ -128,7 +128,7 @@ pub fn kernel_atomics(ctx: &Context, _a: PeArgs) -> Outcome {
             grid,
             block,
             0,
-            stream,
+            &stream,
             &[
                 KernelArg::U64(counter.addr()),
                 KernelArg::U64(counter.peer_bases_addr()),
@@ -140,7 +140,7 @@ pub fn kernel_atomics(ctx: &Context, _a: PeArgs) -> Outcome {
         )
     }
     .map_err(e2s)?;
-    ctx.sync_stream(stream).map_err(e2s)?;
+    ctx.sync_stream(&stream).map_err(e2s)?;
     ctx.barrier_all().map_err(e2s)?;
     let c = counter.to_vec::<u64>().map_err(e2s)?;
     let per = (threads * iters) as u64;
@@ -183,7 +183,7 @@ pub fn example_kernel(ctx: &Context, _a: PeArgs) -> Outcome {
                 1,
                 256,
                 0,
-                stream,
+                &stream,
                 &[
                     KernelArg::U64(recv.addr()),
                     KernelArg::U64(send.addr()),
@@ -200,7 +200,7 @@ pub fn example_kernel(ctx: &Context, _a: PeArgs) -> Outcome {
             )
         }
         .map_err(e2s)?;
-        ctx.sync_stream(stream).map_err(e2s)?;
+        ctx.sync_stream(&stream).map_err(e2s)?;
         let bad = out.to_vec::<u32>().map_err(e2s)?[0];
         ensure!(
             bad == 0,

@@ -19,7 +19,9 @@ mod ops_scenarios;
 mod provider_scenarios;
 mod safety_scenarios;
 mod scenarios;
+mod sound_scenarios;
 mod stream_scenarios;
+mod team_scenarios;
 
 use std::io::Read;
 use std::process::Stdio;
@@ -156,7 +158,7 @@ pub const SCENARIOS: &[Scenario] = &[
         expect: Expect::AllPass,
         victims: false,
         gpu: false,
-        run: ops_scenarios::alltoall,
+        run: team_scenarios::alltoall,
     },
     Scenario {
         name: "broadcast",
@@ -166,7 +168,7 @@ pub const SCENARIOS: &[Scenario] = &[
         expect: Expect::AllPass,
         victims: false,
         gpu: false,
-        run: ops_scenarios::broadcast,
+        run: team_scenarios::broadcast,
     },
     Scenario {
         name: "all-reduce",
@@ -176,7 +178,7 @@ pub const SCENARIOS: &[Scenario] = &[
         expect: Expect::AllPass,
         victims: false,
         gpu: false,
-        run: ops_scenarios::all_reduce,
+        run: team_scenarios::all_reduce,
     },
     Scenario {
         name: "atomics",
@@ -216,7 +218,7 @@ pub const SCENARIOS: &[Scenario] = &[
         expect: Expect::AllPass,
         victims: false,
         gpu: false,
-        run: ops_scenarios::teams,
+        run: team_scenarios::teams,
     },
     Scenario {
         name: "coll-errors",
@@ -226,7 +228,7 @@ pub const SCENARIOS: &[Scenario] = &[
         expect: Expect::AllPass,
         victims: false,
         gpu: false,
-        run: ops_scenarios::coll_errors,
+        run: team_scenarios::coll_errors,
     },
     Scenario {
         name: "team-mismatch",
@@ -236,7 +238,7 @@ pub const SCENARIOS: &[Scenario] = &[
         expect: Expect::AllPass,
         victims: false,
         gpu: false,
-        run: ops_scenarios::team_mismatch,
+        run: team_scenarios::team_mismatch,
     },
     Scenario {
         name: "stream-ring",
@@ -318,6 +320,16 @@ pub const SCENARIOS: &[Scenario] = &[
         victims: true,
         gpu: true,
         run: safety_scenarios::kill_device,
+    },
+    Scenario {
+        name: "local-ranges",
+        about: "stream copies refuse host memory, unmapped addresses and ranges past a device buffer",
+        min_pes: 1,
+        env: &[],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: false,
+        run: sound_scenarios::local_ranges,
     },
     Scenario {
         name: "internal-state",

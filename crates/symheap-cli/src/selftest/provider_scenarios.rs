@@ -232,7 +232,7 @@ struct Target<'a> {
 struct Mixer<'a> {
     ctx: &'a Context,
     m: &'a symheap::cuda::CudaModule,
-    stream: u64,
+    stream: &'a symheap::Stream,
     nv: &'a Nvshmem,
     words: usize,
 }
@@ -380,7 +380,7 @@ pub fn providers(ctx: &Context, a: PeArgs) -> Outcome {
     let mixer = Mixer {
         ctx,
         m: &m,
-        stream,
+        stream: &stream,
         nv: &nv,
         words,
     };

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use symheap::cuda::Graph;
+use crate::tools::cuda::Graph;
 use symheap::{AllReduceAlgo, Cmp, Context, DType, ErrorKind, ReduceOp};
 
 use super::scenarios::{e2s, Outcome, PeArgs};
@@ -34,9 +34,9 @@ pub fn release_order(ctx: &Context, a: PeArgs) -> Outcome {
     let freed_at = target.addr();
     ctx.barrier_all().map_err(e2s)?;
     // The stream waits on a gate nobody has opened, then puts into the next PE's `target`.
-    ctx.signal_wait_until_on_stream(gate.addr(), Cmp::Ge, 1, s)
+    ctx.signal_wait_until_on_stream(gate.addr(), Cmp::Ge, 1, &s)
         .map_err(e2s)?;
-    ctx.put_on_stream(target.addr(), src.addr(), BYTES as u64, next, s)
+    ctx.put_on_stream(target.addr(), src.addr(), BYTES as u64, next, &s)
         .map_err(e2s)?;
     drop(target);
     // A collective point: every PE released `target`, but its put is still pending everywhere.
@@ -49,7 +49,7 @@ pub fn release_order(ctx: &Context, a: PeArgs) -> Outcome {
     );
     ctx.barrier_all().map_err(e2s)?;
     gate.write(0, &[1u64]).map_err(e2s)?;
-    ctx.sync_stream(s).map_err(e2s)?;
+    ctx.sync_stream(&s).map_err(e2s)?;
     ctx.barrier_all().map_err(e2s)?;
     let mut got = vec![0u8; BYTES];
     fresh.read(0, &mut got).map_err(e2s)?;
@@ -77,7 +77,7 @@ pub fn multi_stream(ctx: &Context, a: PeArgs) -> Outcome {
     let (me, n) = (ctx.my_pe(), ctx.n_pes());
     let world = ctx.world_team();
     let mut rng = fastrand::Rng::with_seed(a.seed);
-    let streams: Vec<u64> = (0..rng.usize(2..=4))
+    let streams: Vec<symheap::Stream> = (0..rng.usize(2..=4))
         .map(|_| cu.create_stream())
         .collect::<Result<_, _>>()
         .map_err(e2s)?;
@@ -94,7 +94,7 @@ pub fn multi_stream(ctx: &Context, a: PeArgs) -> Outcome {
     }
     ctx.barrier_all().map_err(e2s)?;
     for (b, count, _) in &bufs {
-        let s = streams[rng.usize(..streams.len())];
+        let s = &streams[rng.usize(..streams.len())];
         if rng.bool() {
             ctx.barrier_all_on_stream(s).map_err(e2s)?;
         }
@@ -110,7 +110,7 @@ pub fn multi_stream(ctx: &Context, a: PeArgs) -> Outcome {
         )
         .map_err(e2s)?;
     }
-    for &s in &streams {
+    for s in &streams {
         ctx.sync_stream(s).map_err(e2s)?;
     }
     for (b, count, k) in &bufs {
@@ -128,16 +128,16 @@ pub fn multi_stream(ctx: &Context, a: PeArgs) -> Outcome {
 /// ordered by the stream it is launched on, as any CUDA graph: here each replay goes on the
 /// stream of the team's previous collective, and the eager sums that follow on the other stream
 /// are ordered after it by symheap.
-fn graph_and_eager(ctx: &Context, streams: &[u64], me: usize, n: usize) -> Outcome {
+fn graph_and_eager(ctx: &Context, streams: &[symheap::Stream], me: usize, n: usize) -> Outcome {
     let world = ctx.world_team();
-    let (g, e) = (streams[0], streams[1]);
+    let (g, e) = (&streams[0], &streams[1]);
     let count = 4096usize;
     let gb = ctx.malloc((count * 4) as u64).map_err(e2s)?;
     let eb = ctx.malloc((count * 4) as u64).map_err(e2s)?;
     gb.write(0, &vec![1i32; count]).map_err(e2s)?;
     eb.write(0, &vec![me as i32; count]).map_err(e2s)?;
     ctx.barrier_all().map_err(e2s)?;
-    let sum = |addr: u64, s: u64| {
+    let sum = |addr: u64, s: &symheap::Stream| {
         ctx.all_reduce_on_stream(
             &world,
             addr,
@@ -197,7 +197,7 @@ pub fn device_divergence(ctx: &Context, _a: PeArgs) -> Outcome {
     ctx.barrier_all().map_err(e2s)?;
     let t0 = Instant::now();
     let issued = if me == n - 1 {
-        ctx.broadcast_on_stream(&world, b.addr(), b.addr(), count, DType::I32, 0, s)
+        ctx.broadcast_on_stream(&world, b.addr(), b.addr(), count, DType::I32, 0, &s)
     } else {
         ctx.all_reduce_on_stream(
             &world,
@@ -207,11 +207,11 @@ pub fn device_divergence(ctx: &Context, _a: PeArgs) -> Outcome {
             DType::I32,
             ReduceOp::Sum,
             AllReduceAlgo::Auto,
-            s,
+            &s,
         )
     };
     let e = match issued
-        .and_then(|()| ctx.sync_stream(s))
+        .and_then(|()| ctx.sync_stream(&s))
         .and_then(|()| ctx.barrier_all())
     {
         Ok(()) => return Err("the divergence was not reported".into()),
@@ -289,10 +289,10 @@ fn protocols(ctx: &Context, expect: bool, why: &str) -> Outcome {
             DType::I32,
             ReduceOp::Sum,
             AllReduceAlgo::Auto,
-            s,
+            &s,
         )
         .map_err(e2s)?;
-        ctx.sync_stream(s).map_err(e2s)?;
+        ctx.sync_stream(&s).map_err(e2s)?;
         let got = out.to_vec::<i32>().map_err(e2s)?;
         for (i, &g) in got.iter().enumerate() {
             let want: i32 = (0..n).map(|p| ((i + p) % 5) as i32).sum();
@@ -342,11 +342,11 @@ pub fn kill_device(ctx: &Context, a: PeArgs) -> Outcome {
         DType::I32,
         ReduceOp::Sum,
         AllReduceAlgo::Auto,
-        s,
+        &s,
     )
     .map_err(e2s)?;
     let t0 = Instant::now();
-    let e = match ctx.sync_stream(s) {
+    let e = match ctx.sync_stream(&s) {
         Ok(()) => return Err("a collective with a dead PE completed".into()),
         Err(e) => e,
     };

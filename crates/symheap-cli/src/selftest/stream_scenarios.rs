@@ -8,12 +8,9 @@ use symheap::{Cmp, Context, Engine, ErrorKind, SignalOp, SymmetricBuffer};
 
 use super::scenarios::{e2s, Outcome, PeArgs};
 
-/// A stream of this PE's GPU, or 0 (the calling thread) on the host backend.
-fn stream(ctx: &Context) -> Result<u64, String> {
-    match ctx.cuda() {
-        Some(cu) => cu.create_stream().map_err(e2s),
-        None => Ok(0),
-    }
+/// A stream of this PE's GPU (on the host backend, the calling thread).
+fn stream(ctx: &Context) -> Result<symheap::Stream, String> {
+    ctx.create_stream().map_err(e2s)
 }
 
 fn bytes_of(seed: u64, pe: usize, tag: u64, n: usize) -> Vec<u8> {
@@ -48,9 +45,16 @@ pub fn stream_ring(ctx: &Context, a: PeArgs) -> Outcome {
             dst.write(0, &vec![0x5au8; size + 64]).map_err(e2s)?;
             back.write(0, &vec![0x5au8; size + 64]).map_err(e2s)?;
             ctx.barrier_all().map_err(e2s)?;
-            ctx.put_on_stream_with(dst.addr() + 1, src.addr() + 3, size as u64, next, s, engine)
-                .map_err(e2s)?;
-            ctx.sync_stream(s).map_err(e2s)?;
+            ctx.put_on_stream_with(
+                dst.addr() + 1,
+                src.addr() + 3,
+                size as u64,
+                next,
+                &s,
+                engine,
+            )
+            .map_err(e2s)?;
+            ctx.sync_stream(&s).map_err(e2s)?;
             ctx.barrier_all().map_err(e2s)?;
             let got = read(&dst, 0, size + 2)?;
             ensure!(
@@ -67,11 +71,11 @@ pub fn stream_ring(ctx: &Context, a: PeArgs) -> Outcome {
                 src.addr() + 3,
                 size as u64,
                 next,
-                s,
+                &s,
                 engine,
             )
             .map_err(e2s)?;
-            ctx.sync_stream(s).map_err(e2s)?;
+            ctx.sync_stream(&s).map_err(e2s)?;
             ensure!(
                 read(&back, 2, size)? == bytes_of(a.seed, next, tag, size),
                 "{engine:?} get of {size} B from PE {next}"
@@ -132,16 +136,16 @@ pub fn stream_signal(ctx: &Context, a: PeArgs) -> Outcome {
             value,
             op,
             next,
-            s,
+            &s,
         )
         .map_err(e2s)?;
-        ctx.signal_wait_until_on_stream(sig.addr(), Cmp::Ge, r as u64, s)
+        ctx.signal_wait_until_on_stream(sig.addr(), Cmp::Ge, r as u64, &s)
             .map_err(e2s)?;
-        ctx.put_on_stream(log.addr() + off, data.addr() + off, len, me, s)
+        ctx.put_on_stream(log.addr() + off, data.addr() + off, len, me, &s)
             .map_err(e2s)?;
     }
-    ctx.quiet_on_stream(s).map_err(e2s)?;
-    ctx.sync_stream(s).map_err(e2s)?;
+    ctx.quiet_on_stream(&s).map_err(e2s)?;
+    ctx.sync_stream(&s).map_err(e2s)?;
     ctx.barrier_all().map_err(e2s)?;
     for r in 1..=rounds {
         let want = bytes_of(a.seed, prev, r as u64, size(r));
@@ -178,13 +182,13 @@ pub fn stream_barrier(ctx: &Context, a: PeArgs) -> Outcome {
     ctx.barrier_all().map_err(e2s)?;
     for r in 0..rounds {
         let off = (r * w) as u64;
-        ctx.put_on_stream(inbox.addr() + off, src.addr() + off, w as u64, next, s)
+        ctx.put_on_stream(inbox.addr() + off, src.addr() + off, w as u64, next, &s)
             .map_err(e2s)?;
-        ctx.barrier_all_on_stream(s).map_err(e2s)?;
-        ctx.put_on_stream(log.addr() + off, inbox.addr() + off, w as u64, me, s)
+        ctx.barrier_all_on_stream(&s).map_err(e2s)?;
+        ctx.put_on_stream(log.addr() + off, inbox.addr() + off, w as u64, me, &s)
             .map_err(e2s)?;
     }
-    ctx.sync_stream(s).map_err(e2s)?;
+    ctx.sync_stream(&s).map_err(e2s)?;
     ctx.barrier_all().map_err(e2s)?;
     for r in 0..rounds {
         ensure!(
@@ -203,9 +207,9 @@ pub fn stream_timeout(ctx: &Context, _a: PeArgs) -> Outcome {
     let sig = ctx.calloc(1, 8).map_err(e2s)?;
     ctx.barrier_all().map_err(e2s)?;
     let t0 = Instant::now();
-    ctx.signal_wait_until_on_stream(sig.addr(), Cmp::Eq, 42, s)
+    ctx.signal_wait_until_on_stream(sig.addr(), Cmp::Eq, 42, &s)
         .map_err(e2s)?;
-    let e = match ctx.sync_stream(s) {
+    let e = match ctx.sync_stream(&s) {
         Ok(()) => return Err("a wait nobody satisfies completed".into()),
         Err(e) => e,
     };
@@ -229,11 +233,11 @@ pub fn stream_timeout(ctx: &Context, _a: PeArgs) -> Outcome {
         42,
         SignalOp::Set,
         ctx.my_pe(),
-        s,
+        &s,
     )
     .map_err(e2s)?;
-    ctx.signal_wait_until_on_stream(sig.addr(), Cmp::Eq, 42, s)
+    ctx.signal_wait_until_on_stream(sig.addr(), Cmp::Eq, 42, &s)
         .map_err(e2s)?;
-    ctx.sync_stream(s).map_err(e2s)?;
+    ctx.sync_stream(&s).map_err(e2s)?;
     ctx.barrier_all().map_err(e2s)
 }

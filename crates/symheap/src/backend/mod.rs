@@ -8,6 +8,7 @@
 pub mod cuda;
 pub mod host;
 pub mod reduce;
+pub(crate) mod shared;
 
 use std::time::Duration;
 

@@ -5,8 +5,8 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::futex;
-use super::reservation::{memfd, Reservation};
+use super::host::futex;
+use super::host::reservation::{memfd, Reservation};
 use crate::bootstrap::{Health, NodeChannel, NodeInfo};
 use crate::error::{backend, Result};
 
@@ -143,13 +143,13 @@ impl SharedArea {
         self.check_range(addr, data.len());
         // SAFETY: the range lies inside the mapped reservation (checked above). Mailbox bytes are
         // published by a barrier before anyone reads them.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), addr as *mut u8, data.len()) }
+        unsafe { crate::util::racy::store(addr as *mut u8, data) }
     }
 
     /// Copies bytes out of the area.
     pub fn read(&self, addr: u64, out: &mut [u8]) {
         self.check_range(addr, out.len());
         // SAFETY: as in `write`.
-        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, out.as_mut_ptr(), out.len()) }
+        unsafe { crate::util::racy::load(addr as *const u8, out) }
     }
 }

@@ -13,7 +13,7 @@ mod node;
 mod single;
 mod tcp;
 pub(crate) mod unix;
-pub mod wire;
+pub(crate) mod wire;
 
 pub use env::{first_host, LaunchEnv, Launcher};
 pub use health::{Failure, Health};

@@ -4,7 +4,7 @@
 use super::{table_offset, Inner};
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::heap::{align_up, Block, HeapState};
-use crate::ledger::human_bytes;
+use crate::util::human_bytes;
 
 impl Inner {
     /// The heap size to grow to so that a block ending at `need_end` fits: whole chunks when
@@ -207,7 +207,9 @@ impl Inner {
     /// reuse the memory while kernels still read or write it.
     pub(crate) fn release_block(&self, id: crate::heap::BlockId) {
         self.heap.mark_freed(id);
-        let streams = self.heap.take_uses(id);
+        let uses = self.heap.take_uses(id);
+        let streams: Vec<u64> = uses.iter().map(|u| u.raw).collect();
+        // `uses` keeps owned streams alive until their events are recorded here.
         match self.backend.fence_streams(&streams) {
             Some(f) => self.heap.defer(id, f),
             None => self.heap.announce(id),
@@ -215,18 +217,18 @@ impl Inner {
     }
 
     /// Notes that device work on `stream` uses the live block at heap offset `off`.
-    pub(crate) fn note_stream(&self, off: u64, stream: u64) {
+    pub(crate) fn note_stream(&self, off: u64, stream: &crate::Stream) {
         if self.backend.as_cuda().is_none() {
             return;
         }
         if let Some(b) = self.lock_heap().block_at(off) {
-            self.heap.note_use(b.id, stream);
+            self.heap.note_use(b.id, stream.raw(), stream.keep_alive());
         }
     }
 
     /// Notes that device work on `stream` uses the live block holding this-PE address `addr`,
     /// if any (a local source or destination outside the heap is nobody's block).
-    pub(crate) fn note_stream_addr(&self, addr: u64, stream: u64) {
+    pub(crate) fn note_stream_addr(&self, addr: u64, stream: &crate::Stream) {
         if let Some(base) = self.backend.slot_base(self.rank) {
             if addr >= base && addr < base + self.backend.mapped() {
                 self.note_stream(addr - base, stream);

@@ -1,5 +1,5 @@
 //! The sync area: each PE's block of the host control area (see
-//! [`crate::backend::host::SharedArea`]), used for symheap's own host-side synchronisation
+//! [`crate::backend::shared::SharedArea`]), used for symheap's own host-side synchronisation
 //! whatever backend holds the data. Its layout, per PE:
 //!
 //! ```text

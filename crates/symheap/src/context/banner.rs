@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use super::Inner;
-use crate::ledger::human_bytes;
+use crate::util::human_bytes;
 
 pub(crate) fn render(c: &Inner) -> String {
     let mut s = String::new();

@@ -183,11 +183,17 @@ impl SymmetricBuffer {
     /// Notes that work enqueued on CUDA `stream` (other than symheap's own operations, which
     /// note their streams themselves) uses this buffer, as PyTorch's `record_stream` does: its
     /// release then waits for everything enqueued there until the release. Does nothing on the
-    /// host backend. The stream must stay alive until the buffer is released.
-    pub fn record_stream(&self, stream: u64) {
+    /// host backend. A stream made by symheap is kept alive until then; a borrowed one
+    /// ([`Stream::from_raw`](crate::Stream::from_raw)) its owner keeps alive, as that
+    /// constructor's contract says. A stream of another device is refused.
+    pub fn record_stream(&self, stream: &crate::Stream) -> crate::Result<()> {
         if self.inner.backend.as_cuda().is_some() {
-            self.inner.heap.note_use(self.block.id, stream);
+            let raw = self.inner.stream_handle(stream, "record_stream")?;
+            self.inner
+                .heap
+                .note_use(self.block.id, raw, stream.keep_alive());
         }
+        Ok(())
     }
 }
 

@@ -6,17 +6,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::{Context, Inner};
-use crate::backend::host::{HostBackend, SharedArea};
+use crate::backend::host::HostBackend;
+use crate::backend::shared::SharedArea;
 use crate::backend::Backend;
 use crate::bootstrap::{
     Bootstrap, LaunchEnv, Launcher, NodeChannel, NodeInfo, SingleBootstrap, TcpBootstrap,
 };
 use crate::config::{BackendChoice, Config, DebugLevel};
+use crate::context::area::SyncArea;
+use crate::context::team::TeamInner;
 use crate::error::{err, invalid, Error, ErrorKind, Result};
 use crate::heap::Heap;
-use crate::ledger::human_bytes;
-use crate::ops::area::SyncArea;
-use crate::ops::team::TeamInner;
+use crate::util::human_bytes;
 
 /// Builds a [`Context`] with settings other than the environment's.
 #[derive(Clone)]
@@ -223,7 +224,7 @@ fn finish(ctx: Context, mut phases: crate::util::Phases) -> Result<Context> {
     phases.mark("barrier");
     ctx.inner.register_team(&ctx.inner.world_team);
     if ctx.inner.backend.as_cuda().is_some() {
-        crate::ops::watch::start_watchdog(&ctx.inner);
+        crate::context::watch::start_watchdog(&ctx.inner);
     }
     let _ = ctx.inner.init_phases.set(phases);
     if ctx.inner.cfg.debug >= DebugLevel::Info {

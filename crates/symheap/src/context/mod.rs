@@ -2,10 +2,15 @@
 //! points. Everything a PE does goes through one [`Context`].
 
 mod alloc;
+pub(crate) mod area;
 mod banner;
 mod buffer;
+pub(crate) mod device_state;
 mod init;
 mod ranges;
+mod sync;
+pub(crate) mod team;
+pub(crate) mod watch;
 
 use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -13,16 +18,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 pub use buffer::{PeerView, SymmetricBuffer};
 pub use init::ContextBuilder;
 
-use crate::backend::host::SharedArea;
+use crate::backend::shared::SharedArea;
 use crate::backend::{Backend, BackendKind};
 use crate::bootstrap::{Bootstrap, Launcher, NodeInfo};
 use crate::config::{Config, DEFAULT_ALIGNMENT};
 use crate::element::Element;
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::heap::{Block, Heap, HeapState};
-use crate::ops::area::SyncArea;
-use crate::ops::team::TeamInner;
 use crate::table::{PeerMask, SymmetricAddressMap};
+use area::SyncArea;
+use team::TeamInner;
 
 /// How much of the heap is in use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,9 +68,9 @@ pub(crate) struct Inner {
     /// Layout of the sync area inside `control`.
     pub(crate) area: SyncArea,
     /// Device collective state (CUDA backend only), set at init.
-    pub(crate) dteams: std::sync::OnceLock<crate::ops::coll_stream::DeviceTeams>,
+    pub(crate) dteams: std::sync::OnceLock<device_state::DeviceTeams>,
     /// Device barrier state (CUDA backend only), set at init.
-    pub(crate) dsync: std::sync::OnceLock<crate::ops::stream::DeviceSync>,
+    pub(crate) dsync: std::sync::OnceLock<device_state::DeviceSync>,
     /// Team slots in use on this PE (bit 0: the world).
     pub(crate) slots_used: Mutex<u64>,
     /// The teams this PE belongs to (the world and live splits), for the watchdog.

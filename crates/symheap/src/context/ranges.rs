@@ -92,6 +92,42 @@ impl Inner {
         Err(invalid(call, why).with_pe(self.rank))
     }
 
+    /// Checks `[addr, addr+bytes)` is local memory a stream copy may read (`write` false) or
+    /// write: a live user allocation in the heap of a directly reachable PE, or on CUDA, device
+    /// memory of this PE's GPU outside the heap (a torch tensor, a `cuMemAlloc` buffer). On the
+    /// host backend only the heap qualifies: anything else is the process's own memory, which
+    /// a call taking an integer address must not touch.
+    pub(crate) fn local_range(
+        &self,
+        addr: u64,
+        bytes: u64,
+        write: bool,
+        call: &'static str,
+    ) -> Result<()> {
+        let mapped = self.backend.mapped();
+        let in_heap = (0..self.world)
+            .filter_map(|pe| self.backend.slot_base(pe))
+            .any(|b| addr >= b && addr < b + mapped);
+        match self.backend.as_cuda() {
+            _ if in_heap => self.locate(addr, bytes, !write, call).map(drop),
+            Some(cu) => cu
+                .check_local_range(addr, bytes, call)
+                .map_err(|e| e.with_pe(self.rank)),
+            None => self.own_offset(addr, bytes, call).map(drop),
+        }
+    }
+
+    /// The handle to enqueue on: on CUDA once `stream` is known to belong to this PE's device
+    /// (the host backend runs stream work on the calling thread and never uses it).
+    pub(crate) fn stream_handle(&self, stream: &crate::Stream, call: &'static str) -> Result<u64> {
+        match self.backend.as_cuda() {
+            Some(cu) => cu
+                .stream_handle(stream, call)
+                .map_err(|e| e.with_pe(self.rank)),
+            None => Ok(stream.raw()),
+        }
+    }
+
     /// Checks `[addr, addr+bytes)` lies inside one live user allocation of this PE's heap and
     /// returns its heap offset.
     pub(crate) fn own_offset(&self, addr: u64, bytes: u64, call: &'static str) -> Result<u64> {

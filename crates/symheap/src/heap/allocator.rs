@@ -27,6 +27,7 @@ pub fn align_up(x: u64, a: u64) -> Option<u64> {
 
 impl Allocator {
     /// An allocator with nothing to hand out until `extend`.
+    #[cfg(test)]
     pub fn new() -> Self {
         Self::default()
     }
@@ -112,6 +113,7 @@ impl Allocator {
     }
 
     /// Free ranges, for tests and diagnostics.
+    #[cfg(test)]
     pub fn free_ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.free.iter().map(|(&s, &l)| (s, l))
     }

@@ -11,7 +11,7 @@ pub mod allocator;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
 
-pub use allocator::{align_up, Allocator, GRANULE};
+pub use allocator::{align_up, Allocator};
 
 use crate::backend::Fence;
 
@@ -147,6 +147,16 @@ impl std::fmt::Debug for Heap {
     }
 }
 
+/// What keeps a stream alive until symheap has enqueued its last work there.
+pub type KeepAlive = std::sync::Arc<dyn std::any::Any + Send + Sync>;
+
+/// A stream that used a block, as noted for its stream-ordered release.
+pub struct StreamUse {
+    /// The stream's handle.
+    pub raw: u64,
+    _keep: Option<KeepAlive>,
+}
+
 /// The heap of one PE.
 pub struct Heap {
     world: usize,
@@ -159,7 +169,7 @@ pub struct Heap {
     /// the other PEs still use their copies.
     freed_here: Mutex<HashSet<BlockId>>,
     /// The device streams each live block was used on (CUDA): its release waits for them.
-    uses: Mutex<HashMap<BlockId, Vec<u64>>>,
+    uses: Mutex<HashMap<BlockId, Vec<StreamUse>>>,
     /// Released here while device work may still use them: announced once their fence is done.
     deferred: Mutex<Vec<(BlockId, Box<dyn Fence>)>>,
 }
@@ -177,17 +187,21 @@ impl Heap {
         }
     }
 
-    /// Notes that device work on `stream` uses block `id`.
-    pub fn note_use(&self, id: BlockId, stream: u64) {
+    /// Notes that device work on `stream` uses block `id`; `keep` holds an owned stream alive
+    /// until the release has recorded its event there.
+    pub fn note_use(&self, id: BlockId, stream: u64, keep: Option<KeepAlive>) {
         let mut u = self.uses.lock().unwrap_or_else(|p| p.into_inner());
         let list = u.entry(id).or_default();
-        if !list.contains(&stream) {
-            list.push(stream);
+        if !list.iter().any(|s| s.raw == stream) {
+            list.push(StreamUse {
+                raw: stream,
+                _keep: keep,
+            });
         }
     }
 
     /// The streams block `id` was used on, forgetting them.
-    pub fn take_uses(&self, id: BlockId) -> Vec<u64> {
+    pub fn take_uses(&self, id: BlockId) -> Vec<StreamUse> {
         self.uses
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -232,6 +246,7 @@ impl Heap {
     }
 
     /// Local, non-blocking release. Safe from any thread and from destructors.
+    #[cfg(test)]
     pub fn release(&self, id: BlockId) {
         self.mark_freed(id);
         self.announce(id);

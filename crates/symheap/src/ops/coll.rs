@@ -14,10 +14,10 @@
 use std::sync::Arc;
 
 use crate::backend::ReduceOp;
+use crate::context::team::{Team, TeamInner, TeamState};
 use crate::context::{Context, Inner};
 use crate::element::{DType, Element};
 use crate::error::{invalid, Error, Result};
-use crate::ops::team::{Team, TeamInner, TeamState};
 use crate::SymmetricBuffer;
 
 /// all_reduce algorithm.
@@ -169,7 +169,7 @@ impl Context {
         team: &Team,
         call: &'static str,
         args: String,
-        launch: impl FnOnce(u64) -> Result<()>,
+        launch: impl FnOnce(&crate::Stream) -> Result<()>,
     ) -> Result<()> {
         let cu = self.inner.backend.as_cuda().expect("called on CUDA only");
         let Some(t) = self.inner.team_inner(team, call)? else {

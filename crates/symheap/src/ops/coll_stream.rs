@@ -6,23 +6,23 @@
 //! the same arguments; the calls are recorded in the team's ledger and compared at the next host
 //! collective point.
 
-use super::area::MAX_TEAMS;
-use super::team::{Team, TeamInner};
 use crate::backend::cuda::driver::Arg;
 use crate::backend::cuda::{CudaBackend, COLL_DTYPES};
 use crate::backend::ReduceOp;
-use crate::context::{Context, Inner};
+use crate::context::device_state::{DeviceTeams, LL128_PART, MAX_BLOCKS, ONE_SHOT_SLOT};
+use crate::context::team::{Team, TeamInner};
+use crate::context::Context;
 use crate::element::DType;
 use crate::error::{err, invalid, ErrorKind, Result};
-use crate::heap::align_up;
 use crate::ops::coll::AllReduceAlgo;
+use crate::stream::Stream;
 
-/// Blocks a collective launch may use (the flag areas are sized for it).
-pub const MAX_BLOCKS: u64 = 1024;
-/// Bytes per member slot of the world's one-shot scratch: the largest one-shot all_reduce.
-/// The kernels' LL path also needs `2 × n × bytes <= slot` for its messages (up to 32 KiB for
-/// all_reduce, 64 KiB for the exchange), which 4 MiB covers up to 32 PEs.
-pub const ONE_SHOT_SLOT: u64 = 4 << 20;
+/// One-shot messages up to this many bytes take the LL kernel (`SYMHEAP_COLL_LL_MAX` overrides).
+/// Measured on 2 x H200: LL and LL128 tie up to 32 KiB, LL128 is 0.1 to 1 us faster above.
+const LL_MAX: u64 = 32 << 10;
+/// Larger one-shot messages up to this many bytes take the LL128 kernel when their buffers are
+/// 16-byte aligned (`SYMHEAP_COLL_LL128_MAX` overrides; 0 turns it off).
+const LL128_MAX: u64 = 4 << 20;
 /// Auto picks one-shot while `(n - 1) × bytes` (what each PE pushes) stays under this
 /// (`SYMHEAP_COLL_ONESHOT_MAX` overrides).
 pub const ONE_SHOT_PUSH_MAX: u64 = 4 << 20;
@@ -38,89 +38,9 @@ const XCHG_ALL_GATHER: i32 = 0;
 const XCHG_ALLTOALL: i32 = 1;
 const XCHG_BROADCAST: i32 = 2;
 
-/// One-shot messages up to this many bytes take the LL kernel (`SYMHEAP_COLL_LL_MAX` overrides).
-/// Measured on 2 x H200: LL and LL128 tie up to 32 KiB, LL128 is 0.1 to 1 us faster above.
-const LL_MAX: u64 = 32 << 10;
-/// Larger one-shot messages up to this many bytes take the LL128 kernel when their buffers are
-/// 16-byte aligned (`SYMHEAP_COLL_LL128_MAX` overrides; 0 turns it off).
-const LL128_MAX: u64 = 4 << 20;
-/// Bytes per parity of the world's LL128 region: room for `(n - 1) × bytes <= 4 MiB` plus the
-/// flags (128 wire bytes per 120 data bytes) at any team size.
-pub const LL128_PART: u64 = 4608 << 10;
 /// Data and wire bytes of one LL128 warp step (coll.cu: 4 lines of 128 bytes, 120 of data each).
 const LL128_STEP_DATA: u64 = 480;
 const LL128_STEP_WIRE: u64 = 512;
-
-/// Device-resident state of every team slot, and the world's one-shot scratch, in this PE's
-/// heap (CUDA only). Per slot: `flags[2][MAX_BLOCKS][W]`, `ctl[2]` (epoch, blocks done),
-/// `bases[W]` (member heap bases), `peer_flags[W]` (member flag areas); W = world size. Then the
-/// scratch `[2][W][ONE_SHOT_SLOT]`, the table of every PE's scratch address, and the LL128
-/// region `[2][LL128_PART]`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct DeviceTeams {
-    offset: u64,
-    world: usize,
-    stride: u64,
-    scratch: u64,
-}
-
-impl DeviceTeams {
-    fn flags_bytes(world: usize) -> u64 {
-        2 * MAX_BLOCKS * world as u64 * 8
-    }
-
-    fn stride(world: usize) -> u64 {
-        align_up(Self::flags_bytes(world) + 256 + 16 * world as u64, 256).expect("small")
-    }
-
-    /// Bytes from the scratch to the LL128 region (past the scratch and its table).
-    fn ll128_off(world: usize) -> u64 {
-        align_up(2 * world as u64 * ONE_SHOT_SLOT + 8 * world as u64, 256).expect("small")
-    }
-
-    /// Bytes for the team slots, the scratch, its table and the LL128 region.
-    pub(crate) fn bytes(world: usize) -> u64 {
-        MAX_TEAMS as u64 * Self::stride(world) + Self::ll128_off(world) + 2 * LL128_PART
-    }
-
-    pub(crate) fn new(offset: u64, world: usize) -> DeviceTeams {
-        DeviceTeams {
-            offset,
-            world,
-            stride: Self::stride(world),
-            scratch: offset + MAX_TEAMS as u64 * Self::stride(world),
-        }
-    }
-
-    pub(crate) fn flags(&self, slot: usize) -> u64 {
-        self.offset + slot as u64 * self.stride
-    }
-    pub(crate) fn ctl(&self, slot: usize) -> u64 {
-        self.flags(slot) + Self::flags_bytes(self.world)
-    }
-    pub(crate) fn bases(&self, slot: usize) -> u64 {
-        self.ctl(slot) + 256
-    }
-    pub(crate) fn peer_flags(&self, slot: usize) -> u64 {
-        self.bases(slot) + 8 * self.world as u64
-    }
-    /// The world's one-shot scratch.
-    pub(crate) fn scratch(&self) -> u64 {
-        self.scratch
-    }
-    /// The table of every PE's scratch address.
-    pub(crate) fn peer_scratch(&self) -> u64 {
-        self.scratch + 2 * self.world as u64 * ONE_SHOT_SLOT
-    }
-    /// Bytes from the scratch to the LL128 region.
-    pub(crate) fn ll128(&self) -> u64 {
-        Self::ll128_off(self.world)
-    }
-    /// Bytes of a slot's flags and control words (what team_destroy clears).
-    pub(crate) fn slot_state_bytes(&self) -> u64 {
-        Self::flags_bytes(self.world) + 16
-    }
-}
 
 fn dtype_suffix(d: DType) -> Option<&'static str> {
     COLL_DTYPES.iter().find(|(t, _)| *t == d).map(|(_, s)| *s)
@@ -132,64 +52,6 @@ fn op_code(op: ReduceOp) -> i32 {
         ReduceOp::Min => 1,
         ReduceOp::Max => 2,
         ReduceOp::Prod => 3,
-    }
-}
-
-impl Inner {
-    /// Writes this PE's copy of `team`'s member tables (heap bases and flag areas) for the
-    /// collective kernels. Local; flags and counters of a fresh slot are already zero.
-    pub(crate) fn init_device_team(&self, team: &TeamInner) -> Result<()> {
-        let Some(dt) = self.dteams.get() else {
-            return Ok(());
-        };
-        let own = self.backend.slot_base(self.rank).expect("own heap");
-        let mut bases = Vec::with_capacity(8 * team.members.len());
-        let mut flags = Vec::with_capacity(8 * team.members.len());
-        for &m in &team.members {
-            let b = self.backend.slot_base(m).unwrap_or(0);
-            bases.extend_from_slice(&b.to_le_bytes());
-            let f = if b == 0 { 0 } else { b + dt.flags(team.slot) };
-            flags.extend_from_slice(&f.to_le_bytes());
-        }
-        self.backend
-            .write_bytes(own + dt.bases(team.slot), &bases)?;
-        self.backend
-            .write_bytes(own + dt.peer_flags(team.slot), &flags)
-    }
-
-    /// Clears this PE's flags and counters of a destroyed team's slot.
-    pub(crate) fn clear_device_team(&self, slot: usize) -> Result<()> {
-        let Some(dt) = self.dteams.get() else {
-            return Ok(());
-        };
-        let own = self.backend.slot_base(self.rank).expect("own heap");
-        self.backend.write_bytes(
-            own + dt.flags(slot),
-            &vec![0u8; dt.slot_state_bytes() as usize],
-        )
-    }
-
-    /// CUDA only, collective at init: the device team state for every slot and the world's.
-    pub(crate) fn init_device_teams(&self) -> Result<()> {
-        if self.backend.as_cuda().is_none() {
-            return Ok(());
-        }
-        let block = self.allocate_internal(DeviceTeams::bytes(self.world), 256)?;
-        let dt = DeviceTeams::new(block.offset, self.world);
-        let own = self.backend.slot_base(self.rank).expect("own heap");
-        self.backend
-            .write_bytes(own + block.offset, &vec![0u8; block.bytes as usize])?;
-        let table: Vec<u8> = (0..self.world)
-            .flat_map(|pe| {
-                self.backend
-                    .slot_base(pe)
-                    .map_or(0, |b| b + dt.scratch())
-                    .to_le_bytes()
-            })
-            .collect();
-        self.backend.write_bytes(own + dt.peer_scratch(), &table)?;
-        let _ = self.dteams.set(dt);
-        self.init_device_team(&self.world_team)
     }
 }
 
@@ -480,7 +342,13 @@ impl Context {
     }
 
     /// Checks a collective's buffer and notes that `stream` uses it (see stream-ordered release).
-    fn check_range(&self, call: &'static str, addr: u64, bytes: u64, stream: u64) -> Result<()> {
+    fn check_range(
+        &self,
+        call: &'static str,
+        addr: u64,
+        bytes: u64,
+        stream: &Stream,
+    ) -> Result<()> {
         let off = self.inner.own_offset(addr, bytes.max(1), call)?;
         self.inner.note_stream(off, stream);
         Ok(())
@@ -503,9 +371,10 @@ impl Context {
         dtype: DType,
         op: ReduceOp,
         algo: AllReduceAlgo,
-        stream: u64,
+        stream: &Stream,
     ) -> Result<()> {
         const CALL: &str = "all_reduce_on_stream";
+        let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
         let bytes = (count * dtype.size()) as u64;
         let (Some(cu), Some(sfx)) = (self.inner.backend.as_cuda(), dtype_suffix(dtype)) else {
             return self.all_reduce_raw(team, dest, src, count, dtype, op, algo);
@@ -513,8 +382,8 @@ impl Context {
         if !team.is_valid() {
             return Ok(());
         }
-        self.check_range(CALL, dest, bytes, stream)?;
-        self.check_range(CALL, src, bytes, stream)?;
+        self.check_range(CALL, dest, bytes, s)?;
+        self.check_range(CALL, src, bytes, s)?;
         // The world team itself, not a team with the same members: the one-shot scratch and its
         // LL flags follow the world slot's epochs, so another slot must not use them.
         let world = team.0.as_ref().is_some_and(|t| t.slot == 0);
@@ -578,9 +447,10 @@ impl Context {
         src: u64,
         count: usize,
         dtype: DType,
-        stream: u64,
+        stream: &Stream,
     ) -> Result<()> {
         const CALL: &str = "all_gather_on_stream";
+        let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
         let bytes = (count * dtype.size()) as u64;
         let Some(cu) = self.inner.backend.as_cuda() else {
             let in_place = team
@@ -597,8 +467,8 @@ impl Context {
         if !team.is_valid() {
             return Ok(());
         }
-        self.check_range(CALL, dest, bytes * team.n_pes() as u64, stream)?;
-        self.check_range(CALL, src, bytes, stream)?;
+        self.check_range(CALL, dest, bytes * team.n_pes() as u64, s)?;
+        self.check_range(CALL, src, bytes, s)?;
         // In place is "my contribution already at my block of dest": the same call on every PE,
         // although src differs per PE, so it is recorded as dest == src.
         let mine = dest + team.my_pe().unwrap_or(0) as u64 * bytes;
@@ -637,9 +507,10 @@ impl Context {
         count: usize,
         dtype: DType,
         op: ReduceOp,
-        stream: u64,
+        stream: &Stream,
     ) -> Result<()> {
         const CALL: &str = "reduce_scatter_on_stream";
+        let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
         let bytes = (count * dtype.size()) as u64;
         let (Some(cu), Some(sfx)) = (self.inner.backend.as_cuda(), dtype_suffix(dtype)) else {
             let in_place = team
@@ -657,8 +528,8 @@ impl Context {
         if !team.is_valid() {
             return Ok(());
         }
-        self.check_range(CALL, src, bytes * team.n_pes() as u64, stream)?;
-        self.check_range(CALL, dest, bytes, stream)?;
+        self.check_range(CALL, src, bytes * team.n_pes() as u64, s)?;
+        self.check_range(CALL, dest, bytes, s)?;
         let n = team.n_pes() as u64;
         // One-shot (push into the receivers' scratch, one signal) on the world team itself, whose
         // scratch it uses, while a member's block fits a scratch slot.
@@ -711,9 +582,10 @@ impl Context {
         count: usize,
         dtype: DType,
         root: usize,
-        stream: u64,
+        stream: &Stream,
     ) -> Result<()> {
         const CALL: &str = "broadcast_on_stream";
+        let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
         let bytes = (count * dtype.size()) as u64;
         let Some(cu) = self.inner.backend.as_cuda() else {
             return self.broadcast_raw(team, dest, src, count, dtype, root);
@@ -728,8 +600,8 @@ impl Context {
             )
             .with_pe(self.my_pe()));
         }
-        self.check_range(CALL, dest, bytes, stream)?;
-        self.check_range(CALL, src, bytes, stream)?;
+        self.check_range(CALL, dest, bytes, s)?;
+        self.check_range(CALL, src, bytes, s)?;
         let args = self
             .inner
             .coll_args(format!("root {root}, {count} x {dtype}"), dest, src);
@@ -764,9 +636,10 @@ impl Context {
         src: u64,
         count: usize,
         dtype: DType,
-        stream: u64,
+        stream: &Stream,
     ) -> Result<()> {
         const CALL: &str = "alltoall_on_stream";
+        let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
         let bytes = (count * dtype.size()) as u64;
         let Some(cu) = self.inner.backend.as_cuda() else {
             return self.alltoall_raw(team, dest, src, count, dtype);
@@ -782,8 +655,8 @@ impl Context {
             .with_pe(self.my_pe()));
         }
         let total = bytes * team.n_pes() as u64;
-        self.check_range(CALL, dest, total, stream)?;
-        self.check_range(CALL, src, total, stream)?;
+        self.check_range(CALL, dest, total, s)?;
+        self.check_range(CALL, src, total, s)?;
         let args = self
             .inner
             .coll_args(format!("{count} x {dtype}"), dest, src);

@@ -2,17 +2,14 @@
 //! Written once against the [`crate::backend::Backend`] trait; the host backend runs them with
 //! CPU loads, stores and atomics on the shared heap.
 
-pub(crate) mod area;
 pub mod atomics;
 pub mod coll;
 pub mod coll_stream;
 pub mod rma;
 pub mod stream;
 pub(crate) mod sync;
-pub mod team;
-pub(crate) mod watch;
 
+pub use crate::context::team::Team;
 pub use atomics::{AtomicBitwise, AtomicElement, AtomicInt};
 pub use coll::AllReduceAlgo;
 pub use rma::{Cmp, SignalOp};
-pub use team::Team;

@@ -2,85 +2,18 @@
 //! signal, signal waits, barriers and quiet. On the host backend the "stream" is the calling
 //! thread: each call completes before it returns, which satisfies the same ordering.
 //!
-//! Streams are raw `CUstream` handles as integers (`torch.cuda.current_stream().cuda_stream`,
-//! or 0 for the legacy default stream). Every enqueued operation is capturable in a CUDA graph:
-//! nothing here synchronises with the host, and the barrier's epoch lives in device memory so a
-//! replayed graph stays in step.
+//! Streams are [`Stream`] handles (made by `Context::create_stream`, the default streams, or
+//! `unsafe Stream::from_raw` around a handle such as `torch.cuda.current_stream().cuda_stream`);
+//! each call checks the stream belongs to this PE's device. Local (non-symmetric) addresses
+//! must be device memory of this PE's GPU or a live symmetric allocation, and are checked too.
+//! Every enqueued operation is capturable in a CUDA graph: nothing here synchronises with the
+//! host, and the barrier's epoch lives in device memory so a replayed graph stays in step.
 
-use super::area::MAX_TEAMS;
 use crate::backend::cuda::Engine;
-use crate::context::{Context, Inner};
+use crate::context::Context;
 use crate::error::{err, invalid, ErrorKind, Result};
-use crate::heap::align_up;
 use crate::ops::rma::{Cmp, SignalOp};
-
-/// Per-team barrier state in device memory, one slot per team: the arrival flags (indexed by
-/// team member), the address of every member's flags, and this PE's barrier counter.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct DeviceSync {
-    offset: u64,
-    world: usize,
-    stride: u64,
-}
-
-impl DeviceSync {
-    fn stride(world: usize) -> u64 {
-        align_up((2 * world as u64 + 1) * 8, 256).expect("small")
-    }
-
-    /// Bytes for `world` PEs.
-    pub(crate) fn bytes(world: usize) -> u64 {
-        MAX_TEAMS as u64 * Self::stride(world)
-    }
-
-    pub(crate) fn new(offset: u64, world: usize) -> DeviceSync {
-        DeviceSync {
-            offset,
-            world,
-            stride: Self::stride(world),
-        }
-    }
-
-    /// Heap offset of `slot`'s flags.
-    pub(crate) fn flags(&self, slot: usize) -> u64 {
-        self.offset + slot as u64 * self.stride
-    }
-
-    /// Heap offset of `slot`'s table of member flag addresses.
-    pub(crate) fn peer_flags(&self, slot: usize) -> u64 {
-        self.flags(slot) + 8 * self.world as u64
-    }
-
-    /// Heap offset of `slot`'s barrier counter.
-    pub(crate) fn epoch(&self, slot: usize) -> u64 {
-        self.flags(slot) + 16 * self.world as u64
-    }
-}
-
-impl Inner {
-    /// CUDA only: allocates and initialises the device barrier state (collective, at init).
-    pub(crate) fn init_device_sync(&self) -> Result<()> {
-        if self.backend.as_cuda().is_none() {
-            return Ok(());
-        }
-        let block = self.allocate_internal(DeviceSync::bytes(self.world), 256)?;
-        let ds = DeviceSync::new(block.offset, self.world);
-        let own = self.backend.slot_base(self.rank).expect("own heap");
-        self.backend
-            .write_bytes(own + block.offset, &vec![0u8; block.bytes as usize])?;
-        let table: Vec<u8> = (0..self.world)
-            .flat_map(|pe| {
-                self.backend
-                    .slot_base(pe)
-                    .map_or(0, |b| b + ds.flags(0))
-                    .to_le_bytes()
-            })
-            .collect();
-        self.backend.write_bytes(own + ds.peer_flags(0), &table)?;
-        let _ = self.dsync.set(ds);
-        Ok(())
-    }
-}
+use crate::stream::Stream;
 
 fn cmp_code(c: Cmp) -> i32 {
     match c {
@@ -103,7 +36,7 @@ impl Context {
         src: u64,
         bytes: u64,
         pe: usize,
-        stream: u64,
+        stream: &Stream,
     ) -> Result<()> {
         self.put_on_stream_with(dest, src, bytes, pe, stream, Engine::Auto)
     }
@@ -115,18 +48,19 @@ impl Context {
         src: u64,
         bytes: u64,
         pe: usize,
-        stream: u64,
+        stream: &Stream,
         engine: Engine,
     ) -> Result<()> {
         const CALL: &str = "put_on_stream";
         self.inner.check(CALL)?;
+        let raw = self.inner.stream_handle(stream, CALL)?;
         let remote = self.inner.remote(dest, bytes, pe, CALL)?;
+        self.inner.local_range(src, bytes, false, CALL)?;
         self.inner.note_stream_addr(dest, stream);
         self.inner.note_stream_addr(src, stream);
         match self.inner.backend.as_cuda() {
-            Some(cu) => cu.copy_on_stream(remote, src, bytes, stream, engine),
+            Some(cu) => cu.copy_on_stream(remote, src, bytes, raw, engine),
             None => {
-                self.inner.own_offset(src, bytes, CALL)?;
                 self.inner.backend.copy(remote, src, bytes as usize)?;
                 self.inner.ring(pe);
                 Ok(())
@@ -142,7 +76,7 @@ impl Context {
         src: u64,
         bytes: u64,
         pe: usize,
-        stream: u64,
+        stream: &Stream,
     ) -> Result<()> {
         self.get_on_stream_with(dest, src, bytes, pe, stream, Engine::Auto)
     }
@@ -154,20 +88,19 @@ impl Context {
         src: u64,
         bytes: u64,
         pe: usize,
-        stream: u64,
+        stream: &Stream,
         engine: Engine,
     ) -> Result<()> {
         const CALL: &str = "get_on_stream";
         self.inner.check(CALL)?;
+        let raw = self.inner.stream_handle(stream, CALL)?;
         let remote = self.inner.remote(src, bytes, pe, CALL)?;
+        self.inner.local_range(dest, bytes, true, CALL)?;
         self.inner.note_stream_addr(src, stream);
         self.inner.note_stream_addr(dest, stream);
         match self.inner.backend.as_cuda() {
-            Some(cu) => cu.copy_on_stream(dest, remote, bytes, stream, engine),
-            None => {
-                self.inner.own_offset(dest, bytes, CALL)?;
-                self.inner.backend.copy(dest, remote, bytes as usize)
-            }
+            Some(cu) => cu.copy_on_stream(dest, remote, bytes, raw, engine),
+            None => self.inner.backend.copy(dest, remote, bytes as usize),
         }
     }
 
@@ -183,10 +116,11 @@ impl Context {
         value: u64,
         op: SignalOp,
         pe: usize,
-        stream: u64,
+        stream: &Stream,
     ) -> Result<()> {
         const CALL: &str = "put_signal_on_stream";
         self.inner.check(CALL)?;
+        let raw = self.inner.stream_handle(stream, CALL)?;
         if sig % 8 != 0 {
             return Err(invalid(
                 CALL,
@@ -201,6 +135,7 @@ impl Context {
         match self.inner.backend.as_cuda() {
             Some(cu) => {
                 let remote = self.inner.remote(dest, bytes, pe, CALL)?;
+                self.inner.local_range(src, bytes, false, CALL)?;
                 cu.put_signal_on_stream(
                     remote,
                     src,
@@ -208,7 +143,7 @@ impl Context {
                     remote_sig,
                     value,
                     op == SignalOp::Add,
-                    stream,
+                    raw,
                 )
             }
             None => {
@@ -233,12 +168,14 @@ impl Context {
         sig: u64,
         cmp: Cmp,
         value: u64,
-        stream: u64,
+        stream: &Stream,
     ) -> Result<()> {
         const CALL: &str = "signal_wait_until_on_stream";
         self.inner.check(CALL)?;
+        let raw = self.inner.stream_handle(stream, CALL)?;
         let off = self.inner.own_offset(sig, 8, CALL)?;
         self.inner.note_stream(off, stream);
+        let stream = raw;
         match self.inner.backend.as_cuda() {
             Some(cu) => {
                 if sig % 8 != 0 {
@@ -254,12 +191,13 @@ impl Context {
 
     /// Collective over the world: enqueues a barrier on `stream`. Work after it on any PE's
     /// stream sees every PE's stream work before it. Capturable in a CUDA graph.
-    pub fn barrier_all_on_stream(&self, stream: u64) -> Result<()> {
+    pub fn barrier_all_on_stream(&self, stream: &Stream) -> Result<()> {
         const CALL: &str = "barrier_all_on_stream";
         self.inner.check(CALL)?;
         let Some(cu) = self.inner.backend.as_cuda() else {
             return self.barrier_all();
         };
+        let stream = self.inner.stream_handle(stream, CALL)?;
         if !self.direct_peers().iter().eq(0..self.n_pes()) {
             return Err(err(
                 CALL,
@@ -297,17 +235,34 @@ impl Context {
     /// peers that synchronise with it, see them. Stream order already completes copies and
     /// kernels before later work starts, so this enqueues nothing; it exists so code written for
     /// NVSHMEM's `quiet_on_stream` ports unchanged.
-    pub fn quiet_on_stream(&self, stream: u64) -> Result<()> {
-        let _ = stream;
-        self.inner.check("quiet_on_stream")
+    pub fn quiet_on_stream(&self, stream: &Stream) -> Result<()> {
+        const CALL: &str = "quiet_on_stream";
+        self.inner.check(CALL)?;
+        self.inner.stream_handle(stream, CALL).map(drop)
     }
 
     /// Waits for `stream` to finish and reports any device-side wait that timed out.
-    pub fn sync_stream(&self, stream: u64) -> Result<()> {
-        self.inner.check("sync_stream")?;
+    pub fn sync_stream(&self, stream: &Stream) -> Result<()> {
+        const CALL: &str = "sync_stream";
+        self.inner.check(CALL)?;
         match self.inner.backend.as_cuda() {
-            Some(cu) => cu.sync_stream(stream).map_err(|e| e.with_pe(self.my_pe())),
+            Some(cu) => {
+                let stream = self.inner.stream_handle(stream, CALL)?;
+                cu.sync_stream(stream).map_err(|e| e.with_pe(self.my_pe()))
+            }
             None => Ok(()),
+        }
+    }
+
+    /// A new stream for this PE's work: on CUDA a non-blocking stream of this PE's device,
+    /// destroyed when the value is dropped (work already enqueued still completes); on the host
+    /// backend, where stream work runs on the calling thread, the default stream.
+    pub fn create_stream(&self) -> Result<Stream> {
+        const CALL: &str = "create_stream";
+        self.inner.check(CALL)?;
+        match self.inner.backend.as_cuda() {
+            Some(cu) => cu.new_stream().map_err(|e| e.with_pe(self.my_pe())),
+            None => Ok(Stream::legacy_default()),
         }
     }
 }

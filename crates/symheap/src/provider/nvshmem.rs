@@ -9,7 +9,7 @@ use super::{next_provider_id, table_bytes, table_from_bytes, Allocation, Provide
 use crate::context::Inner;
 use crate::error::{err, invalid, Error, ErrorKind, Result};
 use crate::heap::align_up;
-use crate::ledger::human_bytes;
+use crate::util::human_bytes;
 use crate::Context;
 
 /// An NVSHMEM host library found and loaded (not initialised).
@@ -35,9 +35,13 @@ struct State {
 ///   searched. The library is never unloaded, and one process initialises NVSHMEM once.
 /// * Initialisation (collective over the world): PE 0 makes a unique id, symheap's bootstrap
 ///   hands it to every PE, each calls `nvshmemx_hostlib_init_attr` on the context's CUDA
-///   device (its primary context is made current first). Unless already set,
-///   `NVSHMEM_DISABLE_NVLS=1` is exported (symheap never uses NVLink multicast), and on a
-///   single-node job `NVSHMEM_REMOTE_TRANSPORT=none` (no network transport to probe).
+///   device (its primary context is made current first). NVSHMEM reads its settings from the
+///   environment, which a running program must not change (another thread may be reading
+///   it), so symheap sets none: `symheap launch` and `import symheap` put
+///   `NVSHMEM_DISABLE_NVLS=1` (symheap never uses NVLink multicast) and, for a single-node
+///   job, `NVSHMEM_REMOTE_TRANSPORT=none` (no network transport to probe) into the
+///   environment before anything runs, unless already set. A Rust program started otherwise
+///   gets NVSHMEM's own defaults for them, and a log line at `info` says so.
 /// * Allocation: `nvshmem_malloc` of the request rounded up to 16 bytes plus an `int64` table
 ///   per PE, written after the data on this PE's device. `peer_bases[r] = nvshmem_ptr(ptr, r)`
 ///   (NULL becomes 0, not direct). The per-peer offsets are measured once, at initialisation
@@ -87,11 +91,14 @@ fn load_api(
     sys::load(&cands, note.as_deref())
 }
 
-/// Sets `name=value` unless the environment already has it.
-fn default_env(name: &str, value: &str) {
+/// Says (at `info`) that `name` is unset, so NVSHMEM uses its own default instead of the
+/// `value` symheap's launchers put there.
+fn note_unset_env(name: &str, value: &str) {
     if std::env::var_os(name).is_none() {
-        // NVSHMEM reads its settings with getenv during initialisation, which comes next.
-        std::env::set_var(name, value);
+        tracing::info!(
+            "{name} is not set: NVSHMEM uses its own default (symheap launch and `import \
+             symheap` set {name}={value}; export it to get the same here)"
+        );
     }
 }
 
@@ -143,14 +150,14 @@ impl Nvshmem {
             .with_pe(rank)
         })?;
         cu.bind()?;
-        default_env("NVSHMEM_DISABLE_NVLS", "1");
+        note_unset_env("NVSHMEM_DISABLE_NVLS", "1");
         if ctx
             .node()
             .node_of
             .iter()
             .all(|&n| n == ctx.node().node_index)
         {
-            default_env("NVSHMEM_REMOTE_TRANSPORT", "none");
+            note_unset_env("NVSHMEM_REMOTE_TRANSPORT", "none");
         }
         let (api, uid) = exchange_unique_id(&inner, lib, site_dirs)?;
         cu.bind()?;

@@ -1,6 +1,8 @@
-//! Small helpers every layer uses: library search and stable hashing.
+//! Small helpers every layer uses: library search, stable hashing, and copies of memory that
+//! others access at the same time.
 
 pub(crate) mod libsearch;
+pub(crate) mod racy;
 
 /// FNV-1a, 64 bit: a stable hash that every PE and every symheap build computes alike.
 pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
@@ -49,5 +51,34 @@ impl Phases {
             total.as_secs_f64() * 1e3,
             parts.join(", ")
         )
+    }
+}
+
+/// `1048576` → `1 MiB`, for messages.
+pub fn human_bytes(b: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < U.len() - 1 && (b >> (10 * (i + 1))) << (10 * (i + 1)) == b {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{} {}", v as u64, U[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_read_well() {
+        assert_eq!(human_bytes(1 << 20), "1 MiB");
+        assert_eq!(human_bytes(3 << 30), "3 GiB");
+        assert_eq!(human_bytes(1000), "1000 B");
+        assert_eq!(human_bytes(1536), "1536 B");
     }
 }

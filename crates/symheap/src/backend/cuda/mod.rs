@@ -12,7 +12,7 @@ mod cache;
 pub(crate) mod driver;
 mod kernels;
 mod module;
-pub mod nccl;
+
 pub mod nvrtc;
 mod nvrtc_sys;
 mod prebuilt;
@@ -39,7 +39,7 @@ use crate::element::DType;
 use crate::error::{backend, err, invalid, ErrorKind, Result};
 
 use driver::Arg;
-pub use driver::{Arg as KernelArg, DeviceBuffer, Event, Graph, PeerCopy};
+pub use driver::Arg as KernelArg;
 
 /// Oldest arch whose memory model (release/acquire at system scope) the kernels rely on.
 const MIN_ARCH: (i32, i32) = (7, 0);
@@ -98,6 +98,8 @@ pub struct CudaBackend {
     kernels: Kernels,
     coll: CollKernels,
     stream: Stream,
+    /// `stream` as the handle the ops layer enqueues on.
+    internal: crate::Stream,
     /// Error words, the abort word and the atomics' result, shared with the health callback
     /// that raises the abort word (it may outlive the backend).
     flags: Arc<MappedHost>,
@@ -108,6 +110,9 @@ pub struct CudaBackend {
     coll_defines: Vec<(String, u64)>,
     /// Where `new`'s time went, for the banner.
     init_phases: crate::util::Phases,
+    /// symheap's own device memory outside the heap (the modules' globals, which hold the
+    /// abort word's address): no user range may overlap it.
+    internal_ranges: Vec<(u64, u64)>,
     /// The collective protocols every PE agreed on (LL128 only over verified links); set by
     /// [`agree_protocols`](Self::agree_protocols) right after the PEs agreed on the backend.
     protocols: std::sync::OnceLock<Protocols>,
@@ -149,7 +154,7 @@ pub fn gpu_count() -> usize {
 impl CudaBackend {
     /// Opens the device, compiles (or loads) the kernels and reserves the slots.
     /// Collective at init (the PEs agree on the collective protocols).
-    pub fn new(
+    pub(crate) fn new(
         boot: Arc<dyn Bootstrap>,
         node: NodeInfo,
         channel: NodeChannel,
@@ -200,8 +205,10 @@ impl CudaBackend {
 
         let stream = driver::stream_create()?;
         let flags = Arc::new(MappedHost::new(64)?);
+        let mut internal_ranges = Vec::new();
         for m in [&kernels._module, &coll._module] {
             m.set_global_u64(ABORT_VAR, flags.dev + ABORT as u64)?;
+            internal_ranges.push(m.global_range(ABORT_VAR)?);
         }
         // A failure noticed anywhere (a PE exited, aborted or diverged) ends every device-side
         // wait of this PE within microseconds, instead of at SYMHEAP_TIMEOUT.
@@ -227,12 +234,16 @@ impl CudaBackend {
             }),
             kernels,
             coll,
+            // SAFETY: the backend's own stream, destroyed only in the backend's Drop, after
+            // every user of this view (the ops layer, the heap's release fences) is done.
+            internal: unsafe { crate::Stream::from_raw(stream.0) },
             stream,
             flags,
             ops: Mutex::new(()),
             timeout,
             coll_defines,
             init_phases: phases,
+            internal_ranges,
             protocols: std::sync::OnceLock::new(),
         })
     }

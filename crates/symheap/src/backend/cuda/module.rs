@@ -3,11 +3,14 @@
 use super::driver::{self, Module};
 use super::{cache, nvrtc, prebuilt, CudaBackend, KernelArg};
 use crate::error::{err, invalid, ErrorKind, Result};
+use crate::stream::Stream;
 
 /// A module of user kernels compiled by NVRTC against `symheap.cuh` for this device.
 pub struct CudaModule {
     module: Module,
     dev: usize,
+    /// The context it was loaded into, which every launch's stream must belong to.
+    ctx: u64,
 }
 
 impl CudaModule {
@@ -24,10 +27,11 @@ impl CudaModule {
         grid: u32,
         block: u32,
         shared: u32,
-        stream: u64,
+        stream: &Stream,
         args: &[KernelArg],
     ) -> Result<()> {
         let f = self.module.function(kernel)?;
+        let stream = stream.checked(self.ctx, "launch")?;
         driver::launch(f, grid, block, shared, stream, args)
     }
 
@@ -63,12 +67,13 @@ impl CudaBackend {
         Ok(CudaModule {
             module: Module::load(&image)?,
             dev: self.dev.ordinal,
+            ctx: self.dev.context_handle(),
         })
     }
 
-    /// Creates a non-blocking stream (for programs without a framework that owns streams).
-    pub fn create_stream(&self) -> Result<u64> {
-        self.bind()?;
-        Ok(driver::stream_create()?.0)
+    /// Creates a non-blocking stream of this device (for programs without a framework that
+    /// owns streams); destroyed when the value is dropped.
+    pub fn create_stream(&self) -> Result<Stream> {
+        self.new_stream()
     }
 }

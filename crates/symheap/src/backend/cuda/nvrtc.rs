@@ -10,7 +10,7 @@
 //! `__nanosleep`, ...) and inline PTX, so `libnvrtc` alone (e.g. `pip install
 //! "nvidia-cuda-nvrtc==13.0.*"`) compiles them, in CI and at the user's site.
 //!
-//! The library is loaded at run time from wherever the user has it ([`nvrtc_sys`]): the
+//! The library is loaded at run time from wherever the user has it (`nvrtc_sys`): the
 //! `nvidia-cuda-nvrtc` wheel is found on Python's path with no `LD_LIBRARY_PATH`. NVRTC is only
 //! needed for kernels that are not shipped prebuilt (other architectures, tuning overrides, users'
 //! own modules); nothing here panics on any input.

@@ -2,9 +2,10 @@
 //! launches), how it learns that device-side waits gave up, and the fences of stream-ordered
 //! release.
 
-use super::driver::{self, Arg};
+use super::driver::{self, Arg, Device};
 use super::{CudaBackend, Engine, ABORT, ERR_BARRIER, ERR_COLL, ERR_WAIT};
-use crate::error::{backend, err, ErrorKind, Result};
+use crate::error::{backend, err, invalid, ErrorKind, Result};
+use crate::stream::Stream;
 
 /// Largest put with signal done by one single-block launch (data, then the signal). One block
 /// moves 64 KiB in about 1.2 us more than 8 bytes (the ping-pong in BENCHMARKS.md), less than
@@ -18,6 +19,63 @@ fn fused_put_signal_threads(bytes: u64) -> u32 {
 }
 
 impl CudaBackend {
+    /// The handle to enqueue on, once `stream` is known to belong to this device's context.
+    pub(crate) fn stream_handle(&self, stream: &Stream, call: &'static str) -> Result<u64> {
+        stream.checked(self.dev.context_handle(), call)
+    }
+
+    /// A new non-blocking stream of this device, owned by the returned value.
+    pub(crate) fn new_stream(&self) -> Result<Stream> {
+        Stream::create(Device::open(self.dev.ordinal)?)
+    }
+
+    /// Checks `[addr, addr + bytes)` is local memory a stream copy may use: inside one live
+    /// device allocation of this GPU that is neither managed memory (the host may be using it)
+    /// nor symheap's own. Host memory, pinned or not, is refused: safe code must not be able to
+    /// make the copy engines write wherever an integer points. (Heap addresses are checked
+    /// against the allocator before this.)
+    pub(crate) fn check_local_range(
+        &self,
+        addr: u64,
+        bytes: u64,
+        call: &'static str,
+    ) -> Result<()> {
+        let end = addr.checked_add(bytes.max(1)).ok_or_else(|| {
+            invalid(
+                call,
+                format!("{bytes} bytes at {addr:#x} wrap around the address space"),
+            )
+        })?;
+        let why = match driver::pointer_info(addr) {
+            None => "is not in any CUDA allocation".to_string(),
+            Some(p) if !p.device_memory => "is host memory, not device memory".to_string(),
+            Some(p) if p.managed => "is managed memory (the host may access it)".to_string(),
+            Some(p) if p.ordinal != self.dev.ordinal as i32 => {
+                format!(
+                    "is memory of CUDA device {}, not of this PE's device {}",
+                    p.ordinal, self.dev.ordinal
+                )
+            }
+            Some(p) if end > p.start + p.size => format!(
+                "runs past the end of its {}-byte device allocation (which starts at {:#x})",
+                p.size, p.start
+            ),
+            Some(_)
+                if self
+                    .internal_ranges
+                    .iter()
+                    .any(|&(s, n)| addr < s + n && s < end) =>
+            {
+                "is symheap's own device memory".to_string()
+            }
+            Some(_) => return Ok(()),
+        };
+        Err(invalid(
+            call,
+            format!("{bytes} bytes at {addr:#x}: the address {why}"),
+        ))
+    }
+
     fn launch_copy(&self, dst: u64, src: u64, bytes: u64, stream: u64) -> Result<()> {
         if bytes == 0 {
             return Ok(());
@@ -41,7 +99,7 @@ impl CudaBackend {
 
     /// Enqueues a copy of `bytes` from `src` to `dst` (device addresses, any direct PE) on
     /// `stream`, by the copy engines (`Auto`, `CopyEngine`) or an SM kernel (`Sm`).
-    pub fn copy_on_stream(
+    pub(crate) fn copy_on_stream(
         &self,
         dst: u64,
         src: u64,
@@ -59,7 +117,13 @@ impl CudaBackend {
 
     /// Enqueues a signal update on `stream`: set (op 0) or add (op 1), ordered after everything
     /// earlier on the stream and released at system scope.
-    pub fn signal_on_stream(&self, sig: u64, value: u64, add: bool, stream: u64) -> Result<()> {
+    pub(crate) fn signal_on_stream(
+        &self,
+        sig: u64,
+        value: u64,
+        add: bool,
+        stream: u64,
+    ) -> Result<()> {
         self.bind()?;
         driver::launch(
             self.kernels.signal,
@@ -76,7 +140,7 @@ impl CudaBackend {
     /// `FUSED_PUT_SIGNAL_MAX` bytes this is one single-block launch; above, a copy-engine copy,
     /// then the signal.
     #[allow(clippy::too_many_arguments)]
-    pub fn put_signal_on_stream(
+    pub(crate) fn put_signal_on_stream(
         &self,
         dst: u64,
         src: u64,
@@ -110,7 +174,7 @@ impl CudaBackend {
 
     /// Enqueues a wait until `*sig CMP value` (cmp per symheap.cuh's constants) on `stream`. A
     /// wait longer than the timeout stops and raises the device error flag.
-    pub fn wait_on_stream(&self, sig: u64, cmp: i32, value: u64, stream: u64) -> Result<()> {
+    pub(crate) fn wait_on_stream(&self, sig: u64, cmp: i32, value: u64, stream: u64) -> Result<()> {
         self.bind()?;
         driver::launch(
             self.kernels.wait,
@@ -132,7 +196,7 @@ impl CudaBackend {
     /// `peer_flags` a device array of every member's flag array address, `epoch_ptr` this PE's
     /// barrier counter (advanced by the kernel, so a captured graph stays correct on replay).
     #[allow(clippy::too_many_arguments)]
-    pub fn barrier_on_stream(
+    pub(crate) fn barrier_on_stream(
         &self,
         flags: u64,
         peer_flags: u64,
@@ -179,8 +243,8 @@ impl CudaBackend {
     }
 
     /// The backend's own non-blocking stream (host-level calls run their kernels on it).
-    pub fn internal_stream(&self) -> u64 {
-        self.stream.0
+    pub(crate) fn internal_stream(&self) -> &Stream {
+        &self.internal
     }
 
     /// The mapped word collective kernels raise on a timeout.
@@ -203,7 +267,7 @@ impl CudaBackend {
     }
 
     /// Waits for `stream` and reports a device-side wait that timed out since the last check.
-    pub fn sync_stream(&self, stream: u64) -> Result<()> {
+    pub(crate) fn sync_stream(&self, stream: u64) -> Result<()> {
         self.bind()?;
         driver::stream_sync(stream)?;
         self.check_device_errors()
@@ -253,9 +317,9 @@ impl CudaBackend {
     }
 
     /// Whether `stream` is being captured into a CUDA graph.
-    pub fn is_capturing(&self, stream: u64) -> Result<bool> {
+    pub fn is_capturing(&self, stream: &Stream) -> Result<bool> {
         self.bind()?;
-        driver::is_capturing(stream)
+        driver::is_capturing(self.stream_handle(stream, "is_capturing")?)
     }
 }
 

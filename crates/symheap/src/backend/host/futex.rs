@@ -8,7 +8,7 @@ use std::time::Duration;
 ///
 /// The futex is shared (not `FUTEX_PRIVATE_FLAG`) because the word lives in memory mapped by
 /// several processes.
-pub(super) fn wait(addr: u64, expected: u32, timeout: Duration) {
+pub(crate) fn wait(addr: u64, expected: u32, timeout: Duration) {
     let ts = libc::timespec {
         tv_sec: timeout.as_secs() as libc::time_t,
         tv_nsec: timeout.subsec_nanos() as libc::c_long,
@@ -30,7 +30,7 @@ pub(super) fn wait(addr: u64, expected: u32, timeout: Duration) {
 }
 
 /// Wakes every process sleeping on the word at `addr`.
-pub(super) fn wake_all(addr: u64) {
+pub(crate) fn wake_all(addr: u64) {
     // SAFETY: as for `wait`; FUTEX_WAKE does not access the word's contents at all.
     unsafe {
         libc::syscall(

@@ -5,11 +5,8 @@
 //! PEs of the node (SCM_RIGHTS over the node channel) and maps theirs. PEs on other nodes keep
 //! unmapped slots and are not direct.
 
-mod futex;
-mod reservation;
-mod shared;
-
-pub use shared::SharedArea;
+pub(crate) mod futex;
+pub(crate) mod reservation;
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
@@ -22,7 +19,7 @@ use super::{AtomicOp, Backend, BackendKind, ChunkInfo, GrowVote, ReduceOp};
 use crate::bootstrap::{Bootstrap, NodeChannel, NodeInfo};
 use crate::element::DType;
 use crate::error::{backend, invalid, ErrorKind, Result};
-use crate::ledger::human_bytes;
+use crate::util::human_bytes;
 
 /// Shared-memory backend for CPU processes.
 pub struct HostBackend {
@@ -182,20 +179,17 @@ impl Backend for HostBackend {
 
     fn write_bytes(&self, addr: u64, src: &[u8]) -> Result<()> {
         // SAFETY: the caller checked that `addr..addr+src.len()` lies in a mapped, writable
-        // chunk of a direct PE's slot, which stays mapped while `self` lives. Other processes
-        // may access the same bytes; ordering against them is the SHMEM program's business
+        // chunk of a direct PE's slot, which stays mapped while `self` lives. This process
+        // touches heap bytes only atomically or through `util::racy`, so threads racing on them
+        // are well defined; ordering against other PEs is the SHMEM program's business
         // (barriers, signals), exactly as for the device-side stores this mirrors.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, src.len());
-        }
+        unsafe { crate::util::racy::store(addr as *mut u8, src) };
         Ok(())
     }
 
     fn read_bytes(&self, addr: u64, dst: &mut [u8]) -> Result<()> {
         // SAFETY: as in `write_bytes`, for reading.
-        unsafe {
-            std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len());
-        }
+        unsafe { crate::util::racy::load(addr as *const u8, dst) };
         Ok(())
     }
 
@@ -204,9 +198,7 @@ impl Backend for HostBackend {
         // stay mapped while `self` lives; distinct ranges of one allocation or different PEs'
         // copies do not overlap (checked by the caller). Concurrent access by other PEs is
         // ordered by the program's synchronisation, as for the stores this mirrors.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, bytes);
-        }
+        unsafe { crate::util::racy::copy(dst as *mut u8, src as *const u8, bytes) };
         Ok(())
     }
 
@@ -274,21 +266,17 @@ impl Backend for HostBackend {
         const SEG: usize = 64 << 10;
         let bytes = count * dtype.size();
         let mut tmp = vec![0u8; SEG.min(bytes)];
+        // Private copies of the sources' segments: a slice over the shared heap would claim
+        // the bytes cannot change while another thread or PE may write them.
+        let mut inputs = vec![vec![0u8; SEG.min(bytes)]; srcs.len()];
         let mut off = 0;
         while off < bytes {
             let len = SEG.min(bytes - off);
-            {
-                let inputs: Vec<&[u8]> = srcs
-                    .iter()
-                    // SAFETY: each source range was checked by the ops layer to lie in a mapped
-                    // heap chunk that outlives this call; the slices are only read, and they are
-                    // dropped at the end of this block, before `dst` is written below.
-                    .map(|&s| unsafe {
-                        std::slice::from_raw_parts((s + off as u64) as *const u8, len)
-                    })
-                    .collect();
-                reduce_bytes(&mut tmp[..len], &inputs, dtype, op);
+            for (&s, buf) in srcs.iter().zip(inputs.iter_mut()) {
+                self.read_bytes(s + off as u64, &mut buf[..len])?;
             }
+            let views: Vec<&[u8]> = inputs.iter().map(|b| &b[..len]).collect();
+            reduce_bytes(&mut tmp[..len], &views, dtype, op);
             self.write_bytes(dst + off as u64, &tmp[..len])?;
             off += len;
         }

@@ -13,7 +13,6 @@ use crate::error::{backend, err, ErrorKind, Result};
 
 mod objects;
 pub(crate) use objects::{ctx_synchronize, stream_after, DoneEvent, MappedHost};
-pub use objects::{DeviceBuffer, Event, Graph, PeerCopy};
 
 /// A driver call failed: the call and the driver's own error name and text.
 pub(crate) fn check(r: CUresult, what: &str) -> Result<()> {
@@ -157,6 +156,11 @@ impl Device {
             uuid: uuid.bytes.map(|b| b as u8),
             sm_count,
         })
+    }
+
+    /// The primary context's handle (what `stream_context` returns for this device's streams).
+    pub(crate) fn context_handle(&self) -> u64 {
+        self.ctx.0 as u64
     }
 
     /// Makes the primary context current on the calling thread (cheap when it already is).
@@ -378,6 +382,68 @@ pub(crate) fn stream_destroy(s: Stream) {
     let _ = unsafe { sys::cuStreamDestroy_v2(s.0 as sys::CUstream) };
 }
 
+/// What the driver knows of a device address (`cuPointerGetAttributes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PointerInfo {
+    /// Device memory (not host, pinned or unknown memory).
+    pub device_memory: bool,
+    /// Managed (unified) memory, which the host may also access directly.
+    pub managed: bool,
+    /// The device the memory lives on.
+    pub ordinal: i32,
+    /// The allocation (or mapping) holding the address: start and size.
+    pub start: u64,
+    pub size: u64,
+}
+
+/// What the driver knows of `addr`; `None` for an address no CUDA allocation covers.
+pub(crate) fn pointer_info(addr: u64) -> Option<PointerInfo> {
+    use sys::CUpointer_attribute as A;
+    let mut attrs = [
+        A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        A::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+        A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        A::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+    ];
+    let (mut mem_type, mut managed, mut ordinal) = (0u32, 0u32, -1i32);
+    let (mut start, mut size) = (0u64, 0usize);
+    let mut data: [*mut std::ffi::c_void; 5] = [
+        (&mut mem_type as *mut u32).cast(),
+        (&mut managed as *mut u32).cast(),
+        (&mut ordinal as *mut i32).cast(),
+        (&mut start as *mut u64).cast(),
+        (&mut size as *mut usize).cast(),
+    ];
+    // SAFETY: five attributes, each with a destination of the size the driver writes for it
+    // (CUmemorytype and bool as 32-bit values, an int, a CUdeviceptr and a size_t). The driver
+    // only inspects its own tables for `addr`: any value is a valid argument, and for an
+    // address it does not know it returns success with the outputs left untouched or an error.
+    let r = unsafe { sys::cuPointerGetAttributes(5, attrs.as_mut_ptr(), data.as_mut_ptr(), addr) };
+    if r != CUresult::CUDA_SUCCESS || mem_type == 0 {
+        return None;
+    }
+    Some(PointerInfo {
+        device_memory: mem_type == sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32,
+        managed: managed != 0,
+        ordinal,
+        start,
+        size: size as u64,
+    })
+}
+
+/// The context stream `s` belongs to.
+pub(crate) fn stream_context(s: u64) -> Result<u64> {
+    let mut ctx = std::ptr::null_mut();
+    check(
+        // SAFETY: writes one context handle; `s` is a live stream handle (the contract of
+        // `Stream::from_raw`, or a stream symheap created).
+        unsafe { sys::cuStreamGetCtx(s as sys::CUstream, &mut ctx) },
+        "cuStreamGetCtx",
+    )?;
+    Ok(ctx as u64)
+}
+
 /// Free and total bytes of the current context's device memory.
 pub(crate) fn mem_info() -> Result<(u64, u64)> {
     let (mut free, mut total) = (0usize, 0usize);
@@ -435,6 +501,22 @@ impl Module {
             "cuModuleLoadData",
         )?;
         Ok(Module(m))
+    }
+
+    /// The device memory holding the module's `__device__` variable `name`: the whole range
+    /// the driver allocated for it (the module's globals), so callers can keep out of it.
+    pub(crate) fn global_range(&self, name: &str) -> Result<(u64, u64)> {
+        let c = std::ffi::CString::new(name).map_err(|e| backend("cuda", e.to_string()))?;
+        let (mut ptr, mut size) = (0, 0usize);
+        check(
+            // SAFETY: the module is loaded; writes the variable's device address and size.
+            unsafe { sys::cuModuleGetGlobal_v2(&mut ptr, &mut size, self.0, c.as_ptr()) },
+            "cuModuleGetGlobal",
+        )?;
+        Ok(match pointer_info(ptr) {
+            Some(p) if p.start <= ptr && ptr < p.start + p.size => (p.start, p.size),
+            _ => (ptr, size as u64),
+        })
     }
 
     /// Writes `value` into the module's 8-byte `__device__` variable `name` (a pointer the

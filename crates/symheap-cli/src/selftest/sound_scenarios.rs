@@ -1,0 +1,126 @@
+//! Self-test scenario of the safe Rust API's soundness: the calls that take integer addresses
+//! refuse every local range that is not a live allocation they may touch (host memory, a range
+//! past the end of a device allocation, an address nothing maps), and work on the ones they
+//! may (symmetric buffers, and on CUDA a plain `cuMemAlloc` buffer). A stream of another device
+//! is refused where a second GPU is visible.
+
+use symheap::{Context, Stream};
+
+use super::scenarios::{e2s, Outcome, PeArgs};
+use crate::tools::cuda::DeviceBuffer;
+use crate::tools::DeviceMem;
+
+/// Runs `f`, which must fail with an invalid-argument error whose text contains `says`.
+fn refused(what: &str, says: &str, r: symheap::Result<()>) -> Outcome {
+    match r {
+        Ok(()) => Err(format!("{what} was accepted")),
+        Err(e)
+            if matches!(e.kind(), symheap::ErrorKind::InvalidArgument(_))
+                && e.to_string().contains(says) =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(format!("{what}: wrong error: {e}")),
+    }
+}
+
+/// Each PE's stream copies refuse local ranges outside what they may touch; a symmetric
+/// buffer and (on CUDA) a device buffer work, checked by value.
+pub fn local_ranges(ctx: &Context, a: PeArgs) -> Outcome {
+    let (me, n) = (ctx.my_pe(), ctx.n_pes());
+    let next = (me + 1) % n;
+    let s = ctx.create_stream().map_err(e2s)?;
+    const BYTES: u64 = 4096;
+    let sym = ctx.malloc(BYTES).map_err(e2s)?;
+    let pattern: Vec<u8> = (0..BYTES)
+        .map(|i| (i ^ a.seed ^ (me as u64 * 131)) as u8)
+        .collect();
+    sym.write(0, &pattern).map_err(e2s)?;
+    ctx.barrier_all().map_err(e2s)?;
+
+    // Host memory of this process: a Vec the copy engines must not be pointed at.
+    let mut host = vec![0u8; BYTES as usize];
+    let hp = host.as_mut_ptr() as u64;
+    let host_says = if ctx.cuda().is_some() {
+        "the address"
+    } else {
+        "not in this PE's symmetric heap"
+    };
+    refused(
+        "get_on_stream into host memory",
+        host_says,
+        ctx.get_on_stream(hp, sym.addr(), BYTES, next, &s),
+    )?;
+    refused(
+        "put_on_stream from host memory",
+        host_says,
+        ctx.put_on_stream(sym.addr(), hp, BYTES, next, &s),
+    )?;
+    refused(
+        "get_on_stream into an unmapped address",
+        if ctx.cuda().is_some() {
+            "not in any CUDA allocation"
+        } else {
+            "symmetric heap"
+        },
+        ctx.get_on_stream(0x1000, sym.addr(), 8, next, &s),
+    )?;
+    ensure!(host.iter().all(|&b| b == 0), "host memory was written");
+    if ctx.cuda().is_some() {
+        device_buffers(ctx, &sym, &s, a)?;
+        foreign_stream(ctx, &sym)?;
+    }
+    ctx.sync_stream(&s).map_err(e2s)?;
+    ctx.barrier_all().map_err(e2s)
+}
+
+/// A plain device buffer works as the local side, by value; one byte past its end is refused.
+fn device_buffers(ctx: &Context, sym: &symheap::SymmetricBuffer, s: &Stream, a: PeArgs) -> Outcome {
+    let (me, n) = (ctx.my_pe(), ctx.n_pes());
+    let next = (me + 1) % n;
+    let bytes = sym.len_bytes();
+    ctx.cuda().ok_or("CUDA only")?.bind().map_err(e2s)?;
+    let dev = DeviceBuffer::zeroed(bytes).map_err(e2s)?;
+    // A range that starts inside a 1 MiB device buffer and ends half a block past it (the
+    // symmetric side of the copy is in bounds, so only the device side can be refused).
+    let big = DeviceBuffer::zeroed(1 << 20).map_err(e2s)?;
+    refused(
+        "get_on_stream past the end of a device buffer",
+        "runs past the end",
+        ctx.get_on_stream(
+            big.addr() + (1 << 20) - bytes / 2,
+            sym.addr(),
+            bytes,
+            next,
+            s,
+        ),
+    )?;
+    // The next PE's bytes into the device buffer, then back into this PE's own symmetric copy
+    // of a second buffer, which the host can read.
+    let out = ctx.malloc(bytes).map_err(e2s)?;
+    ctx.get_on_stream(dev.addr(), sym.addr(), bytes, next, s)
+        .map_err(e2s)?;
+    ctx.put_on_stream(out.addr(), dev.addr(), bytes, me, s)
+        .map_err(e2s)?;
+    ctx.sync_stream(s).map_err(e2s)?;
+    let got = out.to_vec::<u8>().map_err(e2s)?;
+    let want: Vec<u8> = (0..bytes)
+        .map(|i| (i ^ a.seed ^ (next as u64 * 131)) as u8)
+        .collect();
+    ensure!(got == want, "bytes through a device buffer differ");
+    Ok(())
+}
+
+/// A stream of another GPU is refused (needs a second visible GPU; said when there is none).
+fn foreign_stream(ctx: &Context, sym: &symheap::SymmetricBuffer) -> Outcome {
+    let cu = ctx.cuda().ok_or("CUDA only")?;
+    if symheap::cuda::gpu_count() < 2 {
+        println!("local-ranges: one GPU visible, the other-device stream case needs two");
+        return Ok(());
+    }
+    let other = (cu.device_ordinal() + 1) % symheap::cuda::gpu_count();
+    let foreign = crate::tools::cuda::foreign_stream(other).map_err(e2s)?;
+    let r = ctx.put_on_stream(sym.addr(), sym.addr(), 8, ctx.my_pe(), foreign.stream());
+    cu.bind().map_err(e2s)?;
+    refused("a stream of another device", "another CUDA context", r)
+}

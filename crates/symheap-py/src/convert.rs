@@ -1,0 +1,115 @@
+//! Python arguments as symheap's types: comparison, signal, reduction, algorithm and atomic
+//! names, element values as bits, and stream handles.
+
+use pyo3::prelude::*;
+use pyo3::types::PyFloat;
+use symheap::{AllReduceAlgo, AtomicOp, Cmp, DType, ReduceOp, SignalOp};
+
+use crate::errors::value_error;
+
+pub(crate) fn parse_cmp(s: &str) -> PyResult<Cmp> {
+    Cmp::parse(s).ok_or_else(|| {
+        value_error(format!(
+            "unknown comparison {s:?}; use eq, ne, gt, ge, lt, le (or == != > >= < <=)"
+        ))
+    })
+}
+
+pub(crate) fn parse_signal_op(s: &str) -> PyResult<SignalOp> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "set" => Ok(SignalOp::Set),
+        "add" => Ok(SignalOp::Add),
+        _ => Err(value_error(format!(
+            "unknown signal op {s:?}; use \"set\" or \"add\""
+        ))),
+    }
+}
+
+pub(crate) fn parse_reduce(s: &str) -> PyResult<ReduceOp> {
+    ReduceOp::parse(s)
+        .ok_or_else(|| value_error(format!("unknown reduction {s:?}; use sum, min, max, prod")))
+}
+
+pub(crate) fn parse_algo(s: &str) -> PyResult<AllReduceAlgo> {
+    match s
+        .trim()
+        .to_ascii_lowercase()
+        .replace(['-', '_'], "")
+        .as_str()
+    {
+        "auto" => Ok(AllReduceAlgo::Auto),
+        "oneshot" => Ok(AllReduceAlgo::OneShot),
+        "twoshot" => Ok(AllReduceAlgo::TwoShot),
+        _ => Err(value_error(format!(
+            "unknown all_reduce algorithm {s:?}; use auto, one_shot, two_shot"
+        ))),
+    }
+}
+
+pub(crate) fn parse_atomic(s: &str) -> PyResult<AtomicOp> {
+    Ok(match s.trim().to_ascii_lowercase().as_str() {
+        "fetch" | "load" => AtomicOp::Load,
+        "set" | "store" => AtomicOp::Store,
+        "swap" => AtomicOp::Swap,
+        "compare_swap" | "cas" => AtomicOp::CompareSwap,
+        "add" | "fetch_add" => AtomicOp::Add,
+        "and" => AtomicOp::And,
+        "or" => AtomicOp::Or,
+        "xor" => AtomicOp::Xor,
+        _ => {
+            return Err(value_error(format!(
+                "unknown atomic {s:?}; use fetch, set, swap, compare_swap, add, and, or, xor"
+            )))
+        }
+    })
+}
+
+/// The bits of Python number `v` as a `dtype` word (integers wrap modulo the width; values
+/// outside `[-2^(w-1), 2^w)` are rejected).
+pub(crate) fn to_bits(v: &Bound<'_, PyAny>, dtype: DType) -> PyResult<u64> {
+    match dtype {
+        DType::F32 => Ok(v.extract::<f64>()? as f32).map(|f| f.to_bits() as u64),
+        DType::F64 => v.extract::<f64>().map(f64::to_bits),
+        DType::I32 | DType::U32 | DType::I64 | DType::U64 => {
+            let x: i128 = v.extract().map_err(|_| {
+                value_error(format!("atomic operand {v} is not an integer (dtype {dtype})"))
+            })?;
+            let bits = 8 * dtype.size() as u32;
+            let lo = -(1i128 << (bits - 1));
+            let hi = 1i128 << bits;
+            if x < lo || x >= hi {
+                return Err(value_error(format!(
+                    "atomic operand {x} does not fit in {dtype}"
+                )));
+            }
+            let mask = if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
+            Ok((x as u64) & mask)
+        }
+        _ => Err(value_error(format!(
+            "atomics are defined on int32, uint32, int64, uint64 (and fetch/set/swap on float32, float64), not {dtype}"
+        ))),
+    }
+}
+
+pub(crate) fn from_bits(py: Python<'_>, bits: u64, dtype: DType) -> PyResult<Py<PyAny>> {
+    Ok(match dtype {
+        DType::F32 => PyFloat::new(py, f32::from_bits(bits as u32) as f64)
+            .into_any()
+            .unbind(),
+        DType::F64 => PyFloat::new(py, f64::from_bits(bits)).into_any().unbind(),
+        DType::I32 => (bits as u32 as i32).into_pyobject(py)?.into_any().unbind(),
+        DType::U32 => (bits as u32).into_pyobject(py)?.into_any().unbind(),
+        DType::I64 => (bits as i64).into_pyobject(py)?.into_any().unbind(),
+        _ => bits.into_pyobject(py)?.into_any().unbind(),
+    })
+}
+
+/// The stream a Python call names (a `cuda_stream` integer from torch or CuPy; the legacy
+/// default stream when omitted).
+pub(crate) fn stream_or(stream: Option<u64>) -> symheap::Stream {
+    // SAFETY: Python hands over stream handles as integers, as every CUDA Python API does
+    // (torch's `cuda_stream`, CuPy's `ptr`): keeping the stream alive while symheap uses it is
+    // the Python program's part, as it is for those libraries. symheap checks on each call that
+    // the handle is a stream of this PE's device.
+    unsafe { symheap::Stream::from_raw(stream.unwrap_or(0)) }
+}

@@ -1,0 +1,333 @@
+//! Waiting and barriers among PEs, the machinery under every host collective point:
+//! doorbells and waits (spin, yield, then sleep on the doorbell), the team barrier with its
+//! ledger check, and the world's fast path.
+//!
+//! A barrier on a team publishes this PE's ledger digest on its board, stores its arrival epoch
+//! into every member's sync area, rings their doorbells and waits for every member's arrival.
+//! Boards are double-buffered by epoch parity: a PE can be at most one barrier ahead of the
+//! slowest member, so the board being read is never the one being rewritten.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::area::{SyncArea, MAILBOX};
+use super::team::{Team, TeamInner, TeamState};
+use super::watch::{ScanState, Watching};
+use super::Inner;
+use crate::error::{invalid, Error, ErrorKind, Result};
+
+/// Spins this often (checking the condition) before yielding the CPU.
+const SPINS: u32 = 64;
+/// Yields this often before sleeping on the doorbell.
+const YIELDS: u32 = 16;
+/// Longest single sleep: waits re-check failure and deadline at least this often.
+const NAP: Duration = Duration::from_millis(10);
+
+/// One member's published state at a barrier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Board {
+    pub count: u64,
+    pub hash: u64,
+    pub flags: u64,
+    pub aux: u64,
+}
+
+/// Board flag: this PE has releases the world has not heard of yet.
+pub(crate) const FLAG_RELEASES: u64 = 1;
+
+impl Inner {
+    pub(crate) fn area(&self) -> &SyncArea {
+        &self.area
+    }
+
+    fn load64(&self, addr: u64) -> u64 {
+        self.control.load64(addr)
+    }
+
+    fn store64(&self, addr: u64, v: u64) {
+        self.control.store64(addr, v)
+    }
+
+    /// Tells PE `pe` that something it may wait for changed.
+    pub(crate) fn ring(&self, pe: usize) {
+        let a = self.area();
+        if pe == self.rank || !a.is_direct(pe) {
+            return;
+        }
+        let bell = a.doorbell(pe);
+        self.control.add32(bell, 1);
+        if self.control.load32(a.sleepers(pe)) != 0 {
+            self.control.wake(bell);
+        }
+    }
+
+    /// Waits until `cond()` holds: spins briefly, then yields, then sleeps on this PE's doorbell.
+    /// Fails when the job fails or after the timeout, naming `missing()`. A collective wait
+    /// (`watch`) is published while it sleeps and watches the other PEs, failing at once with a
+    /// named mismatch when they diverged (see `ops/watch.rs`).
+    pub(crate) fn wait_until(
+        &self,
+        call: &'static str,
+        what: &dyn Fn() -> String,
+        cond: &mut dyn FnMut() -> bool,
+        missing: &dyn Fn() -> Vec<usize>,
+        watch: Option<Watching<'_>>,
+    ) -> Result<()> {
+        if cond() {
+            return Ok(());
+        }
+        for _ in 0..SPINS {
+            std::hint::spin_loop();
+            if cond() {
+                return Ok(());
+            }
+        }
+        for _ in 0..YIELDS {
+            std::thread::yield_now();
+            if cond() {
+                return Ok(());
+            }
+        }
+        if let Some(w) = &watch {
+            self.begin_wait(w);
+        }
+        let r = self.sleep_until(call, what, cond, missing, watch.as_ref());
+        if watch.is_some() {
+            self.end_wait();
+        }
+        r
+    }
+
+    /// The sleeping phase of `wait_until`.
+    fn sleep_until(
+        &self,
+        call: &'static str,
+        what: &dyn Fn() -> String,
+        cond: &mut dyn FnMut() -> bool,
+        missing: &dyn Fn() -> Vec<usize>,
+        watch: Option<&Watching<'_>>,
+    ) -> Result<()> {
+        let a = self.area();
+        let bell = a.doorbell(self.rank);
+        let sleepers = a.sleepers(self.rank);
+        let start = Instant::now();
+        let deadline = start + self.cfg.timeout;
+        let nap = self.backend.poll_interval().unwrap_or(NAP).min(NAP);
+        let mut scan = ScanState::default();
+        loop {
+            let seen = self.control.load32(bell);
+            if cond() {
+                return Ok(());
+            }
+            self.check(call)?;
+            if let Some(w) = watch {
+                if let Some(msg) = self.watch_scan(w, &mut scan) {
+                    if cond() {
+                        return Ok(());
+                    }
+                    let kind = self.diverged_for_good(msg);
+                    return Err(Error::new(Some(self.rank), call, kind));
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let kind = ErrorKind::Timeout {
+                    what: what(),
+                    waited: now - start,
+                    missing: missing(),
+                };
+                // Everyone else is stuck in the same wait or about to be; make it one failure.
+                self.boot.fail_all(kind.clone());
+                return Err(Error::new(Some(self.rank), call, kind));
+            }
+            self.control.add32(sleepers, 1);
+            // The doorbell is re-read by the kernel under the futex: a ring between `seen` and
+            // here makes the sleep return at once.
+            if !cond() {
+                self.control.sleep(bell, seen, nap.min(deadline - now));
+            }
+            self.control.add32(sleepers, u32::MAX);
+            if cond() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// The barrier among `team`'s members (see the module documentation). Returns every
+    /// member's board, in team order.
+    pub(crate) fn barrier_core(
+        &self,
+        team: &TeamInner,
+        st: &mut TeamState,
+        call: &'static str,
+        flags: u64,
+        aux: u64,
+    ) -> Result<Vec<Board>> {
+        self.barrier_raw(team, st, call, flags, aux, true)
+    }
+
+    /// `barrier_core`; with `read_boards` false the boards are neither read nor returned, so
+    /// once it completes no member reads this PE's boards of the previous barrier any more.
+    pub(crate) fn barrier_raw(
+        &self,
+        team: &TeamInner,
+        st: &mut TeamState,
+        call: &'static str,
+        flags: u64,
+        aux: u64,
+        read_boards: bool,
+    ) -> Result<Vec<Board>> {
+        let a = self.area();
+        let e = st.epoch + 1;
+        let parity = e & 1;
+        let (count, hash) = team.ledger().digest();
+        for (w, v) in [count, hash, flags, aux].into_iter().enumerate() {
+            self.store64(a.board(self.rank, team.slot, parity, w as u64), v);
+        }
+        self.backend.fence();
+        let me = team.my_global();
+        for &m in &team.members {
+            if m != me {
+                self.store64(a.arrival(m, team.slot, me), e);
+                self.ring(m);
+            }
+        }
+        let arrived = |m: usize| m == me || self.load64(a.arrival(me, team.slot, m)) >= e;
+        self.wait_until(
+            call,
+            &|| format!("{call} on {}", team.name),
+            &mut || team.members.iter().all(|&m| arrived(m)),
+            &|| {
+                team.members
+                    .iter()
+                    .copied()
+                    .filter(|&m| !arrived(m))
+                    .collect()
+            },
+            Some(Watching {
+                team,
+                pos: count,
+                hash,
+            }),
+        )?;
+        st.epoch = e;
+        if !read_boards {
+            return Ok(Vec::new());
+        }
+        Ok(team
+            .members
+            .iter()
+            .map(|&m| Board {
+                count: self.load64(a.board(m, team.slot, parity, 0)),
+                hash: self.load64(a.board(m, team.slot, parity, 1)),
+                flags: self.load64(a.board(m, team.slot, parity, 2)),
+                aux: self.load64(a.board(m, team.slot, parity, 3)),
+            })
+            .collect())
+    }
+
+    /// A team collective point: barrier plus ledger check. On divergence every member fails
+    /// with the first differing call named (the members exchange ledgers through their
+    /// mailboxes). Returns the boards.
+    pub(crate) fn team_sync_point(
+        &self,
+        team: &TeamInner,
+        st: &mut TeamState,
+        call: &'static str,
+        aux: u64,
+    ) -> Result<Vec<Board>> {
+        let boards = self.barrier_core(team, st, call, 0, aux)?;
+        if boards
+            .iter()
+            .all(|b| b.count == boards[0].count && b.hash == boards[0].hash)
+        {
+            team.ledger().mark_agreed();
+            return Ok(boards);
+        }
+        Err(self.diverged(team, st, call))
+    }
+
+    /// Every member found the ledgers differ: exchange them through the mailboxes and fail with
+    /// the same message on every member.
+    fn diverged(&self, team: &TeamInner, st: &mut TeamState, call: &'static str) -> Error {
+        let a = self.area();
+        let mine = team.ledger().encode_limited(MAILBOX as usize);
+        self.control.write(a.mailbox(self.rank), &mine);
+        self.control
+            .store64(a.mailbox_len(self.rank), mine.len() as u64);
+        let msg = match self.barrier_core(team, st, call, 0, 0) {
+            Err(e) => format!(
+                "the ledgers of {} differ, and exchanging them failed: {e}",
+                team.name
+            ),
+            Ok(_) => {
+                let mut parts = Vec::with_capacity(team.members.len());
+                for &m in &team.members {
+                    let len = self.control.load64(a.mailbox_len(m)) as usize;
+                    let mut buf = vec![0u8; len.min(MAILBOX as usize)];
+                    self.control.read(a.mailbox(m), &mut buf);
+                    parts.push(buf);
+                }
+                let refs: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
+                let msg = match team.ledger().compare_named(&refs, &team.members) {
+                    Err(m) => format!("on {}: {m}", team.name),
+                    Ok(()) => format!("the ledgers of {} differ", team.name),
+                };
+                // Nobody returns (and perhaps exits, which fails the others' waits) before every
+                // member has read the mailboxes; the message is complete here, so a failure of
+                // this last barrier no longer changes it.
+                let _ = self.barrier_core(team, st, call, 0, 0);
+                msg
+            }
+        };
+        // Every member computed this text from the same ledgers; the PEs outside the team
+        // learn it too instead of waiting for members that are gone.
+        let kind = self.diverged_for_good(msg);
+        Error::new(Some(self.rank), call, kind)
+    }
+
+    /// The world's collective point fast path: a shared-memory barrier. Returns true when the
+    /// ledgers agree and nobody has releases to exchange; false when every PE must take the
+    /// bootstrap path (the same answer on every PE, since all read the same boards); a named
+    /// mismatch on every PE when the ledgers differ (whatever call each PE is in, they all met
+    /// at this barrier, so they all take the mailbox exchange: none is left waiting on the
+    /// bootstrap for the others).
+    pub(crate) fn world_fast_sync(&self, call: &'static str) -> Result<bool> {
+        if !self.area.all_direct() {
+            return Ok(false);
+        }
+        self.poll_releases();
+        let flags = if self.heap.has_pending_releases() {
+            FLAG_RELEASES
+        } else {
+            0
+        };
+        let team = &self.world_team;
+        let mut st = team.lock();
+        let boards = self.barrier_core(team, &mut st, call, flags, 0)?;
+        let agreed = boards
+            .iter()
+            .all(|b| b.count == boards[0].count && b.hash == boards[0].hash);
+        if !agreed {
+            return Err(self.diverged(team, &mut st, call));
+        }
+        team.ledger().mark_agreed();
+        let releases = boards.iter().any(|b| b.flags & FLAG_RELEASES != 0);
+        Ok(!releases)
+    }
+
+    pub(crate) fn team_inner<'t>(
+        &self,
+        team: &'t Team,
+        call: &'static str,
+    ) -> Result<Option<&'t Arc<TeamInner>>> {
+        self.check(call)?;
+        match &team.0 {
+            None => Ok(None),
+            Some(t) if t.is_destroyed() => {
+                Err(invalid(call, format!("{} was destroyed", t.name)).with_pe(self.rank))
+            }
+            Some(t) => Ok(Some(t)),
+        }
+    }
+}

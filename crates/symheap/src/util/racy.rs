@@ -1,0 +1,170 @@
+//! Copies to and from memory that other threads and processes may access at the same time:
+//! the host backend's shared heap and control area.
+//!
+//! With plain `copy_nonoverlapping`, two threads of one process that touch the same heap bytes
+//! through safe calls (a `put` and a `get` racing, as SHMEM programs may) would be a data race,
+//! which Rust's memory model makes undefined behaviour. Relaxed atomic accesses of the shared
+//! side make the race well defined: a racing reader sees each aligned 8-byte word either old or
+//! new, as device memory behaves. Ordering with other PEs stays the program's business
+//! (barriers, signals, fences), as for the stores this mirrors. No well-kept crate does this
+//! for runtime-length byte ranges (the `atomic-memcpy` crate copies one fixed-size `T`), hence
+//! these few lines.
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
+
+const W: usize = 8;
+
+/// Bytes from `at` up to the next 8-byte boundary (at most `len`).
+fn head(at: usize, len: usize) -> usize {
+    ((W - at % W) % W).min(len)
+}
+
+/// Stores `src` at `dst`.
+///
+/// # Safety
+/// `dst..dst + src.len()` must be mapped, writable memory that is accessed by others only
+/// atomically or through these functions, and that stays mapped during the call.
+pub(crate) unsafe fn store(dst: *mut u8, src: &[u8]) {
+    let len = src.len();
+    let h = head(dst as usize, len);
+    for (i, &b) in src[..h].iter().enumerate() {
+        // SAFETY: inside `dst..dst + len`, the caller's mapped range.
+        unsafe { AtomicU8::from_ptr(dst.add(i)) }.store(b, Relaxed);
+    }
+    let words = (len - h) / W;
+    // SAFETY: `dst + h` is 8-byte aligned (the head was skipped) and `words` words from there
+    // lie inside the caller's range; `src` holds as many bytes at the same offsets.
+    let (d, s) = unsafe { (dst.add(h).cast::<u64>(), src.as_ptr().add(h).cast::<u64>()) };
+    for k in 0..words {
+        // SAFETY: word `k` of both ranges (see above); the private side is read unaligned.
+        unsafe { AtomicU64::from_ptr(d.add(k)).store(s.add(k).read_unaligned(), Relaxed) };
+    }
+    let i = h + words * W;
+    for (j, &b) in src[i..].iter().enumerate() {
+        // SAFETY: as above.
+        unsafe { AtomicU8::from_ptr(dst.add(i + j)) }.store(b, Relaxed);
+    }
+}
+
+/// Loads `out.len()` bytes from `src` into `out`.
+///
+/// # Safety
+/// `src..src + out.len()` must be mapped memory that is accessed by others only atomically or
+/// through these functions, and that stays mapped during the call.
+pub(crate) unsafe fn load(src: *const u8, out: &mut [u8]) {
+    let len = out.len();
+    let h = head(src as usize, len);
+    let src = src.cast_mut();
+    for (i, o) in out[..h].iter_mut().enumerate() {
+        // SAFETY: inside the caller's mapped range; atomics only read here.
+        *o = unsafe { AtomicU8::from_ptr(src.add(i)) }.load(Relaxed);
+    }
+    let words = (len - h) / W;
+    // SAFETY: as in `store`, with the roles of the two sides swapped.
+    let (s, d) = unsafe {
+        (
+            src.add(h).cast::<u64>(),
+            out.as_mut_ptr().add(h).cast::<u64>(),
+        )
+    };
+    for k in 0..words {
+        // SAFETY: word `k` of both ranges; the private side is written unaligned.
+        unsafe {
+            d.add(k)
+                .write_unaligned(AtomicU64::from_ptr(s.add(k)).load(Relaxed))
+        };
+    }
+    let i = h + words * W;
+    for (j, o) in out[i..].iter_mut().enumerate() {
+        // SAFETY: as above.
+        *o = unsafe { AtomicU8::from_ptr(src.add(i + j)) }.load(Relaxed);
+    }
+}
+
+/// Copies `len` bytes from `src` to `dst`, both shared (see the module documentation), through
+/// a small bounce buffer so each side is accessed in aligned words whatever their alignments.
+///
+/// # Safety
+/// Both ranges must satisfy the contracts of [`load`] and [`store`]; they may overlap only if
+/// they are equal (the bytes are then rewritten with their own values).
+pub(crate) unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
+    if (dst as usize) % W == (src as usize) % W {
+        // SAFETY: the caller's ranges.
+        unsafe { copy_coaligned(dst, src.cast_mut(), len) };
+        return;
+    }
+    let mut tmp = [0u8; 4096];
+    let mut off = 0;
+    while off < len {
+        let n = tmp.len().min(len - off);
+        // SAFETY: sub-ranges of the caller's ranges.
+        unsafe {
+            load(src.add(off), &mut tmp[..n]);
+            store(dst.add(off), &tmp[..n]);
+        }
+        off += n;
+    }
+}
+
+/// `copy` for ranges with the same alignment: both sides in aligned words, no bounce.
+///
+/// # Safety
+/// As for [`copy`], with `dst % 8 == src % 8`.
+unsafe fn copy_coaligned(dst: *mut u8, src: *mut u8, len: usize) {
+    let h = head(dst as usize, len);
+    for i in 0..h {
+        // SAFETY: inside both of the caller's ranges.
+        unsafe {
+            AtomicU8::from_ptr(dst.add(i))
+                .store(AtomicU8::from_ptr(src.add(i)).load(Relaxed), Relaxed)
+        };
+    }
+    let words = (len - h) / W;
+    // SAFETY: both sides are 8-byte aligned after the head (same alignment) and hold `words`
+    // words inside the caller's ranges.
+    let (d, s) = unsafe { (dst.add(h).cast::<u64>(), src.add(h).cast::<u64>()) };
+    for k in 0..words {
+        // SAFETY: word `k` of both ranges.
+        unsafe {
+            AtomicU64::from_ptr(d.add(k))
+                .store(AtomicU64::from_ptr(s.add(k)).load(Relaxed), Relaxed)
+        };
+    }
+    for i in h + words * W..len {
+        // SAFETY: inside both of the caller's ranges.
+        unsafe {
+            AtomicU8::from_ptr(dst.add(i))
+                .store(AtomicU8::from_ptr(src.add(i)).load(Relaxed), Relaxed)
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_alignment_and_length_copies_exactly() {
+        let data: Vec<u8> = (0..200u32).map(|i| (i * 37 + 11) as u8).collect();
+        for a in 0..9 {
+            for b in 0..9 {
+                for len in [0usize, 1, 7, 8, 9, 63, 64, 65, 150] {
+                    let mut src = vec![0u8; 200];
+                    let mut dst = vec![0u8; 200];
+                    // SAFETY: both Vecs are private to this test and hold the ranges.
+                    unsafe { store(src.as_mut_ptr().add(a), &data[..len]) };
+                    assert_eq!(&src[a..a + len], &data[..len]);
+                    // SAFETY: as above.
+                    unsafe { copy(dst.as_mut_ptr().add(b), src.as_ptr().add(a), len) };
+                    assert_eq!(&dst[b..b + len], &data[..len]);
+                    assert!(dst[..b].iter().all(|&x| x == 0));
+                    assert!(dst[b + len..].iter().all(|&x| x == 0));
+                    let mut out = vec![0u8; len];
+                    // SAFETY: as above.
+                    unsafe { load(dst.as_ptr().add(b), &mut out) };
+                    assert_eq!(out, &data[..len]);
+                }
+            }
+        }
+    }
+}
