@@ -521,17 +521,25 @@ pub const GPU_SIZES: [u64; 7] = [
     1 << 30,
 ];
 
-/// The main job on a machine with GPUs: one PE per GPU, symheap against NCCL.
-pub fn run_gpu(o: &GpuOptions) -> i32 {
+/// What the GPU PEs are asked to run, checked before any of them starts.
+struct GpuSweep {
+    /// Collectives (empty: none, an RMA-only sweep).
+    ops: Vec<String>,
+    /// Sizes of the collectives, in bytes.
+    sizes: Vec<u64>,
+    /// Also the RMA and allocation rows.
+    rma: bool,
+}
+
+/// Turns the options into the sweep, or says which argument cannot be honoured.
+fn gpu_sweep(o: &GpuOptions) -> Result<GpuSweep, String> {
     let coll = matches!(o.what.as_str(), "all" | "coll");
     let rma = matches!(o.what.as_str(), "all" | "rma");
     if !coll && !rma {
-        eprintln!("bench: unknown sweep {:?} (all, coll or rma)", o.what);
-        return 2;
+        return Err(format!("unknown sweep {:?} (all, coll or rma)", o.what));
     }
     if symheap::DType::parse(&o.dtype).is_none() {
-        eprintln!("bench: unknown dtype {:?}", o.dtype);
-        return 2;
+        return Err(format!("unknown dtype {:?}", o.dtype));
     }
     let ops: Vec<String> = if !coll {
         vec![]
@@ -540,50 +548,29 @@ pub fn run_gpu(o: &GpuOptions) -> i32 {
     } else {
         for op in &o.ops {
             if !gpu::COLL_OPS.contains(&op.as_str()) {
-                eprintln!(
-                    "bench: unknown collective {op:?}; known: {}",
+                return Err(format!(
+                    "unknown collective {op:?}; known: {}",
                     gpu::COLL_OPS.join(", ")
-                );
-                return 2;
+                ));
             }
         }
         o.ops.clone()
     };
-    let mut sizes = Vec::new();
-    for s in &o.sizes {
-        match symheap::config::parse_size(s) {
-            Ok(b) => sizes.push(b),
-            Err(e) => {
-                eprintln!("bench: {e}");
-                return 2;
-            }
-        }
-    }
+    let mut sizes = o
+        .sizes
+        .iter()
+        .map(|s| symheap::config::parse_size(s))
+        .collect::<Result<Vec<u64>, String>>()?;
     if sizes.is_empty() {
         sizes = GPU_SIZES.to_vec();
     }
-    let chart = match o.png.as_ref().map(|_| chart_python()).transpose() {
-        Ok(c) => c,
-        Err(e) => {
-            let png = o.png.as_deref().unwrap_or(Path::new(""));
-            eprintln!("bench: cannot draw {}: {e}", png.display());
-            return 2;
-        }
-    };
+    Ok(GpuSweep { ops, sizes, rma })
+}
+
+/// Runs one PE per GPU on `sweep` and returns PE 0's rows, read back from `out`.
+fn gpu_rows(o: &GpuOptions, sweep: &GpuSweep, out: &Path) -> Result<Vec<gpu::GpuRow>, String> {
+    let GpuSweep { ops, sizes, rma } = sweep;
     let exe = crate::selfcmd::argv();
-    let tmp = std::env::temp_dir().join(format!("symheap-bench-{}", std::process::id()));
-    let _ = std::fs::create_dir_all(&tmp);
-    let out = tmp.join("gpu.json");
-    eprintln!(
-        "bench: CUDA backend, {} PEs, {} against NCCL{}",
-        o.n,
-        if ops.is_empty() {
-            "RMA".to_string()
-        } else {
-            format!("{} ({})", ops.join(", "), o.dtype)
-        },
-        if rma { ", RMA and allocation" } else { "" }
-    );
     let mut cmd = crate::selfcmd::command();
     cmd.arg("launch")
         .arg("-n")
@@ -592,7 +579,7 @@ pub fn run_gpu(o: &GpuOptions) -> i32 {
         .args(&exe)
         .arg("bench-pe-gpu")
         .arg("--out")
-        .arg(&out)
+        .arg(out)
         .arg("--dtype")
         .arg(&o.dtype)
         .env("SYMHEAP_BACKEND", "cuda");
@@ -606,24 +593,25 @@ pub fn run_gpu(o: &GpuOptions) -> i32 {
                 .join(","),
         );
     }
-    if rma {
+    if *rma {
         cmd.arg("--rma");
     }
     if !matches!(cmd.status(), Ok(s) if s.success()) {
-        eprintln!("bench: the symheap PEs failed");
-        return 1;
+        return Err("the symheap PEs failed".into());
     }
-    let mut rows: Vec<gpu::GpuRow> = match std::fs::read(&out)
+    std::fs::read(out)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
-    {
-        Some(r) => r,
-        None => {
-            eprintln!("bench: no results from the PEs");
-            return 1;
-        }
-    };
-    let _ = std::fs::remove_dir_all(&tmp);
+        .ok_or_else(|| "no results from the PEs".into())
+}
+
+/// Prints the GPU rows (with the peers of `o.peer_json` merged in), writes the JSON and the
+/// chart asked for; returns the exit status.
+fn report_gpu(
+    o: &GpuOptions,
+    mut rows: Vec<gpu::GpuRow>,
+    chart: Option<std::ffi::OsString>,
+) -> i32 {
     if let Some(p) = &o.peer_json {
         if let Err(e) = gpu::merge_peers(&mut rows, p) {
             eprintln!("bench: {e}");
@@ -645,4 +633,50 @@ pub fn run_gpu(o: &GpuOptions) -> i32 {
         return draw_png(&py, &serde_json::to_vec(&rows).unwrap_or_default(), png);
     }
     0
+}
+
+/// The main job on a machine with GPUs: one PE per GPU, symheap against NCCL.
+pub fn run_gpu(o: &GpuOptions) -> i32 {
+    let sweep = match gpu_sweep(o) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            return 2;
+        }
+    };
+    // Asked for a chart that cannot be drawn: say so now, not after the sweep.
+    let chart = match o.png.as_ref().map(|_| chart_python()).transpose() {
+        Ok(c) => c,
+        Err(e) => {
+            let png = o.png.as_deref().unwrap_or(Path::new(""));
+            eprintln!("bench: cannot draw {}: {e}", png.display());
+            return 2;
+        }
+    };
+    let tmp = std::env::temp_dir().join(format!("symheap-bench-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&tmp);
+    let out = tmp.join("gpu.json");
+    eprintln!(
+        "bench: CUDA backend, {} PEs, {} against NCCL{}",
+        o.n,
+        if sweep.ops.is_empty() {
+            "RMA".to_string()
+        } else {
+            format!("{} ({})", sweep.ops.join(", "), o.dtype)
+        },
+        if sweep.rma {
+            ", RMA and allocation"
+        } else {
+            ""
+        }
+    );
+    let rows = match gpu_rows(o, &sweep, &out) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            return 1;
+        }
+    };
+    let _ = std::fs::remove_dir_all(&tmp);
+    report_gpu(o, rows, chart)
 }

@@ -5,7 +5,7 @@
 use crate::tools::cuda::Graph;
 use crate::tools::nccl::Nccl;
 use half::{bf16, f16};
-use symheap::{AllReduceAlgo, Context, DType, ReduceOp, Team};
+use symheap::{AllReduceAlgo, Context, DType, ReduceOp, SymmetricBuffer, Team};
 
 use super::ops_scenarios::{close, data, poison, reference, TestElem};
 use super::scenarios::{e2s, Outcome, PeArgs};
@@ -116,29 +116,52 @@ fn ar_unaligned<T: TestElem>(
     Ok(())
 }
 
-fn others<T: TestElem>(
-    ctx: &Context,
-    team: &Team,
-    s: &symheap::Stream,
+/// What every collective of one `others` call shares: the team, the stream, the element count
+/// per block and the tag the data is drawn with.
+struct Round<'a> {
+    ctx: &'a Context,
+    team: &'a Team,
+    s: &'a symheap::Stream,
     a: PeArgs,
     count: usize,
     tag: u64,
+    /// This PE in the world.
+    me: usize,
+    /// This PE in the team.
+    tme: usize,
+    /// The team's size.
+    n: usize,
+    /// The team's members, as world PEs.
+    members: Vec<usize>,
+}
+
+/// all_gather of `count` elements into `dst`, out of place (from `src`) and in place.
+fn all_gather_case<T: TestElem>(
+    r: &Round<'_>,
+    src: &SymmetricBuffer,
+    dst: &SymmetricBuffer,
 ) -> Outcome {
-    let me = ctx.my_pe();
-    let n = team.n_pes();
-    let tme = team.my_pe().unwrap();
+    let Round {
+        ctx,
+        team,
+        s,
+        a,
+        count,
+        tag,
+        me,
+        tme,
+        n,
+        ..
+    } = *r;
     let sz = std::mem::size_of::<T>();
-    let members = team.members().to_vec();
-    // all_gather, out of place and in place.
-    let src = ctx.malloc((count * sz) as u64).map_err(e2s)?;
-    let dst = ctx.malloc((n * count * sz) as u64).map_err(e2s)?;
     let mine = data::<T>(a.seed, me, tag, count);
-    let want: Vec<T> = members
+    let want: Vec<T> = r
+        .members
         .iter()
         .flat_map(|&p| data::<T>(a.seed, p, tag, count))
         .collect();
     for in_place in [false, true] {
-        poison(&dst)?;
+        poison(dst)?;
         let from = if in_place {
             dst.write(tme * count, &mine).map_err(e2s)?;
             dst.addr() + (tme * count * sz) as u64
@@ -158,13 +181,32 @@ fn others<T: TestElem>(
         );
         ctx.barrier_all().map_err(e2s)?;
     }
-    // reduce_scatter (sum), out of place and in place.
-    let big = ctx.malloc((n * count * sz) as u64).map_err(e2s)?;
-    let out = ctx.malloc((count * sz) as u64).map_err(e2s)?;
+    Ok(())
+}
+
+/// reduce_scatter (sum) of `big`'s team-size blocks, out of place (into `out`) and in place.
+fn reduce_scatter_case<T: TestElem>(
+    r: &Round<'_>,
+    big: &SymmetricBuffer,
+    out: &SymmetricBuffer,
+) -> Outcome {
+    let Round {
+        ctx,
+        team,
+        s,
+        a,
+        count,
+        tag,
+        me,
+        tme,
+        n,
+        ..
+    } = *r;
+    let sz = std::mem::size_of::<T>();
     for in_place in [false, true] {
         big.write(0, &data::<T>(a.seed, me, tag + 1, n * count))
             .map_err(e2s)?;
-        poison(&out)?;
+        poison(out)?;
         let dest = if in_place {
             big.addr() + (tme * count * sz) as u64
         } else {
@@ -178,7 +220,8 @@ fn others<T: TestElem>(
         launch_case(ctx, s, &what, || {
             ctx.reduce_scatter_on_stream(team, dest, big.addr(), count, T::DTYPE, ReduceOp::Sum, s)
         })?;
-        let inputs: Vec<Vec<T>> = members
+        let inputs: Vec<Vec<T>> = r
+            .members
             .iter()
             .map(|&p| {
                 data::<T>(a.seed, p, tag + 1, n * count)[tme * count..(tme + 1) * count].to_vec()
@@ -203,7 +246,24 @@ fn others<T: TestElem>(
         )?;
         ctx.barrier_all().map_err(e2s)?;
     }
-    // broadcast from every root.
+    Ok(())
+}
+
+/// broadcast of `src` from every root, into a fresh buffer each time.
+fn broadcast_case<T: TestElem>(r: &Round<'_>, src: &SymmetricBuffer) -> Outcome {
+    let Round {
+        ctx,
+        team,
+        s,
+        a,
+        count,
+        tag,
+        me,
+        n,
+        ..
+    } = *r;
+    let sz = std::mem::size_of::<T>();
+    let mine = data::<T>(a.seed, me, tag, count);
     for root in 0..n {
         src.write(0, &mine).map_err(e2s)?;
         let out = ctx.malloc((count * sz) as u64).map_err(e2s)?;
@@ -215,30 +275,86 @@ fn others<T: TestElem>(
         })?;
         ensure!(
             out.to_vec::<T>().map_err(e2s)?[..count]
-                == data::<T>(a.seed, members[root], tag, count)[..],
+                == data::<T>(a.seed, r.members[root], tag, count)[..],
             "broadcast from {root}"
         );
         ctx.barrier_all().map_err(e2s)?;
     }
-    // alltoall.
-    let s2 = ctx.malloc((n * count * sz) as u64).map_err(e2s)?;
-    let d2 = ctx.malloc((n * count * sz) as u64).map_err(e2s)?;
+    Ok(())
+}
+
+/// alltoall of `count`-element blocks from `s2` into `d2`.
+fn alltoall_case<T: TestElem>(
+    r: &Round<'_>,
+    s2: &SymmetricBuffer,
+    d2: &SymmetricBuffer,
+) -> Outcome {
+    let Round {
+        ctx,
+        team,
+        s,
+        a,
+        count,
+        tag,
+        me,
+        tme,
+        n,
+        ..
+    } = *r;
     s2.write(0, &data::<T>(a.seed, me, tag + 2, n * count))
         .map_err(e2s)?;
-    poison(&d2)?;
+    poison(d2)?;
     ctx.barrier_all().map_err(e2s)?;
     let what = format!("alltoall {} count {count}", T::DTYPE);
     launch_case(ctx, s, &what, || {
         ctx.alltoall_on_stream(team, d2.addr(), s2.addr(), count, T::DTYPE, s)
     })?;
     let got = d2.to_vec::<T>().map_err(e2s)?;
-    for (j, &p) in members.iter().enumerate() {
+    for (j, &p) in r.members.iter().enumerate() {
         let theirs = data::<T>(a.seed, p, tag + 2, n * count);
         ensure!(
             got[j * count..(j + 1) * count] == theirs[tme * count..(tme + 1) * count],
             "alltoall block from member {j}"
         );
     }
+    Ok(())
+}
+
+/// all_gather, reduce_scatter, broadcast from every root and alltoall on `team`, each against
+/// the data every member drew. Allocation is collective: the buffers are made here, in one
+/// visible order, and live to the end of the call (`src` serves the broadcast too).
+fn others<T: TestElem>(
+    ctx: &Context,
+    team: &Team,
+    s: &symheap::Stream,
+    a: PeArgs,
+    count: usize,
+    tag: u64,
+) -> Outcome {
+    let n = team.n_pes();
+    let sz = std::mem::size_of::<T>();
+    let r = Round {
+        ctx,
+        team,
+        s,
+        a,
+        count,
+        tag,
+        me: ctx.my_pe(),
+        tme: team.my_pe().unwrap(),
+        n,
+        members: team.members().to_vec(),
+    };
+    let src = ctx.malloc((count * sz) as u64).map_err(e2s)?;
+    let dst = ctx.malloc((n * count * sz) as u64).map_err(e2s)?;
+    all_gather_case::<T>(&r, &src, &dst)?;
+    let big = ctx.malloc((n * count * sz) as u64).map_err(e2s)?;
+    let out = ctx.malloc((count * sz) as u64).map_err(e2s)?;
+    reduce_scatter_case::<T>(&r, &big, &out)?;
+    broadcast_case::<T>(&r, &src)?;
+    let s2 = ctx.malloc((n * count * sz) as u64).map_err(e2s)?;
+    let d2 = ctx.malloc((n * count * sz) as u64).map_err(e2s)?;
+    alltoall_case::<T>(&r, &s2, &d2)?;
     ctx.barrier_all().map_err(e2s)
 }
 

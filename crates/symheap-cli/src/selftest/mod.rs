@@ -480,20 +480,30 @@ struct Verdict {
     detail: String,
 }
 
-fn run_case(s: &Scenario, n: usize, victim: usize, seed: u64, gpu: bool) -> Verdict {
-    let exe = crate::selfcmd::argv();
-    let label = if s.victims || s.expect == Expect::VictimKilled {
+/// The name a run is reported under: runs that pick a victim say which PE it was.
+fn case_label(s: &Scenario, victim: usize) -> String {
+    if s.victims || s.expect == Expect::VictimKilled {
         format!("{} (victim PE {victim})", s.name)
     } else {
         s.name.to_string()
-    };
-    let t0 = Instant::now();
+    }
+}
+
+/// `symheap launch` of `n` PEs running scenario `s`, its output piped back for judging.
+fn case_command(
+    s: &Scenario,
+    n: usize,
+    victim: usize,
+    seed: u64,
+    gpu: bool,
+    exe: &[std::ffi::OsString],
+) -> std::process::Command {
     let mut cmd = crate::selfcmd::command();
     cmd.arg("launch")
         .arg("-n")
         .arg(n.to_string())
         .arg("--")
-        .args(&exe)
+        .args(exe)
         .arg("selftest-pe")
         .arg(s.name)
         .arg("--seed")
@@ -509,32 +519,27 @@ fn run_case(s: &Scenario, n: usize, victim: usize, seed: u64, gpu: bool) -> Verd
     if gpu {
         cmd.env("SYMHEAP_BACKEND", "cuda");
     }
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            return Verdict {
-                label,
-                ok: false,
-                secs: 0.0,
-                detail: format!("cannot start {:?}: {e}", exe),
-            }
-        }
-    };
-    let mut out = child.stdout.take().expect("piped");
-    let mut err = child.stderr.take().expect("piped");
-    let to = std::thread::spawn(move || {
+    cmd
+}
+
+/// Reads `r` to the end on a thread of its own: while the caller waits for the launcher to
+/// exit, a pipe nobody read would fill and stall it.
+fn read_in_background(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
         let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
+        let _ = r.read_to_string(&mut s);
         s
-    });
-    let te = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    // Nothing in the suite should take this long; a hang is a failure, not a stuck CI.
-    let limit = Duration::from_secs(180);
-    let status = loop {
+    })
+}
+
+/// The launcher's exit status, or None when it ran past `limit` from `t0` (then it is killed)
+/// or could not be waited for.
+fn wait_within(
+    child: &mut std::process::Child,
+    t0: Instant,
+    limit: Duration,
+) -> Option<std::process::ExitStatus> {
+    loop {
         match child.try_wait() {
             Ok(Some(st)) => break Some(st),
             Ok(None) if t0.elapsed() > limit => {
@@ -545,10 +550,20 @@ fn run_case(s: &Scenario, n: usize, victim: usize, seed: u64, gpu: bool) -> Verd
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),
             Err(_) => break None,
         }
-    };
-    let stdout = to.join().unwrap_or_default();
-    let stderr = te.join().unwrap_or_default();
-    let secs = t0.elapsed().as_secs_f64();
+    }
+}
+
+/// What is wrong with a finished run of `s` against what it must show: the launcher's status
+/// and, on stdout, exactly one PASS line from each PE that must pass. Empty when nothing is.
+fn case_problems(
+    s: &Scenario,
+    n: usize,
+    victim: usize,
+    status: Option<std::process::ExitStatus>,
+    limit: Duration,
+    stdout: &str,
+    stderr: &str,
+) -> Vec<String> {
     let mut problems = Vec::new();
     let passed: Vec<usize> = (0..n)
         .filter(|r| {
@@ -584,6 +599,37 @@ fn run_case(s: &Scenario, n: usize, victim: usize, seed: u64, gpu: bool) -> Verd
     if passed != want {
         problems.push(format!("PEs that passed: {passed:?}, expected {want:?}"));
     }
+    problems
+}
+
+/// One run of `s` on `n` PEs under `symheap launch`, judged.
+fn run_case(s: &Scenario, n: usize, victim: usize, seed: u64, gpu: bool) -> Verdict {
+    let exe = crate::selfcmd::argv();
+    let label = case_label(s, victim);
+    let t0 = Instant::now();
+    let mut cmd = case_command(s, n, victim, seed, gpu, &exe);
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            return Verdict {
+                label,
+                ok: false,
+                secs: 0.0,
+                detail: format!("cannot start {:?}: {e}", exe),
+            }
+        }
+    };
+    let out = child.stdout.take().expect("piped");
+    let err = child.stderr.take().expect("piped");
+    let to = read_in_background(out);
+    let te = read_in_background(err);
+    // Nothing in the suite should take this long; a hang is a failure, not a stuck CI.
+    let limit = Duration::from_secs(180);
+    let status = wait_within(&mut child, t0, limit);
+    let stdout = to.join().unwrap_or_default();
+    let stderr = te.join().unwrap_or_default();
+    let secs = t0.elapsed().as_secs_f64();
+    let problems = case_problems(s, n, victim, status, limit, &stdout, &stderr);
     Verdict {
         label,
         ok: problems.is_empty(),

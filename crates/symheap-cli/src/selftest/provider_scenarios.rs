@@ -67,13 +67,22 @@ fn check_alloc(p: &dyn Provider, a: &Allocation, offsets: &[i64], what: &str) ->
     Ok(())
 }
 
-/// The contract through the `Provider` trait on the native heap: tables, the table in memory,
-/// constant per-peer offsets over allocations of many sizes, cross-allocation translation with
-/// random data; and NVSHMEM's clear refusal on the host backend.
-pub fn provider_native(ctx: &Context, a: PeArgs) -> Outcome {
-    let mut rng = fastrand::Rng::with_seed(a.seed);
+/// `e` must be an invalid-argument error; `what` says which misuse it answers.
+fn rejected(e: Option<symheap::Error>, what: &str) -> Outcome {
+    ensure!(
+        matches!(
+            e.as_ref().map(|e| e.kind()),
+            Some(ErrorKind::InvalidArgument(_))
+        ),
+        "{what}: {e:?}"
+    );
+    Ok(())
+}
+
+/// The native heap's identity, and its promise of constant per-peer offsets, which every
+/// later allocation is checked against.
+fn native_offsets(ctx: &Context, p: &NativeHeap) -> Result<Vec<i64>, String> {
     let (me, n) = (ctx.my_pe(), ctx.n_pes());
-    let p = NativeHeap::new(ctx);
     ensure!(
         p.name() == "native" && p.my_pe() == me && p.n_pes() == n,
         "identity"
@@ -85,8 +94,18 @@ pub fn provider_native(ctx: &Context, a: PeArgs) -> Outcome {
         offsets.len() == n && offsets[me] == 0,
         "offsets {offsets:?}"
     );
+    Ok(offsets)
+}
 
-    // Allocations of many sizes (odd ones too); every PE draws the same sizes.
+/// Allocations of many sizes (odd ones too), each checked against the contract; every PE draws
+/// the same sizes from `rng`.
+fn allocate_many(
+    ctx: &Context,
+    p: &NativeHeap,
+    offsets: &[i64],
+    rng: &mut fastrand::Rng,
+) -> Result<Vec<Allocation>, String> {
+    let n = ctx.n_pes();
     let mut allocs = Vec::new();
     for k in 0..rng.usize(6..12) {
         let bytes = match k % 4 {
@@ -101,12 +120,7 @@ pub fn provider_native(ctx: &Context, a: PeArgs) -> Outcome {
             "allocation of {bytes} reports {}",
             al.bytes()
         );
-        check_alloc(
-            &p,
-            &al,
-            &offsets,
-            &format!("allocation {k} ({bytes} bytes)"),
-        )?;
+        check_alloc(p, &al, offsets, &format!("allocation {k} ({bytes} bytes)"))?;
         // Raw: the table is readable at table_addr with the context's own accessors too.
         let mut raw = vec![0u64; n];
         ctx.read_at(al.table_addr(), &mut raw).map_err(e2s)?;
@@ -118,11 +132,24 @@ pub fn provider_native(ctx: &Context, a: PeArgs) -> Outcome {
         );
         allocs.push(al);
     }
+    Ok(allocs)
+}
 
-    // Cross-allocation translation: write into every peer's copy of B through A's table.
+/// Cross-allocation translation: a new allocation B, into every peer's copy of which this PE
+/// writes through the table of one of `allocs` (drawn from `rng`); returns B once every PE's
+/// words in it are checked.
+fn cross_translation(
+    ctx: &Context,
+    p: &NativeHeap,
+    offsets: &[i64],
+    allocs: &[Allocation],
+    seed: u64,
+    rng: &mut fastrand::Rng,
+) -> Result<Allocation, String> {
+    let (me, n) = (ctx.my_pe(), ctx.n_pes());
     let words = rng.usize(1..2000);
     let b = p.allocate((n * words * 8) as u64).map_err(e2s)?;
-    check_alloc(&p, &b, &offsets, "target B")?;
+    check_alloc(p, &b, offsets, "target B")?;
     let ta = allocs[rng.usize(0..allocs.len())].peer_bases().to_vec();
     p.write_bytes(&b, 0, &to_bytes(&vec![0xdead_beef_dead_beef; n * words]))
         .map_err(e2s)?;
@@ -134,7 +161,7 @@ pub fn provider_native(ctx: &Context, a: PeArgs) -> Outcome {
             b.translate(my_slot, me, to) == Some(remote),
             "A's table and B's table translate B's slot to PE {to} differently"
         );
-        let data: Vec<u64> = (0..words).map(|i| pattern(a.seed, me, to, i)).collect();
+        let data: Vec<u64> = (0..words).map(|i| pattern(seed, me, to, i)).collect();
         ctx.write_at(remote, &data).map_err(e2s)?;
     }
     p.barrier().map_err(e2s)?;
@@ -143,7 +170,7 @@ pub fn provider_native(ctx: &Context, a: PeArgs) -> Outcome {
     let got = from_bytes(&got);
     for from in 0..n {
         for i in 0..words {
-            let want = pattern(a.seed, from, me, i);
+            let want = pattern(seed, from, me, i);
             ensure!(
                 got[from * words + i] == want,
                 "B word {i} from PE {from}: {:#x}, expected {want:#x}",
@@ -151,41 +178,12 @@ pub fn provider_native(ctx: &Context, a: PeArgs) -> Outcome {
             );
         }
     }
+    Ok(b)
+}
 
-    // Range checks and ownership.
-    let e = p.write_bytes(&b, b.bytes(), &[1]).err();
-    ensure!(
-        matches!(
-            e.as_ref().map(|e| e.kind()),
-            Some(ErrorKind::InvalidArgument(_))
-        ),
-        "a write past the end must be rejected: {e:?}"
-    );
-    let other = NativeHeap::new(ctx);
-    let stray = allocs.pop().ok_or("no allocation")?;
-    let e = other.read_table(&stray).err();
-    ensure!(
-        matches!(
-            e.as_ref().map(|e| e.kind()),
-            Some(ErrorKind::InvalidArgument(_))
-        ),
-        "another provider must refuse the allocation: {e:?}"
-    );
-    let e = p.allocate(0).err();
-    ensure!(
-        matches!(
-            e.as_ref().map(|e| e.kind()),
-            Some(ErrorKind::InvalidArgument(_))
-        ),
-        "a 0-byte allocation must be rejected: {e:?}"
-    );
-    p.free(stray).map_err(e2s)?;
-    p.free(b).map_err(e2s)?;
-    for al in allocs {
-        p.free(al).map_err(e2s)?;
-    }
-
-    // NVSHMEM: a clear error, never a panic or a hang.
+/// NVSHMEM where it cannot run (a missing library; the host backend): a clear error, never a
+/// panic or a hang.
+fn nvshmem_refused(ctx: &Context) -> Outcome {
     let bogus = std::path::Path::new("/nonexistent/symheap-test/libnvshmem_host.so.3");
     match Nvshmem::load_library(Some(bogus), None) {
         Ok(l) => return Err(format!("loaded NVSHMEM from a nonexistent path: {l:?}")),
@@ -209,6 +207,38 @@ pub fn provider_native(ctx: &Context, a: PeArgs) -> Outcome {
             ),
         }
     }
+    Ok(())
+}
+
+/// The contract through the `Provider` trait on the native heap: tables, the table in memory,
+/// constant per-peer offsets over allocations of many sizes, cross-allocation translation with
+/// random data; and NVSHMEM's clear refusal on the host backend.
+pub fn provider_native(ctx: &Context, a: PeArgs) -> Outcome {
+    let mut rng = fastrand::Rng::with_seed(a.seed);
+    let p = NativeHeap::new(ctx);
+    let offsets = native_offsets(ctx, &p)?;
+    let mut allocs = allocate_many(ctx, &p, &offsets, &mut rng)?;
+    let b = cross_translation(ctx, &p, &offsets, &allocs, a.seed, &mut rng)?;
+
+    // Range checks and ownership.
+    rejected(
+        p.write_bytes(&b, b.bytes(), &[1]).err(),
+        "a write past the end must be rejected",
+    )?;
+    let other = NativeHeap::new(ctx);
+    let stray = allocs.pop().ok_or("no allocation")?;
+    rejected(
+        other.read_table(&stray).err(),
+        "another provider must refuse the allocation",
+    )?;
+    rejected(p.allocate(0).err(), "a 0-byte allocation must be rejected")?;
+    p.free(stray).map_err(e2s)?;
+    p.free(b).map_err(e2s)?;
+    for al in allocs {
+        p.free(al).map_err(e2s)?;
+    }
+
+    nvshmem_refused(ctx)?;
     p.barrier().map_err(e2s)
 }
 
@@ -306,15 +336,45 @@ impl Mixer<'_> {
     }
 }
 
-/// One CUDA kernel over the native heap and NVSHMEM: each provider alone (with a table of
-/// another allocation: cross-allocation translation), then both in one launch with two tables.
-/// NVSHMEM is required: a machine without it fails, naming every place searched.
-pub fn providers(ctx: &Context, a: PeArgs) -> Outcome {
+impl Mixer<'_> {
+    /// The three launches: each provider alone (the second buffer translated with a table of
+    /// another allocation), then both providers in one launch with two tables.
+    fn all_rounds(
+        &self,
+        native: &NativeHeap,
+        nat: &[Allocation],
+        nvs: &[Allocation],
+        seed: u64,
+    ) -> Outcome {
+        let nv = self.nv;
+        let nt = |buf, table| Target {
+            p: native,
+            buf,
+            table,
+        };
+        let vt = |buf, table| Target { p: nv, buf, table };
+        // The native heap alone: x with its own table, y (allocation 1) with allocation 2's table.
+        self.round(seed, nt(&nat[0], &nat[0]), nt(&nat[1], &nat[2]), "native")?;
+        // NVSHMEM alone, the same way.
+        self.round(
+            seed ^ 1,
+            vt(&nvs[0], &nvs[0]),
+            vt(&nvs[1], &nvs[2]),
+            "NVSHMEM",
+        )?;
+        // Both in one launch, two tables, each of another allocation of its own provider.
+        self.round(
+            seed ^ 2,
+            nt(&nat[3], &nat[1]),
+            vt(&nvs[3], &nvs[1]),
+            "native + NVSHMEM",
+        )
+    }
+}
+
+/// NVSHMEM runs as this PE on this PE's GPU; PE 0 says which library it loaded.
+fn nvshmem_identity(ctx: &Context, cu: &symheap::cuda::CudaBackend, nv: &Nvshmem) -> Outcome {
     let (me, n) = (ctx.my_pe(), ctx.n_pes());
-    let cu = ctx.cuda().ok_or("this scenario needs the CUDA backend")?;
-    let native = NativeHeap::new(ctx);
-    let nv = Nvshmem::new(ctx, None)
-        .map_err(|e| format!("NVSHMEM is required on GPU machines for this scenario: {e}"))?;
     ensure!(
         nv.my_pe() == me && nv.n_pes() == n && nv.device() == cu.device_ordinal(),
         "NVSHMEM identity: PE {} of {} on device {}",
@@ -332,6 +392,56 @@ pub fn providers(ctx: &Context, a: PeArgs) -> Outcome {
             lib.path.display()
         );
     }
+    Ok(())
+}
+
+/// Four allocations from each provider, all of `bytes` or more (extra drawn from `rng`), each
+/// checked against its provider's offsets.
+fn allocate_both(
+    ctx: &Context,
+    native: &NativeHeap,
+    n_off: &[i64],
+    nv: &Nvshmem,
+    v_off: &[i64],
+    bytes: u64,
+    rng: &mut fastrand::Rng,
+) -> Result<(Vec<Allocation>, Vec<Allocation>), String> {
+    let (me, n) = (ctx.my_pe(), ctx.n_pes());
+    let mut nat = Vec::new();
+    let mut nvs = Vec::new();
+    for k in 0..4 {
+        // Different sizes on purpose: the offsets must not depend on them.
+        let extra = rng.u64(0..100_000);
+        let na = native
+            .allocate(bytes + if k == 0 { 0 } else { extra })
+            .map_err(e2s)?;
+        check_alloc(native, &na, n_off, &format!("native allocation {k}"))?;
+        nat.push(na);
+        let va = nv
+            .allocate(bytes + if k == 0 { 0 } else { extra })
+            .map_err(e2s)?;
+        check_alloc(nv, &va, v_off, &format!("NVSHMEM allocation {k}"))?;
+        if n > 1 {
+            ensure!(
+                (0..n).any(|r| r != me && va.direct()[r]),
+                "NVSHMEM reports no direct peer"
+            );
+        }
+        nvs.push(va);
+    }
+    Ok((nat, nvs))
+}
+
+/// One CUDA kernel over the native heap and NVSHMEM: each provider alone (with a table of
+/// another allocation: cross-allocation translation), then both in one launch with two tables.
+/// NVSHMEM is required: a machine without it fails, naming every place searched.
+pub fn providers(ctx: &Context, a: PeArgs) -> Outcome {
+    let (me, n) = (ctx.my_pe(), ctx.n_pes());
+    let cu = ctx.cuda().ok_or("this scenario needs the CUDA backend")?;
+    let native = NativeHeap::new(ctx);
+    let nv = Nvshmem::new(ctx, None)
+        .map_err(|e| format!("NVSHMEM is required on GPU machines for this scenario: {e}"))?;
+    nvshmem_identity(ctx, cu, &nv)?;
     let n_off = native.peer_offsets().ok_or("native offsets")?;
     let v_off = nv
         .peer_offsets()
@@ -347,36 +457,7 @@ pub fn providers(ctx: &Context, a: PeArgs) -> Outcome {
     let mut rng = fastrand::Rng::with_seed(a.seed);
     let words = rng.usize(1000..50_000);
     let bytes = (n * words * 4) as u64;
-
-    let mut nat = Vec::new();
-    let mut nvs = Vec::new();
-    for k in 0..4 {
-        // Different sizes on purpose: the offsets must not depend on them.
-        let extra = rng.u64(0..100_000);
-        let na = native
-            .allocate(bytes + if k == 0 { 0 } else { extra })
-            .map_err(e2s)?;
-        check_alloc(&native, &na, &n_off, &format!("native allocation {k}"))?;
-        nat.push(na);
-        let va = nv
-            .allocate(bytes + if k == 0 { 0 } else { extra })
-            .map_err(e2s)?;
-        check_alloc(&nv, &va, &v_off, &format!("NVSHMEM allocation {k}"))?;
-        if n > 1 {
-            ensure!(
-                (0..n).any(|r| r != me && va.direct()[r]),
-                "NVSHMEM reports no direct peer"
-            );
-        }
-        nvs.push(va);
-    }
-    let seed = a.seed;
-    let nt = |buf, table| Target {
-        p: &native,
-        buf,
-        table,
-    };
-    let vt = |buf, table| Target { p: &nv, buf, table };
+    let (nat, nvs) = allocate_both(ctx, &native, &n_off, &nv, &v_off, bytes, &mut rng)?;
     let mixer = Mixer {
         ctx,
         m: &m,
@@ -384,22 +465,7 @@ pub fn providers(ctx: &Context, a: PeArgs) -> Outcome {
         nv: &nv,
         words,
     };
-    // The native heap alone: x with its own table, y (allocation 1) with allocation 2's table.
-    mixer.round(seed, nt(&nat[0], &nat[0]), nt(&nat[1], &nat[2]), "native")?;
-    // NVSHMEM alone, the same way.
-    mixer.round(
-        seed ^ 1,
-        vt(&nvs[0], &nvs[0]),
-        vt(&nvs[1], &nvs[2]),
-        "NVSHMEM",
-    )?;
-    // Both in one launch, two tables, each of another allocation of its own provider.
-    mixer.round(
-        seed ^ 2,
-        nt(&nat[3], &nat[1]),
-        vt(&nvs[3], &nvs[1]),
-        "native + NVSHMEM",
-    )?;
+    mixer.all_rounds(&native, &nat, &nvs, a.seed)?;
 
     for va in nvs {
         nv.free(va).map_err(e2s)?;

@@ -239,63 +239,42 @@ pub fn alloc_churn(ctx: &Context, a: PeArgs) -> Outcome {
     ctx.barrier_all().map_err(e2s)
 }
 
-/// Release in different orders (some from other threads), then reuse: no overlap, no leak.
-pub fn release(ctx: &Context, a: PeArgs) -> Outcome {
+/// One round of `release`: allocates `sizes` (no two live buffers may overlap), then releases
+/// them all in an order drawn from `mine`; returns the offsets they had, which a fully
+/// reclaimed heap gives again.
+fn release_round(
+    ctx: &Context,
+    sizes: &[u64],
+    mine: &mut fastrand::Rng,
+) -> Result<Vec<u64>, String> {
+    let mut bufs: Vec<SymmetricBuffer> = Vec::new();
+    for &s in sizes {
+        bufs.push(ctx.malloc(s).map_err(e2s)?);
+    }
+    let offsets: Vec<u64> = bufs.iter().map(|b| b.offset()).collect();
+    for (i, x) in bufs.iter().enumerate() {
+        for y in &bufs[i + 1..] {
+            let (xa, xe) = (x.offset(), x.offset() + x.len_bytes());
+            let (ya, ye) = (y.offset(), y.offset() + y.len_bytes());
+            ensure!(xe <= ya || ye <= xa, "live buffers overlap");
+        }
+    }
+    mine.shuffle(&mut bufs);
+    // Release half here, half from another thread (as a finalizer or GC would).
+    let other: Vec<SymmetricBuffer> = bufs.split_off(bufs.len() / 2);
+    let t = std::thread::spawn(move || drop(other));
+    for b in bufs {
+        b.free();
+    }
+    t.join()
+        .map_err(|_| "release thread panicked".to_string())?;
+    Ok(offsets)
+}
+
+/// A block released by some PEs only must not be reused; once all have released it, nothing
+/// is left in use beyond `start_in_use`.
+fn partial_release(ctx: &Context, start_in_use: u64) -> Outcome {
     let me = ctx.my_pe();
-    let mut shared = fastrand::Rng::with_seed(a.seed);
-    let mut mine = fastrand::Rng::with_seed(a.seed ^ ((me as u64 + 1) * 0x1234_5678));
-    ctx.barrier_all().map_err(e2s)?;
-    let start = ctx.heap_usage();
-    let sizes: Vec<u64> = (0..40).map(|_| shared.u64(1..64 * 1024)).collect();
-
-    let round = |mine: &mut fastrand::Rng| -> Result<Vec<u64>, String> {
-        let mut bufs: Vec<SymmetricBuffer> = Vec::new();
-        for &s in &sizes {
-            bufs.push(ctx.malloc(s).map_err(e2s)?);
-        }
-        let offsets: Vec<u64> = bufs.iter().map(|b| b.offset()).collect();
-        for (i, x) in bufs.iter().enumerate() {
-            for y in &bufs[i + 1..] {
-                let (xa, xe) = (x.offset(), x.offset() + x.len_bytes());
-                let (ya, ye) = (y.offset(), y.offset() + y.len_bytes());
-                ensure!(xe <= ya || ye <= xa, "live buffers overlap");
-            }
-        }
-        mine.shuffle(&mut bufs);
-        // Release half here, half from another thread (as a finalizer or GC would).
-        let other: Vec<SymmetricBuffer> = bufs.split_off(bufs.len() / 2);
-        let t = std::thread::spawn(move || drop(other));
-        for b in bufs {
-            b.free();
-        }
-        t.join()
-            .map_err(|_| "release thread panicked".to_string())?;
-        Ok(offsets)
-    };
-
-    let first = round(&mut mine)?;
-    ctx.barrier_all().map_err(e2s)?;
-    let after = ctx.heap_usage();
-    ensure!(
-        after.in_use == start.in_use,
-        "leak: {} bytes in use, started at {}",
-        after.in_use,
-        start.in_use
-    );
-    ensure!(
-        after.live_blocks == start.live_blocks,
-        "leak: {} live blocks",
-        after.live_blocks
-    );
-    // Fully reclaimed means the allocator is back where it was: the same offsets again.
-    let second = round(&mut mine)?;
-    ensure!(
-        first == second,
-        "offsets after reclaim differ from the first round"
-    );
-    ctx.barrier_all().map_err(e2s)?;
-
-    // A block released by some PEs only must not be reused.
     let held = ctx.malloc(64 * 1024).map_err(e2s)?;
     let held_range = (held.offset(), held.offset() + held.len_bytes());
     let keep = if me % 2 == 1 {
@@ -322,12 +301,15 @@ pub fn release(ctx: &Context, a: PeArgs) -> Outcome {
     drop(keep);
     ctx.barrier_all().map_err(e2s)?;
     ensure!(
-        ctx.heap_usage().in_use == start.in_use,
+        ctx.heap_usage().in_use == start_in_use,
         "leak after partial release"
     );
+    Ok(())
+}
 
-    // Reclaim happens at an allocation that would otherwise grow, without a barrier. Sizes come
-    // from the free space (backends keep different amounts of their own state in the heap).
+/// Reclaim happens at an allocation that would otherwise grow, without a barrier. Sizes come
+/// from the free space (backends keep different amounts of their own state in the heap).
+fn reclaim_at_allocation(ctx: &Context) -> Outcome {
     let usage = ctx.heap_usage();
     let (mapped, free) = (usage.mapped, usage.mapped - usage.in_use);
     let filler = ctx.malloc(free / 2).map_err(e2s)?;
@@ -344,6 +326,42 @@ pub fn release(ctx: &Context, a: PeArgs) -> Outcome {
         "grew by more than one chunk of headroom at a reclaim"
     );
     drop(again);
+    Ok(())
+}
+
+/// Release in different orders (some from other threads), then reuse: no overlap, no leak.
+pub fn release(ctx: &Context, a: PeArgs) -> Outcome {
+    let me = ctx.my_pe();
+    let mut shared = fastrand::Rng::with_seed(a.seed);
+    let mut mine = fastrand::Rng::with_seed(a.seed ^ ((me as u64 + 1) * 0x1234_5678));
+    ctx.barrier_all().map_err(e2s)?;
+    let start = ctx.heap_usage();
+    let sizes: Vec<u64> = (0..40).map(|_| shared.u64(1..64 * 1024)).collect();
+
+    let first = release_round(ctx, &sizes, &mut mine)?;
+    ctx.barrier_all().map_err(e2s)?;
+    let after = ctx.heap_usage();
+    ensure!(
+        after.in_use == start.in_use,
+        "leak: {} bytes in use, started at {}",
+        after.in_use,
+        start.in_use
+    );
+    ensure!(
+        after.live_blocks == start.live_blocks,
+        "leak: {} live blocks",
+        after.live_blocks
+    );
+    // Fully reclaimed means the allocator is back where it was: the same offsets again.
+    let second = release_round(ctx, &sizes, &mut mine)?;
+    ensure!(
+        first == second,
+        "offsets after reclaim differ from the first round"
+    );
+    ctx.barrier_all().map_err(e2s)?;
+
+    partial_release(ctx, start.in_use)?;
+    reclaim_at_allocation(ctx)?;
     ctx.barrier_all().map_err(e2s)?;
     Ok(())
 }

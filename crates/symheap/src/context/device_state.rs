@@ -131,20 +131,11 @@ impl Inner {
         if self.backend.as_cuda().is_none() {
             return Ok(());
         }
-        let block = self.allocate_internal(DeviceTeams::bytes(self.world), 256)?;
-        let dt = DeviceTeams::new(block.offset, self.world);
-        let own = self.backend.slot_base(self.rank).expect("own heap");
-        self.backend
-            .write_bytes(own + block.offset, &vec![0u8; block.bytes as usize])?;
-        let table: Vec<u8> = (0..self.world)
-            .flat_map(|pe| {
-                self.backend
-                    .slot_base(pe)
-                    .map_or(0, |b| b + dt.scratch())
-                    .to_le_bytes()
-            })
-            .collect();
-        self.backend.write_bytes(own + dt.peer_scratch(), &table)?;
+        let dt = DeviceTeams::new(
+            self.zeroed_state(DeviceTeams::bytes(self.world))?,
+            self.world,
+        );
+        self.write_peer_table(dt.peer_scratch(), dt.scratch())?;
         let _ = self.dteams.set(dt);
         self.init_device_team(&self.world_team)
     }
@@ -194,25 +185,41 @@ impl DeviceSync {
 }
 
 impl Inner {
+    /// Collective (an internal allocation): `bytes` of symheap's own heap state, zeroed on this
+    /// PE; returns its heap offset.
+    fn zeroed_state(&self, bytes: u64) -> Result<u64> {
+        let block = self.allocate_internal(bytes, 256)?;
+        let own = self.backend.slot_base(self.rank).expect("own heap");
+        self.backend
+            .write_bytes(own + block.offset, &vec![0u8; block.bytes as usize])?;
+        Ok(block.offset)
+    }
+
+    /// Writes, at heap offset `at` of this PE's copy, the table of every PE's address of heap
+    /// offset `of` (0 for a PE whose memory is not directly reachable).
+    fn write_peer_table(&self, at: u64, of: u64) -> Result<()> {
+        let own = self.backend.slot_base(self.rank).expect("own heap");
+        let table: Vec<u8> = (0..self.world)
+            .flat_map(|pe| {
+                self.backend
+                    .slot_base(pe)
+                    .map_or(0, |b| b + of)
+                    .to_le_bytes()
+            })
+            .collect();
+        self.backend.write_bytes(own + at, &table)
+    }
+
     /// CUDA only: allocates and initialises the device barrier state (collective, at init).
     pub(crate) fn init_device_sync(&self) -> Result<()> {
         if self.backend.as_cuda().is_none() {
             return Ok(());
         }
-        let block = self.allocate_internal(DeviceSync::bytes(self.world), 256)?;
-        let ds = DeviceSync::new(block.offset, self.world);
-        let own = self.backend.slot_base(self.rank).expect("own heap");
-        self.backend
-            .write_bytes(own + block.offset, &vec![0u8; block.bytes as usize])?;
-        let table: Vec<u8> = (0..self.world)
-            .flat_map(|pe| {
-                self.backend
-                    .slot_base(pe)
-                    .map_or(0, |b| b + ds.flags(0))
-                    .to_le_bytes()
-            })
-            .collect();
-        self.backend.write_bytes(own + ds.peer_flags(0), &table)?;
+        let ds = DeviceSync::new(
+            self.zeroed_state(DeviceSync::bytes(self.world))?,
+            self.world,
+        );
+        self.write_peer_table(ds.peer_flags(0), ds.flags(0))?;
         let _ = self.dsync.set(ds);
         Ok(())
     }
