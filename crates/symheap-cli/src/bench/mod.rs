@@ -118,7 +118,7 @@ fn build_mpi_peer(dir: &Path) -> Option<PathBuf> {
     let out = Command::new("mpicc")
         .arg("-O2")
         .arg("-o")
-        .args(&exe)
+        .arg(&exe)
         .arg(&src)
         .output();
     match out {
@@ -137,17 +137,26 @@ fn build_mpi_peer(dir: &Path) -> Option<PathBuf> {
     }
 }
 
-/// Runs the MPI peer at `n` ranks; returns (barrier seconds, [(bytes, allreduce seconds)]).
-fn run_mpi_peer(exe: &Path, n: usize, sizes: &[u64]) -> Option<(f64, Vec<(u64, f64)>)> {
+/// What the MPI peer measured: seconds per barrier, and per size the seconds of an all_reduce,
+/// a one-sided put and a get.
+#[derive(Debug, Default)]
+struct MpiTimes {
+    barrier: Option<f64>,
+    allreduce: Vec<(u64, f64)>,
+    put: Vec<(u64, f64)>,
+    get: Vec<(u64, f64)>,
+}
+
+/// Runs the MPI peer at `n` ranks over the all_reduce sizes `ar` and the put/get sizes `rma`.
+fn run_mpi_peer(exe: &Path, n: usize, ar: &[u64], rma: &[u64]) -> Option<MpiTimes> {
     let mut cmd = Command::new("mpirun");
     cmd.arg("-n").arg(n.to_string()).arg("--oversubscribe");
     if nix::unistd::getuid().is_root() {
         cmd.arg("--allow-run-as-root");
     }
     cmd.arg(exe);
-    for s in sizes {
-        cmd.arg(s.to_string());
-    }
+    cmd.args(ar.iter().map(|s| format!("ar:{s}")));
+    cmd.args(rma.iter().map(|s| format!("rma:{s}")));
     let out = match cmd.output() {
         Ok(o) if o.status.success() => o,
         Ok(o) => {
@@ -162,22 +171,52 @@ fn run_mpi_peer(exe: &Path, n: usize, sizes: &[u64]) -> Option<(f64, Vec<(u64, f
             return None;
         }
     };
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut barrier = None;
-    let mut ar = Vec::new();
-    for line in text.lines() {
+    let mut t = MpiTimes::default();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
+        let sized = |b: &str, s: &str| Some((b.parse().ok()?, s.parse().ok()?));
         match f.as_slice() {
-            ["barrier", t] => barrier = t.parse().ok(),
-            ["allreduce", b, t] => {
-                if let (Ok(b), Ok(t)) = (b.parse(), t.parse()) {
-                    ar.push((b, t));
-                }
-            }
+            ["barrier", s] => t.barrier = s.parse().ok(),
+            ["allreduce", b, s] => t.allreduce.extend(sized(b, s)),
+            ["put", b, s] => t.put.extend(sized(b, s)),
+            ["get", b, s] => t.get.extend(sized(b, s)),
             _ => {}
         }
     }
-    Some((barrier?, ar))
+    Some(t)
+}
+
+/// The peer of the one-sided rows Open MPI adds next to the memcpy ones.
+const MPI_RMA_PEER: &str = "Open MPI MPI_Put/MPI_Get + MPI_Win_flush, shared-memory window";
+
+/// `rows` with the MPI peer's times filled in (barrier, f32 all_reduce), and after each put and
+/// get row a second one with the same symheap time against MPI's one-sided call.
+fn with_mpi_times(rows: Vec<Row>, t: &MpiTimes, f32_label: &str) -> Vec<Row> {
+    let at = |v: &[(u64, f64)], b: u64| v.iter().find(|(x, _)| *x == b).map(|&(_, s)| s);
+    let mut out = Vec::with_capacity(rows.len() * 2);
+    for mut r in rows {
+        if r.op == "barrier" {
+            r.peer_s = t.barrier;
+        }
+        if r.op == f32_label {
+            r.peer_s = at(&t.allreduce, r.bytes);
+        }
+        let one_sided = match r.op.split(' ').next() {
+            Some("put") => at(&t.put, r.bytes),
+            Some("get") => at(&t.get, r.bytes),
+            _ => None,
+        };
+        let twin = one_sided.map(|s| Row {
+            op: r.op.clone(),
+            bytes: r.bytes,
+            symheap_s: r.symheap_s,
+            peer: MPI_RMA_PEER.into(),
+            peer_s: Some(s),
+        });
+        out.push(r);
+        out.extend(twin);
+    }
+    out
 }
 
 /// Sizes of the all_reduce sweep on the host.
@@ -317,30 +356,30 @@ fn host_rows(plan: &host::HostPlan, n: usize, tmp: &Path) -> Result<Vec<Row>, St
     if !matches!(cmd.status(), Ok(s) if s.success()) {
         return Err("the symheap PEs failed".into());
     }
-    let mut rows: Vec<Row> = std::fs::read(&out)
+    let rows: Vec<Row> = std::fs::read(&out)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
         .ok_or("no results from the PEs")?;
     let f32_label = host::coll_label("all_reduce", symheap::DType::F32);
-    let mpi_sizes: Vec<u64> = rows
+    let ar_sizes: Vec<u64> = rows
         .iter()
         .filter(|r| r.op == f32_label)
         .map(|r| r.bytes)
         .collect();
-    let wants_mpi = plan.barrier || !mpi_sizes.is_empty();
-    if let Some(peer) = wants_mpi.then(|| build_mpi_peer(tmp)).flatten() {
-        if let Some((barrier, ar)) = run_mpi_peer(&peer, n, &mpi_sizes) {
-            for r in rows.iter_mut() {
-                if r.op == "barrier" {
-                    r.peer_s = Some(barrier);
-                }
-                if r.op == f32_label {
-                    r.peer_s = ar.iter().find(|(b, _)| *b == r.bytes).map(|&(_, t)| t);
-                }
-            }
-        }
+    // One-sided MPI needs a second rank to put into.
+    let rma_sizes: Vec<u64> = if n > 1 {
+        plan.rma_sizes.clone()
+    } else {
+        Vec::new()
+    };
+    let wants_mpi = plan.barrier || !ar_sizes.is_empty() || !rma_sizes.is_empty();
+    match wants_mpi.then(|| build_mpi_peer(tmp)).flatten() {
+        Some(peer) => match run_mpi_peer(&peer, n, &ar_sizes, &rma_sizes) {
+            Some(t) => Ok(with_mpi_times(rows, &t, &f32_label)),
+            None => Ok(rows),
+        },
+        None => Ok(rows),
     }
-    Ok(rows)
 }
 
 /// The main job on a machine without GPUs: host backend, `o.n` PEs, what `o` asks for.
@@ -679,4 +718,61 @@ pub fn run_gpu(o: &GpuOptions) -> i32 {
     };
     let _ = std::fs::remove_dir_all(&tmp);
     report_gpu(o, rows, chart)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(op: &str, bytes: u64, peer: &str) -> Row {
+        Row {
+            op: op.into(),
+            bytes,
+            symheap_s: 1e-6,
+            peer: peer.into(),
+            peer_s: None,
+        }
+    }
+
+    #[test]
+    fn mpi_times_fill_their_rows_and_one_sided_ones_follow_each_put_and_get() {
+        let rows = vec![
+            row("put (PE 0 -> PE 1)", 4096, "memcpy, same process"),
+            row("get (PE 0 <- PE 1)", 4096, "memcpy, same process"),
+            row("put (PE 0 -> PE 1)", 65536, "memcpy, same process"),
+            row("barrier", 0, "Open MPI MPI_Barrier"),
+            row("all_reduce f32 sum", 1024, "Open MPI MPI_Allreduce"),
+        ];
+        let t = MpiTimes {
+            barrier: Some(2e-6),
+            allreduce: vec![(1024, 3e-6)],
+            put: vec![(4096, 4e-6)],
+            get: vec![(4096, 5e-6)],
+        };
+        let out = with_mpi_times(rows, &t, "all_reduce f32 sum");
+        let got: Vec<(&str, u64, &str, Option<f64>)> = out
+            .iter()
+            .map(|r| (r.op.as_str(), r.bytes, r.peer.as_str(), r.peer_s))
+            .collect();
+        let memcpy = "memcpy, same process";
+        assert_eq!(
+            got,
+            vec![
+                ("put (PE 0 -> PE 1)", 4096, memcpy, None),
+                ("put (PE 0 -> PE 1)", 4096, MPI_RMA_PEER, Some(4e-6)),
+                ("get (PE 0 <- PE 1)", 4096, memcpy, None),
+                ("get (PE 0 <- PE 1)", 4096, MPI_RMA_PEER, Some(5e-6)),
+                // No MPI time at this size: no twin row.
+                ("put (PE 0 -> PE 1)", 65536, memcpy, None),
+                ("barrier", 0, "Open MPI MPI_Barrier", Some(2e-6)),
+                (
+                    "all_reduce f32 sum",
+                    1024,
+                    "Open MPI MPI_Allreduce",
+                    Some(3e-6)
+                ),
+            ]
+        );
+        assert!(out.iter().all(|r| r.symheap_s == 1e-6));
+    }
 }

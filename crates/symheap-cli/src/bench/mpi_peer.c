@@ -1,6 +1,10 @@
-/* The peer measured against symheap's host backend: MPI_Barrier and MPI_Allreduce (float sum)
- * with the same method as `symheap bench` (median over trials of K back-to-back operations,
- * divided by K). Compiled by `symheap bench` with mpicc when Open MPI is installed. */
+/* The peer measured against symheap's host backend: MPI_Barrier, MPI_Allreduce (float sum), and
+ * one-sided MPI_Put / MPI_Get from rank 0 into rank 1's part of a shared-memory window
+ * (MPI_Win_allocate_shared, passive target, each followed by MPI_Win_flush: what symheap's put
+ * followed by quiet promises), with the same method as `symheap bench` (median over trials of K
+ * back-to-back operations, divided by K). Arguments: `ar:BYTES` (an all_reduce size) and
+ * `rma:BYTES` (a put/get size). Compiled by `symheap bench` with mpicc when Open MPI is
+ * installed. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,9 +41,54 @@ int main(int argc, char **argv) {
         }
         if (rank == 0) printf("barrier %.9f\n", median(t, trials));
     }
+    /* One-sided put and get at the `rma:` sizes (rank 0 times, the others wait at barriers). */
+    long rma_max = 0;
+    for (int a = 1; a < argc; a++)
+        if (strncmp(argv[a], "rma:", 4) == 0 && atol(argv[a] + 4) > rma_max) rma_max = atol(argv[a] + 4);
+    if (rma_max > 0 && size > 1) {
+        char *base;
+        MPI_Win win;
+        MPI_Win_allocate_shared(rma_max, 1, MPI_INFO_NULL, MPI_COMM_WORLD, &base, &win);
+        char *src = malloc(rma_max), *dst = malloc(rma_max);
+        for (long i = 0; i < rma_max; i++) src[i] = (char)(i * 31 % 251);
+        MPI_Win_lock_all(0, win);
+        for (int a = 1; a < argc; a++) {
+            if (strncmp(argv[a], "rma:", 4) != 0) continue;
+            long bytes = atol(argv[a] + 4);
+            int k = bytes <= (1 << 16) ? 200 : bytes <= (1 << 20) ? 20 : 4;
+            double tp[64], tg[64];
+            MPI_Barrier(MPI_COMM_WORLD);
+            if (rank == 0) {
+                for (int i = 0; i < trials; i++) {
+                    double t0 = now();
+                    for (int j = 0; j < k; j++) {
+                        MPI_Put(src, bytes, MPI_BYTE, 1, 0, bytes, MPI_BYTE, win);
+                        MPI_Win_flush(1, win);
+                    }
+                    tp[i] = (now() - t0) / k;
+                }
+                for (int i = 0; i < trials; i++) {
+                    double t0 = now();
+                    for (int j = 0; j < k; j++) {
+                        MPI_Get(dst, bytes, MPI_BYTE, 1, 0, bytes, MPI_BYTE, win);
+                        MPI_Win_flush(1, win);
+                    }
+                    tg[i] = (now() - t0) / k;
+                }
+                printf("put %ld %.9f\n", bytes, median(tp, trials));
+                printf("get %ld %.9f\n", bytes, median(tg, trials));
+            }
+            MPI_Barrier(MPI_COMM_WORLD);
+        }
+        MPI_Win_unlock_all(win);
+        MPI_Win_free(&win);
+        free(src);
+        free(dst);
+    }
     /* Allreduce sizes in bytes from the command line. */
     for (int a = 1; a < argc; a++) {
-        long bytes = atol(argv[a]);
+        if (strncmp(argv[a], "ar:", 3) != 0) continue;
+        long bytes = atol(argv[a] + 3);
         long n = bytes / 4;
         float *src = malloc(bytes), *dst = malloc(bytes);
         for (long i = 0; i < n; i++) src[i] = (float)((i * 7 + rank) % 13) * 0.25f;

@@ -3,6 +3,7 @@ one panel per operation. GPU rows: one panel per collective (CUDA-graph numbers)
 bandwidth panel when present. Host rows: one panel per operation with a size (put/get and each
 collective), the peer drawn where it was measured.
 Usage: python3 plot.py rows.json out.png"""
+
 import json
 import sys
 
@@ -39,7 +40,9 @@ def gpu(rows):
             rs = sorted([r for r in rma if r["op"] == op], key=lambda r: r["bytes"])
             ax.plot([r["bytes"] for r in rs], [r["bytes"] / r["eager_us"] / 1e3 for r in rs], "o-", label=op)
         rs = sorted([r for r in rma if r["op"] == "put SM"], key=lambda r: r["bytes"])
-        ax.plot([r["bytes"] for r in rs], [r["bytes"] / r["peer_eager_us"] / 1e3 for r in rs], "k--", label="plain P2P copy")
+        ax.plot(
+            [r["bytes"] for r in rs], [r["bytes"] / r["peer_eager_us"] / 1e3 for r in rs], "k--", label="plain P2P copy"
+        )
         ax.set_xscale("log", base=2)
         ax.set_title("put/get bandwidth")
         ax.set_xlabel("bytes")
@@ -54,11 +57,14 @@ def host(rows):
     fig, axes = plt.subplots(1, max(len(ops), 1), figsize=(5 * max(len(ops), 1), 4), squeeze=False)
     for ax, op in zip(axes[0], ops):
         rs = sorted([r for r in sized if r["op"] == op], key=lambda r: r["bytes"])
-        x = [r["bytes"] for r in rs]
-        ax.plot(x, [r["symheap_s"] * 1e6 for r in rs], "o-", label="symheap")
-        peer = [(r["bytes"], r["peer_s"] * 1e6) for r in rs if r["peer_s"] is not None]
-        if peer:
-            ax.plot([p[0] for p in peer], [p[1] for p in peer], "s--", label=rs[0]["peer"])
+        # An op may have several peers (put: memcpy and MPI_Put), one row each with the same
+        # symheap time: symheap once per size, each peer its own line.
+        mine = {r["bytes"]: r["symheap_s"] for r in rs}
+        ax.plot(list(mine), [t * 1e6 for t in mine.values()], "o-", label="symheap")
+        for name in dict.fromkeys(r["peer"] for r in rs):
+            peer = [(r["bytes"], r["peer_s"] * 1e6) for r in rs if r["peer"] == name and r["peer_s"] is not None]
+            if peer:
+                ax.plot([p[0] for p in peer], [p[1] for p in peer], "s--", label=name)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(f"{op}, host backend")
