@@ -29,10 +29,13 @@ const PER_THREAD: u64 = 2;
 /// after a `Stream` is dropped (CUDA completes it before it releases an owned stream).
 ///
 /// ```
-/// // Safe code cannot forge a handle: this does not compile without `unsafe`.
+/// // The default streams exist in every context; other streams come from
+/// // `Context::create_stream`.
 /// let s = symheap::Stream::legacy_default();
 /// assert_eq!(s.raw(), 0);
 /// ```
+///
+/// Safe code cannot forge a handle from an integer:
 ///
 /// ```compile_fail
 /// let forged = symheap::Stream::from_raw(0xdead_beef); // error: call to unsafe function
