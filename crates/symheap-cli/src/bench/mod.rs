@@ -391,14 +391,8 @@ pub fn run_host(o: &HostOptions) -> i32 {
             return 2;
         }
     };
-    // Asked for a chart that cannot be drawn: say so now, not after the sweep.
-    let chart = match o.png.as_ref().map(|_| chart_python()).transpose() {
-        Ok(c) => c,
-        Err(e) => {
-            let png = o.png.as_deref().unwrap_or(Path::new(""));
-            eprintln!("bench: cannot draw {}: {e}", png.display());
-            return 2;
-        }
+    let Ok(chart) = chart_for(o.png.as_deref()) else {
+        return 2;
     };
     let tmp = std::env::temp_dir().join(format!("symheap-bench-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&tmp);
@@ -460,6 +454,19 @@ pub fn run_host(o: &HostOptions) -> i32 {
 
 /// The Python that draws charts: the interpreter running this command when it runs from the
 /// Python package (`python -m symheap`), else `python3`; checked to have matplotlib.
+/// The Python that draws the chart asked for (`None` when no `--png`). A chart that cannot be
+/// drawn is refused now, with the reason printed, not after the sweep.
+fn chart_for(png: Option<&Path>) -> Result<Option<std::ffi::OsString>, ()> {
+    match png.map(|_| chart_python()).transpose() {
+        Ok(c) => Ok(c),
+        Err(e) => {
+            let png = png.unwrap_or(Path::new(""));
+            eprintln!("bench: cannot draw {}: {e}", png.display());
+            Err(())
+        }
+    }
+}
+
 fn chart_python() -> Result<std::ffi::OsString, String> {
     let own = crate::selfcmd::argv().into_iter().next().filter(|a| {
         Path::new(a)
@@ -683,14 +690,8 @@ pub fn run_gpu(o: &GpuOptions) -> i32 {
             return 2;
         }
     };
-    // Asked for a chart that cannot be drawn: say so now, not after the sweep.
-    let chart = match o.png.as_ref().map(|_| chart_python()).transpose() {
-        Ok(c) => c,
-        Err(e) => {
-            let png = o.png.as_deref().unwrap_or(Path::new(""));
-            eprintln!("bench: cannot draw {}: {e}", png.display());
-            return 2;
-        }
+    let Ok(chart) = chart_for(o.png.as_deref()) else {
+        return 2;
     };
     let tmp = std::env::temp_dir().join(format!("symheap-bench-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&tmp);
