@@ -62,10 +62,13 @@ def main():
         out_t = torch.empty_like(t)
         for name, fn in [
             (
-                "torch symm_mem one_shot",
+                f"torch {torch.__version__} symm_mem one_shot",
                 lambda t=t, out_t=out_t: torch.ops.symm_mem.one_shot_all_reduce_out(t, "sum", group, out_t),
             ),
-            ("torch symm_mem two_shot", lambda t=t: torch.ops.symm_mem.two_shot_all_reduce_(t, "sum", group)),
+            (
+                f"torch {torch.__version__} symm_mem two_shot",
+                lambda t=t: torch.ops.symm_mem.two_shot_all_reduce_(t, "sum", group),
+            ),
         ]:
             try:
                 us = graph_time_us(fn, k, trials)
@@ -88,7 +91,7 @@ def main():
         {
             "op": "allocate_symmetric",
             "bytes": 1 << 20,
-            "name": "torch SymmetricMemory empty+rendezvous",
+            "name": f"torch {torch.__version__} SymmetricMemory empty+rendezvous",
             "us": statistics.median(lat[5:]),
         }
     )

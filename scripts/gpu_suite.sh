@@ -12,6 +12,14 @@
 #                                against the peers, the NVLink probe, and prints a summary table
 #                                last
 #
+# Peers (bench/*.py, each its own step: a failure prints its reason and the suite goes on; at
+# one GPU they run at one rank, a code-path check): torch SymmetricMemory; NCCL by path with
+# ordinary buffers, symmetric windows and the zero-CTA (copy-engine) policy, for every libnccl
+# found (SYMHEAP_NCCL_LIB or .nccl/libnccl.so.2[.xz], the one in the venv, the system's); NVSHMEM
+# through nvshmem4py; FlashInfer's trtllm all_reduce. Packages the GPU machine lacks travel as
+# wheels in .whl/ (git-ignored) and are installed into /tmp/site first.
+#   ONLY_PEERS=1 scripts/gpu_suite.sh run   just the peers and `symheap bench coll` merging them
+#
 # Outputs land in $OUT (the device tool fetches them) or ./gpu-results.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +48,7 @@ run)
   B="$PWD/.carry/bin/symheap"
   PES="${PES:-1,2,4}"
   declare -a rows
+  PEER_PATH=""
   step() { # name, seconds, command...
     local name="$1" limit="$2"; shift 2
     local t0=$SECONDS
@@ -54,10 +63,58 @@ run)
       selftest*) grep -E "runs passed|FAILED" "$OUTDIR/$name.log" | tail -n 30 ;;
     esac
   }
+  # Each peer program at one rank per GPU; what it could not measure, and why, is in its log.
+  peer() { # name, seconds, script, args...
+    local name="$1" limit="$2" script="$3"; shift 3
+    step "peer-$name" "$limit" env PYTHONPATH="${PEER_PATH:-}${PYTHONPATH:+:$PYTHONPATH}" torchrun --standalone --nproc-per-node "$NGPU" "bench/$script" "$OUTDIR/peer-$name.json" "$@"
+    grep -E "_peer:|not measured|torch_symm_mem:" "$OUTDIR/peer-$name.log" | head -n 30 || true
+  }
+  run_peers() {
+    [ "$NGPU" -lt 2 ] && echo "=== peers: one GPU here, so every peer runs at 1 rank (a code-path check, not a comparison)"
+    peer torch-symm-mem "${TORCH_LIMIT:-100}" torch_symm_mem.py
+    # NCCL by path: the newest that travelled (SYMHEAP_NCCL_LIB, or .nccl/libnccl.so.2[.xz]),
+    # torch's in the venv, and the system's (whose default path is already the in-process column).
+    local newest="${SYMHEAP_NCCL_LIB:-}"
+    if [ -z "$newest" ] && [ -s .nccl/libnccl.so.2.xz ]; then
+      mkdir -p /tmp/nccl-new && xz -dc .nccl/libnccl.so.2.xz >/tmp/nccl-new/libnccl.so.2 && newest=/tmp/nccl-new/libnccl.so.2
+    fi
+    [ -z "$newest" ] && [ -s .nccl/libnccl.so.2 ] && newest="$PWD/.nccl/libnccl.so.2"
+    if [ -n "$newest" ]; then
+      peer nccl-newest "${NCCL_LIMIT:-240}" nccl_peer.py --lib "$newest" --tag newest
+    else
+      echo "=== peer-nccl-newest: no NCCL from PyPI here (nvidia-nccl-cu13 2.32's wheel is 305 MB, over the carry): the NCCLs of the machine stand in"
+    fi
+    local venv
+    venv=$(python3 -c "import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], 'lib', 'libnccl.so.2'))" 2>/dev/null)
+    if [ -n "$venv" ] && [ -s "$venv" ]; then
+      peer nccl-venv "${NCCL_LIMIT:-240}" nccl_peer.py --lib "$venv" --tag venv
+    else
+      echo "=== peer-nccl-venv: no nvidia-nccl in $(python3 -c 'import sys; print(sys.prefix)')"
+    fi
+    local sys_lib
+    sys_lib=$(ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 /{print $NF; exit}')
+    if [ -n "$sys_lib" ]; then
+      peer nccl-system "${NCCL_LIMIT:-240}" nccl_peer.py --lib "$sys_lib" --tag system --variants symmetric,zero-cta
+    else
+      echo "=== peer-nccl-system: no libnccl.so.2 in the loader's cache"
+    fi
+    peer nvshmem "${NVSHMEM_LIMIT:-180}" nvshmem_peer.py
+    peer flashinfer "${FLASHINFER_LIMIT:-300}" flashinfer_peer.py
+  }
   if ls .carry/wheels/symheap-*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --target /tmp/symheap-py .carry/wheels/symheap-*.whl
     export PYTHONPATH="/tmp/symheap-py${PYTHONPATH:+:$PYTHONPATH}"
   fi
+  # The peers' packages the GPU machine has not (nvshmem4py, cuda-core, FlashInfer...).
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    # Only the peer steps see them (PEER_PATH), so the rest of the suite runs as the machine is.
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
+      PEER_PATH="/tmp/site"
+    ls -la .whl
+  fi
+  ONLY="${ONLY_PEERS:-0}"
+  [ "$ONLY" = 1 ] && NGPU=$(nvidia-smi -L | wc -l)
+  if [ "$ONLY" != 1 ]; then
   # The cold first run, before any other process touches the GPU: init + first all_reduce with
   # an empty kernel cache, 2 PEs, then 1 PE, then 2 PEs again (warm), each from a new empty cache.
   rm -f "$OUTDIR/cold.json"
@@ -95,7 +152,7 @@ run)
   grep -E "^\|" "$OUTDIR/fault-kill.log" || true
   # The Python package's torch and CUDA tests (CI runs only their CPU part).
   if ls .carry/wheels/symheap-*.whl >/dev/null 2>&1; then
-    step python-torch "${PYTEST_LIMIT:-120}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider test_torch.py"
+    step python-torch "${PYTEST_LIMIT:-600}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs test_torch.py test_fused.py test_torch_ops_gpu.py"
     # Providers (native heap, NVSHMEM, torch SymmetricMemory) under one Triton and one CUDA C++
     # kernel, and the Triton device library's compile and hint checks.
     [ "${SKIP_PROVIDERS:-0}" = 1 ] || step python-providers "${PROVIDERS_LIMIT:-300}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs test_providers_gpu.py test_providers.py test_triton_compile.py"
@@ -111,15 +168,20 @@ run)
       grep -E "^\[PE 0\] $ex " "$OUTDIR/example-$ex.log" || true
     done
   fi
-  # The torch SymmetricMemory peer, measured in this same run, merged into symheap's table.
-  [ "${SKIP_BENCH:-0}" = 1 ] || step torch-symm-mem "${TORCH_LIMIT:-100}" torchrun --standalone --nproc-per-node "$NGPU" bench/torch_symm_mem.py "$OUTDIR/torch.json"
+  fi # ONLY_PEERS
+  # The peers, measured in this same run, each merged into symheap's table as its own column.
   PEER=()
-  [ -s "$OUTDIR/torch.json" ] && PEER=(--peer-json "$OUTDIR/torch.json")
-  [ "${SKIP_BENCH:-0}" = 1 ] || step bench-gpu "${BENCH_LIMIT:-160}" env SYMHEAP_TIMEOUT=30 "$B" bench ${BENCH_WHAT:-all} -n "$NGPU" --json "$OUTDIR/bench-gpu.json" --png "$OUTDIR/bench-gpu.png" "${PEER[@]}" ${BENCH_ARGS:-}
-  grep -E "^\|" "$OUTDIR/bench-gpu.log" || true
+  if [ "${SKIP_BENCH:-0}" != 1 ]; then
+    run_peers
+    for f in "$OUTDIR"/peer-*.json; do [ -s "$f" ] && PEER+=(--peer-json "$f"); done
+    WHAT="${BENCH_WHAT:-all}"
+    [ "$ONLY" = 1 ] && WHAT="${BENCH_WHAT:-coll}"
+    step bench-gpu "${BENCH_LIMIT:-160}" env SYMHEAP_TIMEOUT=30 "$B" bench "$WHAT" -n "$NGPU" --json "$OUTDIR/bench-gpu.json" --png "$OUTDIR/bench-gpu.png" "${PEER[@]}" ${BENCH_ARGS:-}
+    grep -E "^\|" "$OUTDIR/bench-gpu.log" || true
+  fi
   # What the links carry under SM stores, the copy engines and both (the ceiling behind the SM
   # put and 4 MiB all_reduce numbers). Needs CuPy, which the GPU machine has.
-  if [ "$NGPU" -ge 2 ] && python3 -c "import cupy" 2>/dev/null; then
+  if [ "$ONLY" != 1 ] && [ "$NGPU" -ge 2 ] && python3 -c "import cupy" 2>/dev/null; then
     step nvlink-probe "${PROBE_LIMIT:-120}" python3 scripts/nvlink_probe.py
     cat "$OUTDIR/nvlink-probe.log"
   fi

@@ -143,9 +143,10 @@ struct BenchArgs {
     /// Also draw a PNG chart here (needs python3 with matplotlib).
     #[arg(long)]
     png: Option<std::path::PathBuf>,
-    /// Merge peer numbers measured in the same run by another program (torch script JSON).
+    /// Merge peer numbers measured in the same run by other programs (`bench/*.py` JSON);
+    /// repeat for several files.
     #[arg(long)]
-    peer_json: Option<std::path::PathBuf>,
+    peer_json: Vec<std::path::PathBuf>,
     /// Force the host backend even when GPUs are visible.
     #[arg(long)]
     host: bool,

@@ -35,9 +35,13 @@ pub struct GpuRow {
     pub peer_eager_us: Option<f64>,
     /// Bus-bandwidth factor (NCCL-tests): busbw = factor × bytes / time.
     pub bus_factor: f64,
-    /// Other peers merged in later (e.g. torch SymmetricMemory), name → microseconds.
+    /// Other peers merged in later (`bench/*.py`, see `gpu_table`), name → microseconds, CUDA
+    /// graph (eager for RMA rows).
     #[serde(default)]
     pub others: Vec<(String, f64)>,
+    /// The same peers' eager numbers, where they measured them.
+    #[serde(default)]
+    pub others_eager: Vec<(String, f64)>,
 }
 
 /// SYMHEAP_BENCH_TRACE=1: a line per stage on stderr, to find where a run stalls.
@@ -275,6 +279,14 @@ fn time_coll(case: &CollCase<'_>, nccl: &mut Nccl, bytes: u64) -> Result<CollTim
     })
 }
 
+/// The in-process peer's column name, with the version of the libnccl.so.2 the loader found.
+fn nccl_name() -> String {
+    match Nccl::version() {
+        Ok(v) => format!("NCCL {}", crate::tools::nccl::version_string(v)),
+        Err(_) => "NCCL".into(),
+    }
+}
+
 /// The row's name: all_reduce rows say which algorithm they forced.
 fn coll_label(op: &str, algo: AllReduceAlgo) -> String {
     match (op, algo) {
@@ -332,11 +344,11 @@ fn bench_coll(
         bytes,
         graph_us: Some(t.graph),
         eager_us: Some(t.eager),
-        peer: "NCCL".into(),
+        peer: nccl_name(),
         peer_graph_us: Some(t.peer_graph),
         peer_eager_us: Some(t.peer_eager),
         bus_factor: factor,
-        others: vec![],
+        ..Default::default()
     });
     Ok(())
 }
@@ -457,7 +469,7 @@ fn ping_pong(
                 dtype: "bytes".into(),
                 bytes,
                 eager_us: Some(sym_us),
-                peer: "NCCL send/recv ping-pong / 2".into(),
+                peer: format!("{} send/recv ping-pong / 2", nccl_name()),
                 peer_eager_us: Some(nccl_us),
                 bus_factor: 0.0,
                 ..Default::default()
@@ -599,10 +611,7 @@ fn run(ctx: &Context, plan: &GpuPlan) -> Result<Vec<GpuRow>, String> {
     let tty = std::io::stderr().is_terminal();
     let end = if tty { "\r" } else { "\n" };
     if ctx.my_pe() == 0 {
-        eprint!(
-            "bench: NCCL {} communicator ready{end}",
-            Nccl::version().unwrap_or(0)
-        );
+        eprint!("bench: {} communicator ready{end}", nccl_name());
     }
     let mut rows = Vec::new();
     let total = plan.ops.len() * plan.sizes.len();
@@ -681,124 +690,4 @@ pub fn bench_pe_gpu(plan: &GpuPlan, out: &Path) -> i32 {
             1
         }
     }
-}
-
-fn us(x: Option<f64>) -> String {
-    x.map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into())
-}
-
-fn ratio(peer: Option<f64>, ours: Option<f64>) -> String {
-    match (peer, ours) {
-        (Some(p), Some(o)) if o > 0.0 => format!("{:.2}x", p / o),
-        _ => "-".into(),
-    }
-}
-
-fn busbw(r: &GpuRow, t: Option<f64>) -> String {
-    match t {
-        Some(t) if r.bus_factor > 0.0 => {
-            format!("{:.1}", r.bus_factor * r.bytes as f64 / (t * 1e-6) / 1e9)
-        }
-        _ => "-".into(),
-    }
-}
-
-/// Prints the tables (markdown).
-pub fn print_tables(title: &str, rows: &[GpuRow]) {
-    println!("\n{title}\n");
-    let coll: Vec<&GpuRow> = rows.iter().filter(|r| r.group == "coll").collect();
-    if !coll.is_empty() {
-        let others: Vec<String> = {
-            let mut v: Vec<String> = coll
-                .iter()
-                .flat_map(|r| r.others.iter().map(|(n, _)| n.clone()))
-                .collect();
-            v.sort();
-            v.dedup();
-            v
-        };
-        print!("| op | dtype | size | symheap graph us | NCCL graph us | NCCL/symheap (graph) | symheap eager us | NCCL eager us | NCCL/symheap (eager) | symheap busbw GB/s | NCCL busbw GB/s |");
-        for o in &others {
-            print!(" {o} us |");
-        }
-        println!();
-        print!("|---|---|---|---|---|---|---|---|---|---|---|");
-        for _ in &others {
-            print!("---|");
-        }
-        println!();
-        for r in &coll {
-            print!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                r.op,
-                r.dtype,
-                symheap::human_bytes(r.bytes),
-                us(r.graph_us),
-                us(r.peer_graph_us),
-                ratio(r.peer_graph_us, r.graph_us),
-                us(r.eager_us),
-                us(r.peer_eager_us),
-                ratio(r.peer_eager_us, r.eager_us),
-                busbw(r, r.graph_us),
-                busbw(r, r.peer_graph_us)
-            );
-            for o in &others {
-                let v = r.others.iter().find(|(n, _)| n == o).map(|(_, v)| *v);
-                print!(" {} |", us(v));
-            }
-            println!();
-        }
-    }
-    let rma: Vec<&GpuRow> = rows.iter().filter(|r| r.group != "coll").collect();
-    if !rma.is_empty() {
-        println!("\n| op | size | symheap us | symheap GB/s | peer | peer us | peer GB/s | peer time / symheap time |");
-        println!("|---|---|---|---|---|---|---|---|");
-        for r in rma {
-            let gbps = |t: Option<f64>| match t {
-                Some(t) if r.bus_factor > 0.0 => {
-                    format!("{:.1}", r.bytes as f64 / (t * 1e-6) / 1e9)
-                }
-                _ => "-".into(),
-            };
-            println!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} |",
-                r.op,
-                symheap::human_bytes(r.bytes),
-                us(r.eager_us),
-                gbps(r.eager_us),
-                r.peer,
-                us(r.peer_eager_us),
-                gbps(r.peer_eager_us),
-                ratio(r.peer_eager_us, r.eager_us)
-            );
-        }
-    }
-}
-
-/// Merges peer numbers measured by another program in the same run (the torch script): a JSON
-/// list of `{"op", "bytes", "name", "us"}`; rows match on op and size.
-pub fn merge_peers(rows: &mut [GpuRow], path: &Path) -> Result<(), String> {
-    #[derive(Deserialize)]
-    struct Peer {
-        op: String,
-        bytes: u64,
-        name: String,
-        us: f64,
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let peers: Vec<Peer> =
-        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    for p in peers {
-        for r in rows.iter_mut() {
-            if r.bytes == p.bytes && r.op.starts_with(&p.op) {
-                if r.group == "alloc" {
-                    r.peer_eager_us = Some(p.us);
-                    r.peer = p.name.clone();
-                } else if !r.others.iter().any(|(n, _)| *n == p.name) {
-                    r.others.push((p.name.clone(), p.us));
-                }
-            }
-        }
-    }
-    Ok(())
 }

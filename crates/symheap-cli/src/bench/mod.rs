@@ -7,6 +7,7 @@
 //! that time. Every row reports the ratio `peer time / symheap time` (above 1: symheap faster).
 
 pub mod gpu;
+mod gpu_table;
 mod host;
 
 use std::path::{Path, PathBuf};
@@ -240,8 +241,8 @@ pub struct HostOptions {
     pub json: Option<PathBuf>,
     /// PNG output.
     pub png: Option<PathBuf>,
-    /// Peer numbers from another program (GPU sweeps only: refused here).
-    pub peer_json: Option<PathBuf>,
+    /// Peer numbers from other programs (GPU sweeps only: refused here).
+    pub peer_json: Vec<PathBuf>,
 }
 
 /// Turns the options into the PEs' plan, or says which argument cannot be honoured and why.
@@ -252,7 +253,7 @@ fn host_plan(o: &HostOptions) -> Result<host::HostPlan, String> {
         "rma" => (false, true),
         other => return Err(format!("unknown sweep {other:?} (all, coll or rma)")),
     };
-    if o.peer_json.is_some() {
+    if !o.peer_json.is_empty() {
         return Err(
             "--peer-json merges peers measured next to a GPU sweep; the host backend \
                     has none to merge (run it on GPUs, or drop --peer-json)"
@@ -552,8 +553,8 @@ pub struct GpuOptions {
     pub json: Option<PathBuf>,
     /// PNG output.
     pub png: Option<PathBuf>,
-    /// Peer numbers from another program of the same run.
-    pub peer_json: Option<PathBuf>,
+    /// Peer numbers from other programs of the same run (any number of JSON files).
+    pub peer_json: Vec<PathBuf>,
 }
 
 /// Sizes of the standard GPU sweep.
@@ -651,25 +652,37 @@ fn gpu_rows(o: &GpuOptions, sweep: &GpuSweep, out: &Path) -> Result<Vec<gpu::Gpu
         .ok_or_else(|| "no results from the PEs".into())
 }
 
-/// Prints the GPU rows (with the peers of `o.peer_json` merged in), writes the JSON and the
-/// chart asked for; returns the exit status.
+/// Prints the GPU rows (with the peers of every `o.peer_json` file merged in), writes the JSON
+/// and the chart asked for; returns the exit status. A peer file that cannot be read is named
+/// and skipped: the other peers still print.
 fn report_gpu(
     o: &GpuOptions,
     mut rows: Vec<gpu::GpuRow>,
     chart: Option<std::ffi::OsString>,
 ) -> i32 {
-    if let Some(p) = &o.peer_json {
-        if let Err(e) = gpu::merge_peers(&mut rows, p) {
-            eprintln!("bench: {e}");
+    let mut unmatched = Vec::new();
+    for p in &o.peer_json {
+        match gpu_table::load_peers(p) {
+            Ok(peers) => unmatched.extend(gpu_table::merge_peers(&mut rows, peers)),
+            Err(e) => eprintln!("bench: peer numbers not merged: {e}"),
         }
     }
-    gpu::print_tables(
+    gpu_table::print_tables(
         &format!("symheap CUDA backend, {} PEs on {}", o.n, hostname()),
         &rows,
+        &unmatched,
     );
     if let Some(p) = &o.json {
-        let doc =
-            serde_json::json!({ "backend": "cuda", "pes": o.n, "host": hostname(), "rows": rows });
+        let best: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|r| {
+                let b = gpu_table::best_peer(r);
+                serde_json::json!({ "op": r.op, "bytes": r.bytes,
+                    "best_peer": b.as_ref().map(|b| &b.0), "best_peer_us": b.map(|b| b.1) })
+            })
+            .collect();
+        let doc = serde_json::json!({ "backend": "cuda", "pes": o.n, "host": hostname(),
+            "rows": rows, "best_peer": best, "peers_without_symheap_row": unmatched });
         if let Err(e) = std::fs::write(p, serde_json::to_vec_pretty(&doc).unwrap()) {
             eprintln!("bench: cannot write {}: {e}", p.display());
             return 1;

@@ -1,6 +1,7 @@
 """Draws `symheap bench` JSON rows as a PNG: time per op against size, symheap and its peers,
-one panel per operation. GPU rows: one panel per collective (CUDA-graph numbers), plus the RMA
-bandwidth panel when present. Host rows: one panel per operation with a size (put/get and each
+one panel per operation. GPU rows: one panel per collective (CUDA-graph numbers): symheap against
+the best peer per size (named at each point, with best peer time / symheap time), every peer faint
+behind, plus the RMA bandwidth panel when present. Host rows: one panel per operation with a size (put/get and each
 collective), the peer drawn where it was measured.
 Usage: python3 plot.py rows.json out.png"""
 
@@ -13,6 +14,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def peers(r):
+    """(name, graph us) of every peer of a collective row: the in-process one and the merged ones."""
+    own = [(r["peer"], r["peer_graph_us"])] if r.get("peer_graph_us") else []
+    return [(n, v) for n, v in own + [tuple(o) for o in r.get("others", [])] if v and v > 0]
+
+
 def gpu(rows):
     coll = [r for r in rows if r["group"] == "coll"]
     rma = [r for r in rows if r["group"] == "rma" and r["bus_factor"] > 0]
@@ -22,18 +29,22 @@ def gpu(rows):
     for ax, op in zip(axes[0], ops):
         rs = sorted([r for r in coll if r["op"] == op], key=lambda r: r["bytes"])
         x = [r["bytes"] for r in rs]
-        ax.plot(x, [r["graph_us"] for r in rs], "o-", label="symheap")
-        ax.plot(x, [r["peer_graph_us"] for r in rs], "s--", label="NCCL")
-        names = sorted({n for r in rs for n, _ in r.get("others", [])})
-        for name in names:
-            pts = [(r["bytes"], v) for r in rs for n, v in r.get("others", []) if n == name]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "^:", label=name)
+        ax.plot(x, [r["graph_us"] for r in rs], "o-", color="C0", lw=2, label="symheap")
+        # Every peer faint, the best of them per size bold, named at each point.
+        names = list(dict.fromkeys(n for r in rs for n, _ in peers(r)))
+        for i, name in enumerate(names):
+            pts = [(r["bytes"], v) for r in rs for n, v in peers(r) if n == name]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], ":", color=f"C{i + 2}", alpha=0.5, lw=1, label=name)
+        best = [(r["bytes"], min(peers(r), key=lambda p: p[1]), r["graph_us"]) for r in rs if peers(r)]
+        ax.plot([b[0] for b in best], [b[1][1] for b in best], "s--", color="C1", lw=2, label="best peer")
+        for b, (name, t), mine in best:
+            ax.annotate(f"{name}\n{t / mine:.2f}x", (b, t), fontsize=5, textcoords="offset points", xytext=(2, 4))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(f"{op} ({rs[0]['dtype']}), CUDA graph")
         ax.set_xlabel("bytes")
         ax.set_ylabel("us per op")
-        ax.legend()
+        ax.legend(fontsize=6)
     if rma:
         ax = axes[0][-1]
         for op in sorted({r["op"] for r in rma}):

@@ -57,6 +57,16 @@ fn redop(op: ReduceOp) -> ncclRedOp_t {
     }
 }
 
+/// NCCL's version code as `major.minor.patch` (codes since 2.9 are `major*10000 + minor*100 +
+/// patch`; older ones `major*1000 + minor*100 + patch`).
+pub(crate) fn version_string(code: i32) -> String {
+    if code >= 20900 {
+        format!("{}.{}.{}", code / 10000, code % 10000 / 100, code % 100)
+    } else {
+        format!("{}.{}.{}", code / 1000, code % 1000 / 100, code % 100)
+    }
+}
+
 /// An NCCL communicator over all PEs of a symheap context.
 pub(crate) struct Nccl {
     comm: sys::ncclComm_t,
@@ -346,5 +356,15 @@ impl Drop for Nccl {
     fn drop(&mut self) {
         // SAFETY: created in `new`, destroyed once; callers synchronise their streams first.
         let _ = unsafe { sys::ncclCommDestroy(self.comm) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn version_codes_read_as_major_minor_patch() {
+        assert_eq!(super::version_string(22803), "2.28.3");
+        assert_eq!(super::version_string(23203), "2.32.3");
+        assert_eq!(super::version_string(2804), "2.8.4");
     }
 }
