@@ -213,7 +213,7 @@ def init(
     if store is None and comm is None:
         dist = sys.modules.get("torch.distributed")
         if dist is not None and dist.is_available() and dist.is_initialized():
-            store = dist.distributed_c10d._get_default_store()
+            store = _store_from_process_group(dist)
             rank = dist.get_rank() if rank is None else rank
             world_size = dist.get_world_size() if world_size is None else world_size
         elif not _launcher_env() and "mpi4py.MPI" in sys.modules:
@@ -259,6 +259,36 @@ def init(
         atexit.register(_at_exit)
         _atexit_registered = True
     return _ctx
+
+
+# The TCPStore made for a rendezvous over torch.distributed (rank 0 serves it): kept for the
+# context's lifetime.
+_dist_store: Any = None
+
+
+def _store_from_process_group(dist: Any) -> Any:
+    """A store for the rendezvous, made with public torch.distributed APIs only: rank 0 serves
+    a fresh ``TCPStore`` on a free port and the default process group broadcasts where it is
+    (``MASTER_ADDR`` when set, else rank 0's host name). Collective over the default group."""
+    import datetime
+    import socket
+
+    global _dist_store
+    rank, size = dist.get_rank(), dist.get_world_size()
+    try:
+        secs = float(os.environ.get("SYMHEAP_TIMEOUT", "") or 300)
+    except ValueError:
+        secs = 300.0
+    timeout = datetime.timedelta(seconds=max(secs, 30.0))
+    where: List[Any] = [None, None]
+    server = None
+    if rank == 0:
+        host = os.environ.get("MASTER_ADDR") or socket.gethostname()
+        server = dist.TCPStore(host, 0, size, is_master=True, wait_for_workers=False, timeout=timeout)
+        where = [host, int(server.port)]
+    dist.broadcast_object_list(where, src=0)
+    _dist_store = server or dist.TCPStore(where[0], where[1], size, is_master=False, timeout=timeout)
+    return _dist_store
 
 
 # Collective shutdowns that must run before the context's own (e.g. an NVSHMEM provider still

@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import pe_host_cases  # noqa: E402, F401 (registers its cases)
 import pe_torch_cases  # noqa: E402, F401 (registers its cases)
+import pe_torch_ops_cases  # noqa: E402, F401 (registers its cases)
 import symheap  # noqa: E402
 from pe_common import CASES, OWN_INIT, POISONED, env_rank  # noqa: E402
 from symheap import SymheapError  # noqa: E402

@@ -1,0 +1,630 @@
+"""symheap's collectives and RMA as PyTorch custom ops (``torch.ops.symheap.*``).
+
+Every op is registered with :mod:`torch.library` in the ``symheap`` namespace, with its
+mutation annotations and a fake (meta) kernel, so ``torch.compile(model, fullgraph=True)``
+traces through it without a graph break, and CUDA graphs (``torch.cuda.graph``,
+``torch.compile(mode="reduce-overhead")``) capture it. Every op runs on the **current torch
+stream** (an op under ``torch.compile`` cannot take a stream object); on the host backend it
+completes before it returns.
+
+The collectives take symmetric tensors (zero-copy) or ordinary tensors from PyTorch's
+allocator, which are staged through a symmetric workspace per team and stream (see
+:mod:`symheap._workspace` and ``docs/torch-integration.md``: which calls copy and when).
+Teams are passed to the ops as an ``int`` id (:func:`team_id`); 0 is the world. The Python
+functions of this module (``all_reduce_``, ``all_gather``...) take a :class:`symheap.Team`,
+an id or None and call the registered ops.
+
+Collective-order rule: every op marked **Collective** must be called by every PE of the team
+in the same order with the same arguments (sizes, dtypes, op, team), and every PE passes the
+same kind of tensors (symmetric or ordinary, as staging allocates collectively); a mismatch
+raises :class:`symheap.SymheapMismatchError` on every PE.
+
+Schemas (``torch.ops.symheap.NAME``)::
+
+    all_reduce_(Tensor(a!) tensor, str op="sum", int team=0) -> ()
+    all_reduce(Tensor input, str op="sum", int team=0) -> Tensor
+    all_gather_into(Tensor(a!) out, Tensor input, int team=0) -> ()
+    all_gather(Tensor input, int team=0) -> Tensor
+    reduce_scatter_into(Tensor(a!) out, Tensor input, str op="sum", int team=0) -> ()
+    reduce_scatter(Tensor input, str op="sum", int team=0) -> Tensor
+    alltoall_into(Tensor(a!) out, Tensor input, int team=0) -> ()
+    alltoall(Tensor input, int team=0) -> Tensor
+    broadcast_(Tensor(a!) tensor, int root=0, int team=0) -> ()
+    barrier(int team=0) -> ()
+    put(Tensor dest, Tensor src, int pe) -> ()
+    get(Tensor(a!) dest, Tensor src, int pe) -> ()
+    put_signal(Tensor dest, Tensor src, Tensor signal, int value, int pe, str sig_op="set",
+               int sig_index=0) -> ()
+    signal_wait_until(Tensor signal, str cmp, int value, int index=0) -> ()
+
+``op`` is ``sum``, ``avg`` (floating dtypes), ``min``, ``max`` or ``prod``. ``put``,
+``put_signal``, ``signal_wait_until`` and ``barrier`` change no local tensor (the writes land in
+peers' memory): they are registered as side-effecting, so compilers keep them in program order.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch as _torch
+from torch.library import custom_op as _custom_op
+
+from . import _core, _ops, _workspace
+from ._core import api, torch_dtype_name
+from ._native import SymheapUnsupportedError, SymheapValueError, Team
+
+TeamLike = Union[None, int, Team]
+
+REDUCE_OPS = ("sum", "avg", "min", "max", "prod")
+
+# ---- teams as ints -------------------------------------------------------------------------
+
+_teams: Dict[int, Team] = {}
+_team_ids: Dict[Tuple[int, Team], int] = {}
+
+
+def team_id(team: TeamLike) -> int:
+    """The int the ops take for ``team`` (None or the world: 0). Ids are per process and stay
+    valid until :func:`symheap.finalize`; not collective."""
+    if team is None:
+        return 0
+    if isinstance(team, bool) or not isinstance(team, (int, Team)):
+        raise SymheapValueError(f"team must be a symheap.Team, a team id or None, not {type(team).__name__}")
+    if isinstance(team, int):
+        _team(team)
+        return team
+    ctx = id(_core.context())
+    key = (ctx, team)
+    if key not in _team_ids:
+        if team == _core.native().world_team():
+            return 0
+        tid = max([0, *_teams]) + 1
+        _teams[tid] = team
+        _team_ids[key] = tid
+    return _team_ids[key]
+
+
+def _team(tid: int) -> Optional[Team]:
+    """The Team of id ``tid`` (None: the world); raises for an unknown id or a team this PE
+    is not a member of."""
+    if tid == 0:
+        return None
+    team = _teams.get(tid)
+    if team is None:
+        raise SymheapValueError(f"unknown symheap team id {tid}; get ids from symheap.ops.team_id(team)")
+    if not team.is_valid:
+        raise SymheapValueError(f"this PE is not a member of team {tid} ({team!r})")
+    return team
+
+
+def _n(tid: int) -> int:
+    t = _team(tid)
+    return _core.native().n_pes if t is None else t.n_pes()
+
+
+# ---- checks shared by the real and the fake kernels ----------------------------------------
+
+
+def _dtype(t: _torch.Tensor, what: str) -> str:
+    try:
+        return torch_dtype_name(t.dtype)
+    except SymheapValueError as e:
+        raise SymheapValueError(f"{what}: {e}") from None
+
+
+def _check_op(op: str, t: _torch.Tensor, what: str) -> None:
+    if op not in REDUCE_OPS:
+        raise SymheapValueError(f"{what}: unknown reduction {op!r} (one of {', '.join(REDUCE_OPS)})")
+    if op == "avg" and not t.dtype.is_floating_point:
+        raise SymheapValueError(f"{what}: 'avg' needs a floating-point tensor, not {t.dtype}")
+
+
+def _check_dtypes(out: _torch.Tensor, inp: _torch.Tensor, what: str) -> None:
+    _dtype(inp, what)
+    if out.dtype != inp.dtype:
+        raise SymheapValueError(f"{what}: dtypes differ (out {out.dtype}, input {inp.dtype})")
+
+
+def _check_pair(out: _torch.Tensor, inp: _torch.Tensor, what: str) -> None:
+    _check_dtypes(out, inp, what)
+    if out.device != inp.device:
+        raise SymheapValueError(f"{what}: devices differ (out {out.device}, input {inp.device})")
+
+
+def _gather_shape(inp: _torch.Tensor, n: int) -> List[int]:
+    return [n] if inp.dim() == 0 else [n * inp.shape[0], *inp.shape[1:]]
+
+
+def _scatter_shape(inp: _torch.Tensor, n: int, what: str) -> List[int]:
+    if inp.dim() == 0 or inp.shape[0] % n:
+        raise SymheapValueError(
+            f"{what}: the input's first dimension must be a multiple of {n}, shape {list(inp.shape)}"
+        )
+    return [inp.shape[0] // n, *inp.shape[1:]]
+
+
+def _check_gather(out: _torch.Tensor, inp: _torch.Tensor, n: int) -> None:
+    _check_pair(out, inp, "all_gather")
+    if out.numel() != n * inp.numel():
+        raise SymheapValueError(f"all_gather: out must hold {n} x {inp.numel()} elements, it holds {out.numel()}")
+
+
+def _check_scatter(out: _torch.Tensor, inp: _torch.Tensor, op: str, n: int) -> None:
+    _check_pair(out, inp, "reduce_scatter")
+    _check_op(op, inp, "reduce_scatter")
+    if inp.numel() != n * out.numel():
+        raise SymheapValueError(f"reduce_scatter: input must hold {n} x {out.numel()} elements, it holds {inp.numel()}")
+
+
+def _check_alltoall(out: _torch.Tensor, inp: _torch.Tensor, n: int) -> None:
+    _check_pair(out, inp, "alltoall")
+    if out.numel() != inp.numel() or inp.numel() % n:
+        raise SymheapValueError(
+            f"alltoall: input and out must hold {n} equal blocks ({inp.numel()} and {out.numel()} elements)"
+        )
+
+
+# ---- staging -------------------------------------------------------------------------------
+
+
+def _zero_copy(t: _torch.Tensor) -> bool:
+    """Whether ``t`` can be handed to the collective as it is: contiguous symmetric memory of
+    this PE's device."""
+    n = _core.native()
+    want = "cuda" if n.backend == "cuda" else "cpu"
+    if t.device.type != want or not t.is_contiguous():
+        return False
+    return bool(n.is_symmetric(int(t.data_ptr()), max(t.numel() * t.element_size(), 1)))
+
+
+def _record(ts: Sequence[_torch.Tensor]) -> None:
+    """Stream-ordered lifetime of ordinary CUDA tensors: like torch's own collectives, note that
+    the current stream used them, so the caching allocator does not hand their memory to
+    another stream before this work ran."""
+    if not _torch.cuda.is_available() or _torch.cuda.is_current_stream_capturing():
+        return
+    for t in ts:
+        if t.is_cuda and not _zero_copy(t):
+            t.record_stream(_torch.cuda.current_stream(t.device))
+
+
+def _stage(tid: int, parts: Sequence[Tuple[_torch.Tensor, bool]]) -> List[_torch.Tensor]:
+    """For each ``(tensor, copy_in)``: the tensor itself when zero-copy, else a region of the
+    workspace of (team, current stream) with its shape and dtype, filled from it when
+    ``copy_in``. Sized by all parts, so every PE grows at the same call."""
+    direct = [_zero_copy(t) for t, _ in parts]
+    if all(direct):
+        return [t for t, _ in parts]
+    need = sum(_workspace.aligned(t.numel() * t.element_size()) for t, _ in parts)
+    buf = _workspace.get(_team(tid), need)
+    out, off = [], 0
+    for (t, copy_in), d in zip(parts, direct):
+        if d:
+            out.append(t)
+        else:
+            r = _workspace.region(buf, off, t)
+            if copy_in:
+                r.copy_(t)
+            out.append(r)
+        off += _workspace.aligned(t.numel() * t.element_size())
+    return out
+
+
+def _reduce(op: str) -> str:
+    return "sum" if op == "avg" else op
+
+
+def _finish_avg(t: _torch.Tensor, op: str, tid: int) -> None:
+    if op == "avg":
+        t.div_(_n(tid))
+
+
+# ---- collectives ---------------------------------------------------------------------------
+
+
+@_custom_op("symheap::all_reduce_", mutates_args=("tensor",))
+def _all_reduce_(tensor: _torch.Tensor, op: str = "sum", team: int = 0) -> None:
+    _dtype(tensor, "all_reduce")
+    _check_op(op, tensor, "all_reduce")
+    (s,) = _stage(team, [(tensor, True)])
+    _ops.all_reduce(s, op=_reduce(op), team=_team(team))
+    _finish_avg(s, op, team)
+    if s is not tensor:
+        tensor.copy_(s)
+    _record([tensor])
+
+
+@_all_reduce_.register_fake
+def _(tensor: _torch.Tensor, op: str = "sum", team: int = 0) -> None:
+    _dtype(tensor, "all_reduce")
+    _check_op(op, tensor, "all_reduce")
+
+
+@_custom_op("symheap::all_reduce", mutates_args=())
+def _all_reduce(input: _torch.Tensor, op: str = "sum", team: int = 0) -> _torch.Tensor:
+    _dtype(input, "all_reduce")
+    _check_op(op, input, "all_reduce")
+    out = _torch.empty_like(input, memory_format=_torch.contiguous_format)
+    s, d = _stage(team, [(input, True), (out, False)])
+    _ops.all_reduce(d, s, op=_reduce(op), team=_team(team))
+    _finish_avg(d, op, team)
+    if d is not out:
+        out.copy_(d)
+    _record([input])
+    return out
+
+
+@_all_reduce.register_fake
+def _(input: _torch.Tensor, op: str = "sum", team: int = 0) -> _torch.Tensor:
+    _dtype(input, "all_reduce")
+    _check_op(op, input, "all_reduce")
+    return _torch.empty_like(input, memory_format=_torch.contiguous_format)
+
+
+def _run_gather(out: _torch.Tensor, input: _torch.Tensor, team: int) -> None:
+    d, s = _stage(team, [(out, False), (input, True)])
+    _ops.all_gather(d, s, team=_team(team))
+    if d is not out:
+        out.copy_(d.view(out.shape))
+    _record([out, input])
+
+
+@_custom_op("symheap::all_gather_into", mutates_args=("out",))
+def _all_gather_into(out: _torch.Tensor, input: _torch.Tensor, team: int = 0) -> None:
+    _check_gather(out, input, _n(team))
+    _run_gather(out, input, team)
+
+
+@_all_gather_into.register_fake
+def _(out: _torch.Tensor, input: _torch.Tensor, team: int = 0) -> None:
+    _check_gather(out, input, _n(team))
+
+
+@_custom_op("symheap::all_gather", mutates_args=())
+def _all_gather(input: _torch.Tensor, team: int = 0) -> _torch.Tensor:
+    _dtype(input, "all_gather")
+    out = input.new_empty(_gather_shape(input, _n(team)))
+    _run_gather(out, input, team)
+    return out
+
+
+@_all_gather.register_fake
+def _(input: _torch.Tensor, team: int = 0) -> _torch.Tensor:
+    _dtype(input, "all_gather")
+    return input.new_empty(_gather_shape(input, _n(team)))
+
+
+def _run_scatter(out: _torch.Tensor, input: _torch.Tensor, op: str, team: int) -> None:
+    d, s = _stage(team, [(out, False), (input, True)])
+    _ops.reduce_scatter(d, s, op=_reduce(op), team=_team(team))
+    _finish_avg(d, op, team)
+    if d is not out:
+        out.copy_(d)
+    _record([out, input])
+
+
+@_custom_op("symheap::reduce_scatter_into", mutates_args=("out",))
+def _reduce_scatter_into(out: _torch.Tensor, input: _torch.Tensor, op: str = "sum", team: int = 0) -> None:
+    _check_scatter(out, input, op, _n(team))
+    _run_scatter(out, input, op, team)
+
+
+@_reduce_scatter_into.register_fake
+def _(out: _torch.Tensor, input: _torch.Tensor, op: str = "sum", team: int = 0) -> None:
+    _check_scatter(out, input, op, _n(team))
+
+
+@_custom_op("symheap::reduce_scatter", mutates_args=())
+def _reduce_scatter(input: _torch.Tensor, op: str = "sum", team: int = 0) -> _torch.Tensor:
+    out = input.new_empty(_scatter_shape(input, _n(team), "reduce_scatter"))
+    _check_scatter(out, input, op, _n(team))
+    _run_scatter(out, input, op, team)
+    return out
+
+
+@_reduce_scatter.register_fake
+def _(input: _torch.Tensor, op: str = "sum", team: int = 0) -> _torch.Tensor:
+    out = input.new_empty(_scatter_shape(input, _n(team), "reduce_scatter"))
+    _check_scatter(out, input, op, _n(team))
+    return out
+
+
+def _run_alltoall(out: _torch.Tensor, input: _torch.Tensor, team: int) -> None:
+    d, s = _stage(team, [(out, False), (input, True)])
+    _ops.alltoall(d, s, team=_team(team))
+    if d is not out:
+        out.copy_(d.view(out.shape))
+    _record([out, input])
+
+
+@_custom_op("symheap::alltoall_into", mutates_args=("out",))
+def _alltoall_into(out: _torch.Tensor, input: _torch.Tensor, team: int = 0) -> None:
+    _check_alltoall(out, input, _n(team))
+    _run_alltoall(out, input, team)
+
+
+@_alltoall_into.register_fake
+def _(out: _torch.Tensor, input: _torch.Tensor, team: int = 0) -> None:
+    _check_alltoall(out, input, _n(team))
+
+
+@_custom_op("symheap::alltoall", mutates_args=())
+def _alltoall(input: _torch.Tensor, team: int = 0) -> _torch.Tensor:
+    out = _torch.empty_like(input, memory_format=_torch.contiguous_format)
+    _check_alltoall(out, input, _n(team))
+    _run_alltoall(out, input, team)
+    return out
+
+
+@_alltoall.register_fake
+def _(input: _torch.Tensor, team: int = 0) -> _torch.Tensor:
+    out = _torch.empty_like(input, memory_format=_torch.contiguous_format)
+    _check_alltoall(out, input, _n(team))
+    return out
+
+
+def _check_root(root: int, n: int) -> None:
+    if not 0 <= root < n:
+        raise SymheapValueError(f"broadcast: root {root} is not a member of a team of {n}")
+
+
+@_custom_op("symheap::broadcast_", mutates_args=("tensor",))
+def _broadcast_(tensor: _torch.Tensor, root: int = 0, team: int = 0) -> None:
+    _dtype(tensor, "broadcast")
+    _check_root(root, _n(team))
+    (s,) = _stage(team, [(tensor, True)])
+    _ops.broadcast(s, root=root, team=_team(team))
+    if s is not tensor:
+        tensor.copy_(s)
+    _record([tensor])
+
+
+@_broadcast_.register_fake
+def _(tensor: _torch.Tensor, root: int = 0, team: int = 0) -> None:
+    _dtype(tensor, "broadcast")
+    _check_root(root, _n(team))
+
+
+@_custom_op("symheap::barrier", mutates_args=())
+def _barrier(team: int = 0) -> None:
+    t = _team(team)
+    if t is None:
+        _ops.barrier_all()
+        return
+    if _torch.cuda.is_available() and _torch.cuda.is_current_stream_capturing():
+        raise SymheapUnsupportedError(
+            "barrier: a barrier over a team other than the world meets on the host and cannot be "
+            "captured in a CUDA graph; use the world team (team 0) there"
+        )
+    _ops.barrier(t)
+
+
+@_barrier.register_fake
+def _(team: int = 0) -> None:
+    _team(team)
+
+
+# ---- RMA and signals -----------------------------------------------------------------------
+
+
+@_custom_op("symheap::put", mutates_args=())
+def _put(dest: _torch.Tensor, src: _torch.Tensor, pe: int) -> None:
+    _ops.put(dest, src, pe)
+    _record([src])
+
+
+@_put.register_fake
+def _(dest: _torch.Tensor, src: _torch.Tensor, pe: int) -> None:
+    _check_dtypes(dest, src, "put")
+
+
+@_custom_op("symheap::get", mutates_args=("dest",))
+def _get(dest: _torch.Tensor, src: _torch.Tensor, pe: int) -> None:
+    if dest.is_contiguous():
+        _ops.get(dest, src, pe)
+    else:
+        tmp = _torch.empty_like(dest, memory_format=_torch.contiguous_format)
+        _ops.get(tmp, src, pe)
+        dest.copy_(tmp)
+    _record([dest])
+
+
+@_get.register_fake
+def _(dest: _torch.Tensor, src: _torch.Tensor, pe: int) -> None:
+    _check_dtypes(dest, src, "get")
+
+
+@_custom_op("symheap::put_signal", mutates_args=())
+def _put_signal(
+    dest: _torch.Tensor,
+    src: _torch.Tensor,
+    signal: _torch.Tensor,
+    value: int,
+    pe: int,
+    sig_op: str = "set",
+    sig_index: int = 0,
+) -> None:
+    _ops.put_signal(dest, src, signal, value, pe, op=sig_op, sig_index=sig_index)
+    _record([src])
+
+
+@_put_signal.register_fake
+def _(
+    dest: _torch.Tensor,
+    src: _torch.Tensor,
+    signal: _torch.Tensor,
+    value: int,
+    pe: int,
+    sig_op: str = "set",
+    sig_index: int = 0,
+) -> None:
+    _check_dtypes(dest, src, "put_signal")
+
+
+@_custom_op("symheap::signal_wait_until", mutates_args=())
+def _signal_wait_until(signal: _torch.Tensor, cmp: str, value: int, index: int = 0) -> None:
+    _ops.signal_wait_until(signal, cmp, value, index=index)
+
+
+@_signal_wait_until.register_fake
+def _(signal: _torch.Tensor, cmp: str, value: int, index: int = 0) -> None:
+    return None
+
+
+def _side_effects() -> None:
+    from torch.fx.node import has_side_effect
+
+    for name in ("barrier", "put", "put_signal", "signal_wait_until"):
+        has_side_effect(getattr(_torch.ops.symheap, name).default)
+
+
+_side_effects()
+
+
+# ---- the Python functions ------------------------------------------------------------------
+
+
+@api
+def all_reduce_(tensor: _torch.Tensor, op: str = "sum", team: TeamLike = None) -> _torch.Tensor:
+    """**Collective** over ``team``: every member's ``tensor`` becomes the element-wise
+    reduction (``sum``, ``avg``, ``min``, ``max``, ``prod``) of all members' ``tensor``, on the
+    current stream. Every PE makes the same calls in the same order. Returns ``tensor``."""
+    _torch.ops.symheap.all_reduce_(tensor, op, team_id(team))
+    return tensor
+
+
+@api
+def all_reduce(input: _torch.Tensor, op: str = "sum", team: TeamLike = None) -> _torch.Tensor:
+    """**Collective** over ``team``: a new tensor holding the reduction of all members'
+    ``input`` (out of place; ``input`` is read, not written). Every PE makes the same calls in
+    the same order."""
+    return _torch.ops.symheap.all_reduce(input, op, team_id(team))
+
+
+@api
+def all_gather(input: _torch.Tensor, team: TeamLike = None, *, out: Optional[_torch.Tensor] = None) -> _torch.Tensor:
+    """**Collective** over ``team``: member j's ``input`` lands in block j of the result (first
+    dimension ``n`` times the input's, or ``out`` of ``n * input.numel()`` elements). Every PE
+    makes the same calls in the same order."""
+    if out is None:
+        return _torch.ops.symheap.all_gather(input, team_id(team))
+    _torch.ops.symheap.all_gather_into(out, input, team_id(team))
+    return out
+
+
+@api
+def reduce_scatter(
+    input: _torch.Tensor, op: str = "sum", team: TeamLike = None, *, out: Optional[_torch.Tensor] = None
+) -> _torch.Tensor:
+    """**Collective** over ``team``: ``input`` holds ``n`` blocks; member j gets the reduction
+    of every member's block j (first dimension divided by ``n``, or into ``out``). Every PE
+    makes the same calls in the same order."""
+    if out is None:
+        return _torch.ops.symheap.reduce_scatter(input, op, team_id(team))
+    _torch.ops.symheap.reduce_scatter_into(out, input, op, team_id(team))
+    return out
+
+
+@api
+def alltoall(input: _torch.Tensor, team: TeamLike = None, *, out: Optional[_torch.Tensor] = None) -> _torch.Tensor:
+    """**Collective** over ``team``: block j of member i's ``input`` lands in block i of member
+    j's result (``n`` equal blocks; not in place). Every PE makes the same calls in the same
+    order."""
+    if out is None:
+        return _torch.ops.symheap.alltoall(input, team_id(team))
+    _torch.ops.symheap.alltoall_into(out, input, team_id(team))
+    return out
+
+
+@api
+def broadcast_(tensor: _torch.Tensor, root: int = 0, team: TeamLike = None) -> _torch.Tensor:
+    """**Collective** over ``team``: every member's ``tensor`` gets member ``root``'s. Every
+    PE makes the same calls in the same order. Returns ``tensor``."""
+    _torch.ops.symheap.broadcast_(tensor, root, team_id(team))
+    return tensor
+
+
+@api
+def barrier(team: TeamLike = None) -> None:
+    """**Collective** over ``team``: a barrier on the current stream (the world: stream-ordered
+    and capturable; another team meets on the host). Every PE makes the same calls in the same
+    order."""
+    _torch.ops.symheap.barrier(team_id(team))
+
+
+@api
+def put(dest: _torch.Tensor, src: _torch.Tensor, pe: int) -> None:
+    """Copies local ``src`` into PE ``pe``'s copy of symmetric ``dest`` on the current stream
+    (delivered by the next barrier, quiet or signal). Not collective."""
+    _torch.ops.symheap.put(dest, src, pe)
+
+
+@api
+def get(dest: _torch.Tensor, src: _torch.Tensor, pe: int) -> _torch.Tensor:
+    """Copies PE ``pe``'s copy of symmetric ``src`` into local ``dest`` on the current stream.
+    Not collective. Returns ``dest``."""
+    _torch.ops.symheap.get(dest, src, pe)
+    return dest
+
+
+@api
+def put_signal(
+    dest: _torch.Tensor,
+    src: _torch.Tensor,
+    signal: _torch.Tensor,
+    value: int,
+    pe: int,
+    sig_op: str = "set",
+    sig_index: int = 0,
+) -> None:
+    """Puts ``src`` into PE ``pe``'s ``dest``, then sets/adds ``value`` to PE ``pe``'s
+    ``signal[sig_index]`` (a symmetric int64/uint64 tensor), on the current stream. ``value``
+    is below 2**63 (a torch ``int``). Not collective."""
+    _torch.ops.symheap.put_signal(dest, src, signal, value, pe, sig_op, sig_index)
+
+
+@api
+def signal_wait_until(signal: _torch.Tensor, cmp: str, value: int, index: int = 0) -> None:
+    """Waits (on the current stream on CUDA, on the host otherwise) until this PE's
+    ``signal[index]`` satisfies ``word CMP value``. Not collective."""
+    _torch.ops.symheap.signal_wait_until(signal, cmp, value, index)
+
+
+@api
+def reserve_workspace(nbytes: int, team: TeamLike = None) -> None:
+    """**Collective** over the world (every PE, members of ``team`` or not, in the same order):
+    makes the staging workspace of ``team`` on the current stream hold ``nbytes``. Needed before
+    ordinary tensors go through a team that is not the whole world, and before CUDA graph
+    capture when no eager warm-up call ran."""
+    tid = team_id(team)
+    # Non-members allocate too (allocation is collective over the world), under their own key.
+    _workspace.reserve(nbytes, None if tid == 0 else _teams[tid])
+
+
+def workspace_usage() -> Dict[str, int]:
+    """This PE's staging workspaces: ``{workspaces, bytes, captured}``. Not collective."""
+    return _workspace.usage()
+
+
+def _forget_teams() -> None:
+    _teams.clear()
+    _team_ids.clear()
+
+
+__all__ = [
+    "REDUCE_OPS",
+    "all_gather",
+    "all_reduce",
+    "all_reduce_",
+    "alltoall",
+    "barrier",
+    "broadcast_",
+    "get",
+    "put",
+    "put_signal",
+    "reduce_scatter",
+    "reserve_workspace",
+    "signal_wait_until",
+    "team_id",
+    "workspace_usage",
+]

@@ -1,0 +1,39 @@
+"""The torch integration on the CUDA backend (GPU suite; 2 PEs, which may share one GPU): CUDA
+graph capture with 20 replays, torch.compile(mode="reduce-overhead"), ordinary CUDA tensors,
+freeing right after an asynchronous op. Skipped when CUDA is absent (CI)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import run_cases
+
+
+@pytest.fixture
+def cuda(torch_module) -> None:
+    """A skip, saying why, when torch sees no CUDA device."""
+    if not torch_module.cuda.is_available():
+        pytest.skip("CUDA is absent (torch.cuda.is_available() is False): GPU-suite test")
+
+
+GPU = {"SYMHEAP_BACKEND": "cuda"}
+
+
+def test_cuda_graph_replays(cuda) -> None:
+    """torch.cuda.graph capture of the ops, 20 replays, exact integer sums."""
+    run_cases(2, "ops_cuda_graph", env=GPU, timeout=300)
+
+
+def test_compile_reduce_overhead(cuda) -> None:
+    """torch.compile(mode="reduce-overhead", fullgraph=True) of a model calling the ops."""
+    run_cases(2, "ops_reduce_overhead", env=GPU, timeout=400)
+
+
+def test_ordinary_cuda_tensors(cuda) -> None:
+    """Every op on ordinary CUDA tensors (staged) and symmetric ones, exact values."""
+    run_cases(2, "ops_cuda_ordinary", env=GPU, timeout=300)
+
+
+def test_free_right_after_async_op(cuda) -> None:
+    """Deleting/freeing an input right after an asynchronous op on a side stream is safe."""
+    run_cases(2, "ops_cuda_free_after_async", env=GPU, timeout=300)
