@@ -8,8 +8,11 @@ stream** (an op under ``torch.compile`` cannot take a stream object); on the hos
 completes before it returns.
 
 The collectives take symmetric tensors (zero-copy) or ordinary tensors from PyTorch's
-allocator, which are staged through a symmetric workspace per team and stream (see
-:mod:`symheap._workspace` and ``docs/torch-integration.md``: which calls copy and when).
+allocator: on CUDA those are read and written in place where the kernel touches its buffers
+on this PE only (one-shot all_reduce and reduce_scatter, the exchange kernels of all_gather,
+alltoall and broadcast, up to a few MiB on the world team), and otherwise staged through a
+symmetric workspace per team and stream (see :mod:`symheap._workspace` and
+``docs/torch-integration.md``: which calls copy and when).
 Teams are passed to the ops as an ``int`` id (:func:`team_id`); 0 is the world. The Python
 functions of this module (``all_reduce_``, ``all_gather``...) take a :class:`symheap.Team`,
 an id or None and call the registered ops.
@@ -188,11 +191,29 @@ def _record(ts: Sequence[_torch.Tensor]) -> None:
             t.record_stream(_torch.cuda.current_stream(t.device))
 
 
-def _stage(tid: int, parts: Sequence[Tuple[_torch.Tensor, bool]]) -> List[_torch.Tensor]:
-    """For each ``(tensor, copy_in)``: the tensor itself when zero-copy, else a region of the
+def _in_place(t: _torch.Tensor, coll: Optional[Tuple[str, _torch.Tensor, int]], tid: int) -> bool:
+    """Whether ordinary ``t`` is read or written where it is: ``coll`` is ``(name, tensor
+    sizing the call, blocks of it per member)`` and its CUDA kernel at that size touches the
+    buffers on this PE only (one-shot all_reduce and reduce_scatter, the exchange kernels of
+    all_gather, alltoall and broadcast: see ``coll_takes_local_buffers``)."""
+    if coll is None or not t.is_cuda or not t.is_contiguous():
+        return False
+    if t.device.index != _core.native().device_ordinal:
+        return False
+    name, sizing, per = coll
+    return _ops._takes_local(name, _team(tid), sizing, name, per=per)
+
+
+def _stage(
+    tid: int,
+    parts: Sequence[Tuple[_torch.Tensor, bool]],
+    coll: Optional[Tuple[str, _torch.Tensor, int]] = None,
+) -> List[_torch.Tensor]:
+    """For each ``(tensor, copy_in)``: the tensor itself when zero-copy (symmetric, or an
+    ordinary CUDA tensor the kernel of ``coll`` reads in place), else a region of the
     workspace of (team, current stream) with its shape and dtype, filled from it when
     ``copy_in``. Sized by all parts, so every PE grows at the same call."""
-    direct = [_zero_copy(t) for t, _ in parts]
+    direct = [_zero_copy(t) or _in_place(t, coll, tid) for t, _ in parts]
     if all(direct):
         return [t for t, _ in parts]
     need = sum(_workspace.aligned(t.numel() * t.element_size()) for t, _ in parts)
@@ -226,7 +247,7 @@ def _finish_avg(t: _torch.Tensor, op: str, tid: int) -> None:
 def _all_reduce_(tensor: _torch.Tensor, op: str = "sum", team: int = 0) -> None:
     _dtype(tensor, "all_reduce")
     _check_op(op, tensor, "all_reduce")
-    (s,) = _stage(team, [(tensor, True)])
+    (s,) = _stage(team, [(tensor, True)], ("all_reduce", tensor, 1))
     _ops.all_reduce(s, op=_reduce(op), team=_team(team))
     _finish_avg(s, op, team)
     if s is not tensor:
@@ -245,7 +266,7 @@ def _all_reduce(input: _torch.Tensor, op: str = "sum", team: int = 0) -> _torch.
     _dtype(input, "all_reduce")
     _check_op(op, input, "all_reduce")
     out = _torch.empty_like(input, memory_format=_torch.contiguous_format)
-    s, d = _stage(team, [(input, True), (out, False)])
+    s, d = _stage(team, [(input, True), (out, False)], ("all_reduce", input, 1))
     _ops.all_reduce(d, s, op=_reduce(op), team=_team(team))
     _finish_avg(d, op, team)
     if d is not out:
@@ -262,7 +283,7 @@ def _(input: _torch.Tensor, op: str = "sum", team: int = 0) -> _torch.Tensor:
 
 
 def _run_gather(out: _torch.Tensor, input: _torch.Tensor, team: int) -> None:
-    d, s = _stage(team, [(out, False), (input, True)])
+    d, s = _stage(team, [(out, False), (input, True)], ("all_gather", input, 1))
     _ops.all_gather(d, s, team=_team(team))
     if d is not out:
         out.copy_(d.view(out.shape))
@@ -295,7 +316,7 @@ def _(input: _torch.Tensor, team: int = 0) -> _torch.Tensor:
 
 
 def _run_scatter(out: _torch.Tensor, input: _torch.Tensor, op: str, team: int) -> None:
-    d, s = _stage(team, [(out, False), (input, True)])
+    d, s = _stage(team, [(out, False), (input, True)], ("reduce_scatter", out, 1))
     _ops.reduce_scatter(d, s, op=_reduce(op), team=_team(team))
     _finish_avg(d, op, team)
     if d is not out:
@@ -330,7 +351,7 @@ def _(input: _torch.Tensor, op: str = "sum", team: int = 0) -> _torch.Tensor:
 
 
 def _run_alltoall(out: _torch.Tensor, input: _torch.Tensor, team: int) -> None:
-    d, s = _stage(team, [(out, False), (input, True)])
+    d, s = _stage(team, [(out, False), (input, True)], ("alltoall", input, _n(team)))
     _ops.alltoall(d, s, team=_team(team))
     if d is not out:
         out.copy_(d.view(out.shape))
@@ -372,7 +393,7 @@ def _check_root(root: int, n: int) -> None:
 def _broadcast_(tensor: _torch.Tensor, root: int = 0, team: int = 0) -> None:
     _dtype(tensor, "broadcast")
     _check_root(root, _n(team))
-    (s,) = _stage(team, [(tensor, True)])
+    (s,) = _stage(team, [(tensor, True)], ("broadcast", tensor, 1))
     _ops.broadcast(s, root=root, team=_team(team))
     if s is not tensor:
         tensor.copy_(s)

@@ -459,12 +459,15 @@ def case_ops_cuda_graph() -> None:
     x = torch.zeros(1000, device=dev)
     x2 = torch.zeros(1000, device=dev)
     s = st.zeros(1000, dtype=torch.float32)
+    # 8 MiB runs two-shot, which reads peers' copies: the ordinary tensor is staged.
+    big = torch.zeros(BIG, device=dev)
     capture = torch.cuda.Stream()
     capture.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(capture):  # warm-up on the capture stream: workspaces exist
         so.all_reduce_(x)
         so.all_reduce(x2)
         so.all_gather(x2)
+        so.all_reduce_(big)
     torch.cuda.current_stream().wait_stream(capture)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=capture):
@@ -472,18 +475,72 @@ def case_ops_cuda_graph() -> None:
         so.all_reduce_(s, "max")
         y = so.all_reduce(x2)
         ag = so.all_gather(x2)
+        so.all_reduce_(big)
     assert so.workspace_usage()["captured"] >= 1
     for i in range(20):
         d = _data(f"graph-{i}", n, (1000,), torch.float32)
         x.copy_(d[me])
         x2.copy_(d[me] + 1)
         s.copy_(d[me] * 2)
+        big.fill_(float(i + me))
         g.replay()
         torch.cuda.synchronize()
         _eq(x, d.sum(0), f"replay {i}: all_reduce_ ordinary")
         _eq(s, (d * 2).amax(0), f"replay {i}: all_reduce_ symmetric max")
         _eq(y, (d + 1).sum(0), f"replay {i}: all_reduce out of place")
         _eq(ag, (d + 1).reshape(-1), f"replay {i}: all_gather")
+        _eq(big, torch.full_like(big, float(n * i + n * (n - 1) // 2)), f"replay {i}: staged 8 MiB")
+    symheap.barrier_all()
+    torch.cuda.synchronize()
+
+
+BIG = 2 << 20  # float32 elements: 8 MiB, two-shot on CUDA
+
+
+@case
+def case_ops_cuda_in_place() -> None:
+    """Ordinary contiguous CUDA tensors are read and written in place, no workspace, where the
+    kernel touches buffers on this PE only (one-shot all_reduce and reduce_scatter, the
+    exchange kernels); PEs may pass different kinds of tensors there. Two-shot sizes stage
+    through the workspace in the ops, and the plain collectives refuse ordinary memory."""
+    import symheap.ops as so
+    import symheap.torch as st
+    import torch
+
+    me, n = symheap.my_pe(), symheap.n_pes()
+    dev = st.device()
+    before = so.workspace_usage()["workspaces"]
+    x = _data("ip-ar", n, (2048,), torch.float32)  # 8 KiB
+    t = x[me].clone()
+    so.all_reduce_(t)
+    _eq(t, x.sum(0), "all_reduce_ in place")
+    _eq(so.all_reduce(x[me], "max"), x.amax(0), "all_reduce functional")
+    _eq(so.all_gather(x[me]), x.reshape(-1), "all_gather")
+    rs = _data("ip-rs", n, (n * 512,), torch.int32)
+    _eq(so.reduce_scatter(rs[me]), rs.sum(0, dtype=torch.int32)[me * 512 : (me + 1) * 512], "reduce_scatter")
+    a2a = _data("ip-a2a", n, (n, 300), torch.float32)
+    _eq(so.alltoall(a2a[me]), a2a[:, me], "alltoall")
+    b = _data("ip-bc", n, (999,), torch.float32)
+    t = b[me].clone()
+    so.broadcast_(t, n - 1)
+    _eq(t, b[n - 1], "broadcast")
+    # One PE symmetric, the others ordinary: the same call where places do not matter.
+    sym = st.empty(2048, dtype=torch.float32)  # collective: every PE allocates
+    t = sym if me == 0 else torch.empty(2048, device=dev)
+    t.copy_(x[me])
+    so.all_reduce_(t)
+    _eq(t, x.sum(0), "mixed kinds")
+    assert so.workspace_usage()["workspaces"] == before, so.workspace_usage()
+    # The plain collectives take ordinary memory only where the kernel allows it.
+    t = x[me].clone()
+    symheap.all_reduce(t)
+    torch.cuda.synchronize()
+    _eq(t, x.sum(0), "symheap.all_reduce of an ordinary tensor")
+    big = torch.ones(BIG, device=dev)
+    e = raises(SymheapValueError, symheap.all_reduce, big)
+    assert "not in this PE's symmetric heap" in str(e), e
+    so.all_reduce_(big)
+    _eq(big, torch.full_like(big, float(n)), "8 MiB staged")
     symheap.barrier_all()
     torch.cuda.synchronize()
 

@@ -34,6 +34,12 @@ def test_ordinary_cuda_tensors(cuda) -> None:
     run_cases(2, "ops_cuda_ordinary", env=GPU, timeout=300)
 
 
+def test_ordinary_tensors_in_place(cuda) -> None:
+    """Ordinary CUDA tensors read and written in place by one-shot and exchange kernels (no
+    workspace), mixed kinds across PEs, two-shot staged, plain collectives' refusal."""
+    run_cases(2, "ops_cuda_in_place", env=GPU, timeout=300)
+
+
 def test_free_right_after_async_op(cuda) -> None:
     """Deleting/freeing an input right after an asynchronous op on a side stream is safe."""
     run_cases(2, "ops_cuda_free_after_async", env=GPU, timeout=300)

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
-use symheap::{AtomicOp, BackendChoice, DType, SignalOp, Team};
+use symheap::{AtomicOp, BackendChoice, DType, SignalOp, StreamColl, Team};
 
 use crate::buffer::{numel, parse_dtype, HeapView, SymmetricBuffer};
 use crate::convert::{
@@ -254,6 +254,35 @@ impl PyContext {
             Some(last) => c.is_symmetric(addr) && c.is_symmetric(last),
             None => false,
         }
+    }
+
+    /// Whether the stream collective `coll` (all_reduce, reduce_scatter, all_gather, broadcast,
+    /// alltoall) of `nbytes` per member on `team` takes any device memory of this PE's GPU for
+    /// its source and destination (its kernel touches them on this PE only), so an ordinary
+    /// tensor needs no staging copy. The same answer on every PE for the same call.
+    #[pyo3(signature = (coll, team, nbytes, algo = "auto"))]
+    fn coll_takes_local_buffers(
+        &self,
+        coll: &str,
+        team: Option<&PyTeam>,
+        nbytes: u64,
+        algo: &str,
+    ) -> PyResult<bool> {
+        let c = match coll {
+            "all_reduce" => StreamColl::AllReduce(parse_algo(algo)?),
+            "reduce_scatter" => StreamColl::ReduceScatter,
+            "all_gather" => StreamColl::AllGather,
+            "broadcast" => StreamColl::Broadcast,
+            "alltoall" => StreamColl::Alltoall,
+            other => {
+                return Err(value_error(format!(
+                    "unknown collective {other:?} (all_reduce, reduce_scatter, all_gather, \
+                     broadcast, alltoall)"
+                )))
+            }
+        };
+        let t = self.team_or_world(team);
+        Ok(self.c().coll_takes_local_buffers(c, &t, nbytes))
     }
 
     /// Raises `SymheapValueError` (naming `what` and the reason) unless `[addr, addr + nbytes)`

@@ -42,7 +42,9 @@ pub use config::{BackendChoice, Config};
 pub use context::{Context, ContextBuilder, HeapUsage, PeerView, SymmetricBuffer};
 pub use element::{DType, Element};
 pub use error::{Error, ErrorKind, Result};
-pub use ops::{AllReduceAlgo, AtomicBitwise, AtomicElement, AtomicInt, Cmp, SignalOp, Team};
+pub use ops::{
+    AllReduceAlgo, AtomicBitwise, AtomicElement, AtomicInt, Cmp, SignalOp, StreamColl, Team,
+};
 pub use provider::{Allocation, NativeHeap, Nvshmem, NvshmemLibrary, Provider};
 pub use stream::Stream;
 pub use table::{translate, PeerMask, SymmetricAddressMap};

@@ -104,17 +104,21 @@ impl Inner {
         write: bool,
         call: &'static str,
     ) -> Result<()> {
-        let mapped = self.backend.mapped();
-        let in_heap = (0..self.world)
-            .filter_map(|pe| self.backend.slot_base(pe))
-            .any(|b| addr >= b && addr < b + mapped);
         match self.backend.as_cuda() {
-            _ if in_heap => self.locate(addr, bytes, !write, call).map(drop),
+            _ if self.in_any_heap(addr) => self.locate(addr, bytes, !write, call).map(drop),
             Some(cu) => cu
                 .check_local_range(addr, bytes, call)
                 .map_err(|e| e.with_pe(self.rank)),
             None => self.own_offset(addr, bytes, call).map(drop),
         }
+    }
+
+    /// Whether `addr` lies in the mapped heap of any directly reachable PE (this one's too).
+    pub(crate) fn in_any_heap(&self, addr: u64) -> bool {
+        let mapped = self.backend.mapped();
+        (0..self.world)
+            .filter_map(|pe| self.backend.slot_base(pe))
+            .any(|b| addr >= b && addr < b + mapped)
     }
 
     /// The handle to enqueue on: on CUDA once `stream` is known to belong to this PE's device
@@ -157,13 +161,14 @@ impl Inner {
     pub(crate) fn coll_args(&self, args: String, dest: u64, src: u64) -> String {
         let base = self.backend.slot_base(self.rank).unwrap_or(0);
         let end = base + self.backend.mapped();
-        // An address outside the heap (refused later) is shown as given, the same on every PE
-        // that passes the same value, instead of as an offset that differs per PE.
+        // An address outside the heap (a PE's own device memory, which the one-shot and
+        // exchange kernels take, or one refused later) has no meaning on another PE: it is
+        // recorded as such, the same on every PE, instead of as a value that differs per PE.
         let at = |a: u64| {
             if (base..end).contains(&a) {
                 format!("heap+{:#x}", a - base)
             } else {
-                format!("{a:#x} (not in the heap)")
+                "local memory".to_string()
             }
         };
         if dest == src {

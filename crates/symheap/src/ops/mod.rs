@@ -4,6 +4,7 @@
 
 pub mod atomics;
 pub mod coll;
+mod coll_plan;
 pub mod coll_stream;
 pub mod rma;
 pub mod stream;
@@ -12,4 +13,5 @@ pub(crate) mod sync;
 pub use crate::context::team::Team;
 pub use atomics::{AtomicBitwise, AtomicElement, AtomicInt};
 pub use coll::AllReduceAlgo;
+pub use coll_plan::StreamColl;
 pub use rma::{Cmp, SignalOp};
