@@ -363,3 +363,8 @@ fn running_as_root() -> bool {
         })
         .unwrap_or(false)
 }
+
+#[test]
+fn stream_collectives_take_local_buffers_only_where_the_kernel_stays_local() {
+    selftest("coll-local");
+}

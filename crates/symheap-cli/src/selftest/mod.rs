@@ -322,6 +322,16 @@ pub const SCENARIOS: &[Scenario] = &[
         run: safety_scenarios::kill_device,
     },
     Scenario {
+        name: "coll-local",
+        about: "stream collectives take plain device buffers where the kernel stays local (one-shot, exchange), refuse them elsewhere",
+        min_pes: 1,
+        env: &[],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: false,
+        run: sound_scenarios::coll_local,
+    },
+    Scenario {
         name: "local-ranges",
         about: "stream copies refuse host memory, unmapped addresses and ranges past a device buffer",
         min_pes: 1,

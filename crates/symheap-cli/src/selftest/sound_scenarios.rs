@@ -124,3 +124,103 @@ fn foreign_stream(ctx: &Context, sym: &symheap::SymmetricBuffer) -> Outcome {
     cu.bind().map_err(e2s)?;
     refused("a stream of another device", "another CUDA context", r)
 }
+
+/// Collectives on a stream take a plain device buffer exactly where their kernel touches its
+/// buffers on this PE only (one-shot all_reduce, the exchange all_gather), by value; where the
+/// kernel reaches peers' copies (two-shot) and on the host backend (whose collectives read
+/// peers' copies) they refuse it, as they refuse host memory everywhere.
+pub fn coll_local(ctx: &Context, a: PeArgs) -> Outcome {
+    use symheap::{AllReduceAlgo, DType, ReduceOp, StreamColl};
+    let (me, n) = (ctx.my_pe(), ctx.n_pes());
+    let world = ctx.world_team();
+    let s = ctx.create_stream().map_err(e2s)?;
+    const COUNT: usize = 2048;
+    let bytes = (COUNT * 4) as u64;
+    let vals = |pe: usize| -> Vec<i32> {
+        (0..COUNT)
+            .map(|i| ((i as u64 * 7 + pe as u64 * 131 + a.seed) % 1000) as i32)
+            .collect()
+    };
+    let sym = ctx.malloc(bytes * n as u64).map_err(e2s)?;
+    sym.write(0, &vals(me)).map_err(e2s)?;
+    ctx.barrier_all().map_err(e2s)?;
+    let one_shot = StreamColl::AllReduce(AllReduceAlgo::Auto);
+    let takes = ctx.coll_takes_local_buffers(one_shot, &world, bytes);
+    let two_shot = StreamColl::AllReduce(AllReduceAlgo::TwoShot);
+    ensure!(
+        !ctx.coll_takes_local_buffers(two_shot, &world, bytes),
+        "two-shot claims to take local buffers"
+    );
+    let mut host = vec![0i32; COUNT];
+    let hp = host.as_mut_ptr() as u64;
+    let ar = |dest: u64, src: u64, algo| {
+        ctx.all_reduce_on_stream(
+            &world,
+            dest,
+            src,
+            COUNT,
+            DType::I32,
+            ReduceOp::Sum,
+            algo,
+            &s,
+        )
+    };
+    let host_says = if takes {
+        "host memory"
+    } else {
+        "symmetric heap"
+    };
+    refused(
+        "one-shot all_reduce from host memory",
+        host_says,
+        ar(sym.addr(), hp, AllReduceAlgo::Auto),
+    )?;
+    ensure!(host.iter().all(|&v| v == 0), "host memory was written");
+    if ctx.cuda().is_none() {
+        ensure!(
+            !takes || n == 1,
+            "the host backend claims to take local buffers"
+        );
+        return ctx.barrier_all().map_err(e2s);
+    }
+    ensure!(
+        takes || n == 1,
+        "one-shot all_reduce of 8 KiB does not take local buffers"
+    );
+    ctx.cuda().ok_or("CUDA only")?.bind().map_err(e2s)?;
+    let src = DeviceBuffer::zeroed(bytes).map_err(e2s)?;
+    let dest = DeviceBuffer::zeroed(bytes * n as u64).map_err(e2s)?;
+    ctx.get_on_stream(src.addr(), sym.addr(), bytes, me, &s)
+        .map_err(e2s)?;
+    refused(
+        "two-shot all_reduce into a device buffer",
+        "symmetric heap",
+        ar(dest.addr(), src.addr(), AllReduceAlgo::TwoShot),
+    )?;
+    ar(dest.addr(), src.addr(), AllReduceAlgo::Auto).map_err(e2s)?;
+    let out = ctx.malloc(bytes * n as u64).map_err(e2s)?;
+    ctx.put_on_stream(out.addr(), dest.addr(), bytes, me, &s)
+        .map_err(e2s)?;
+    ctx.sync_stream(&s).map_err(e2s)?;
+    let want: Vec<i32> = (0..COUNT)
+        .map(|i| (0..n).map(|p| vals(p)[i]).sum())
+        .collect();
+    ensure!(
+        out.to_vec::<i32>().map_err(e2s)?[..COUNT] == want[..],
+        "all_reduce through device buffers differs"
+    );
+    // all_gather through the exchange kernel: every PE's block, from and into device buffers.
+    if ctx.coll_takes_local_buffers(StreamColl::AllGather, &world, bytes) {
+        ctx.all_gather_on_stream(&world, dest.addr(), src.addr(), COUNT, DType::I32, &s)
+            .map_err(e2s)?;
+        ctx.put_on_stream(out.addr(), dest.addr(), bytes * n as u64, me, &s)
+            .map_err(e2s)?;
+        ctx.sync_stream(&s).map_err(e2s)?;
+        let want: Vec<i32> = (0..n).flat_map(vals).collect();
+        ensure!(
+            out.to_vec::<i32>().map_err(e2s)? == want,
+            "all_gather through device buffers differs"
+        );
+    }
+    ctx.barrier_all().map_err(e2s)
+}
