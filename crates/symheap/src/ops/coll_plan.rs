@@ -83,7 +83,7 @@ pub(super) fn rs_one_shot(cu: &CudaBackend, team: &Team, bytes: u64) -> bool {
         && (n - 1) * bytes <= cu.coll_tuning("SYMHEAP_COLL_RS_ONESHOT_MAX", RS_ONE_SHOT_PUSH_MAX)
 }
 
-/// A collective on a stream, for [`Context::coll_takes_local_buffers`].
+/// A collective on a stream, for [`crate::Context::coll_takes_local_buffers`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StreamColl {
     /// all_reduce with this algorithm request.
