@@ -16,8 +16,10 @@
 # one GPU they run at one rank, a code-path check): torch SymmetricMemory; NCCL by path with
 # ordinary buffers, symmetric windows and the zero-CTA (copy-engine) policy, for every libnccl
 # found (SYMHEAP_NCCL_LIB or .nccl/libnccl.so.2[.xz], the one in the venv, the system's); NVSHMEM
-# through nvshmem4py; FlashInfer's trtllm all_reduce. Packages the GPU machine lacks travel as
-# wheels in .whl/ (git-ignored) and are installed into /tmp/site first.
+# through nvshmem4py; FlashInfer's trtllm all_reduce; bench/tp_fused_bench.py (the fused
+# all_reduce + RMSNorm and the TP MLP block against NCCL, SymmetricMemory and FlashInfer; at one
+# GPU also symheap alone at 2 PEs sharing it). Packages the GPU machine lacks travel as wheels in
+# .whl/ (git-ignored) and are installed into /tmp/site first.
 #   ONLY_PEERS=1 scripts/gpu_suite.sh run   just the peers and `symheap bench coll` merging them
 #
 # Outputs land in $OUT (the device tool fetches them) or ./gpu-results.
@@ -100,6 +102,23 @@ run)
     fi
     peer nvshmem "${NVSHMEM_LIMIT:-180}" nvshmem_peer.py
     peer flashinfer "${FLASHINFER_LIMIT:-300}" flashinfer_peer.py
+    tp_bench
+  }
+  # The fused all_reduce + RMSNorm and the TP block against NCCL, torch SymmetricMemory and
+  # FlashInfer (bench/tp_fused_bench.py): its own JSON (tp-fused*.json, not merged into the
+  # collective table) and markdown tables with the target ratios.
+  tp_bench() {
+    local pp="${PEER_PATH:-}${PYTHONPATH:+:$PYTHONPATH}"
+    step tp-fused-bench "${TP_BENCH_LIMIT:-400}" env PYTHONPATH="$pp" SYMHEAP_BACKEND=cuda SYMHEAP_TIMEOUT=60 \
+      torchrun --standalone --nproc-per-node "$NGPU" bench/tp_fused_bench.py "$OUTDIR/tp-fused.json"
+    grep -E "^tp_fused_bench:" "$OUTDIR/tp-fused-bench.log" | head -n 20 || true
+    sed -n '/^## tp_fused_bench/,$p' "$OUTDIR/tp-fused-bench.log"
+    if [ "$NGPU" -lt 2 ]; then
+      echo "=== tp-fused-bench-2pe: 2 PEs sharing one GPU: not a speed comparison (symheap only)"
+      step tp-fused-bench-2pe "${TP_BENCH_LIMIT:-400}" env PYTHONPATH="$pp" SYMHEAP_BACKEND=cuda SYMHEAP_TIMEOUT=60 \
+        python3 -m symheap launch -n 2 -- python3 bench/tp_fused_bench.py "$OUTDIR/tp-fused-2pe.json" --symheap-only
+      sed -n '/^\[PE 0\] ## tp_fused_bench/,$p' "$OUTDIR/tp-fused-bench-2pe.log"
+    fi
   }
   if ls .carry/wheels/symheap-*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --target /tmp/symheap-py .carry/wheels/symheap-*.whl
@@ -167,6 +186,10 @@ run)
       step "example-$ex" 120 env SYMHEAP_TIMEOUT=30 "$B" launch -n 2 -- python3 "examples/python/$ex.py"
       grep -E "^\[PE 0\] $ex " "$OUTDIR/example-$ex.log" || true
     done
+    # The tensor-parallel MLP block (Llama-70B-like sizes, 2 PEs): eager, torch.compile, CUDA
+    # graphs, against torch.distributed (NCCL with a GPU per PE, else gloo on CPU copies).
+    step example-tp_mlp "${TP_MLP_LIMIT:-300}" env SYMHEAP_TIMEOUT=60 SYMHEAP_BACKEND=cuda "$B" launch -n 2 -- python3 examples/python/tp_mlp.py
+    grep -E "^\[PE 0\] tp_mlp" "$OUTDIR/example-tp_mlp.log" || true
   fi
   fi # ONLY_PEERS
   # The peers, measured in this same run, each merged into symheap's table as its own column.

@@ -1,6 +1,7 @@
 """The newcomer examples of examples/python, run as a user runs them: through the launcher, on
 the host backend. Their GPU-only siblings must skip here with status 77; the GPU suite
-(scripts/gpu_suite.sh run) runs all four on the CUDA backend."""
+(scripts/gpu_suite.sh run) runs all four on the CUDA backend. tp_mlp.py runs here at its small
+sizes (under a minute on two cores) and in the GPU suite at Llama-70B-like ones."""
 
 from __future__ import annotations
 
@@ -38,3 +39,12 @@ def test_gpu_examples_skip_on_the_host_backend(name: str, torch_module) -> None:
     p = launch(1, [sys.executable, str(EXAMPLES / name)])
     assert p.returncode == 77, f"exit status {p.returncode}\n{p.stdout}{p.stderr}"
     assert f"[PE 0] {name[:-3]}: skipped, " in p.stdout, p.stdout
+
+
+def test_tp_mlp_on_cpu(torch_module) -> None:
+    # The tensor-parallel MLP example at its small sizes on the host backend: eager and
+    # torch.compile (inductor, CPU) against the same model on torch.distributed over gloo.
+    out = run_example(2, "tp_mlp.py", "--small")
+    assert "[PE 0] tp_mlp: 2 PEs on cpu, hidden 512, intermediate 1536 (768 per PE)" in out, out
+    assert "reference: torch.distributed over gloo on CPU copies" in out, out
+    assert "eager, torch.compile (inductor) match torch.distributed (gloo)" in out, out
