@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT / "examples" / "python"))
 import peer_common as pc  # noqa: E402
 import symheap  # noqa: E402
 import symheap.fused as fused  # noqa: E402
+import symheap.ops  # noqa: E402, F401 - registers torch.ops.symheap.*
 import symheap.torch as st  # noqa: E402
 import tp_mlp  # noqa: E402
 
