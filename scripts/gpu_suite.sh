@@ -103,6 +103,20 @@ run)
     peer nvshmem "${NVSHMEM_LIMIT:-180}" nvshmem_peer.py
     peer flashinfer "${FLASHINFER_LIMIT:-300}" flashinfer_peer.py
     tp_bench
+    gemm_bench
+  }
+  # all_gather_matmul / matmul_reduce_scatter against NCCL + cuBLAS, torch SymmetricMemory's
+  # fused ops and cuBLAS alone (bench/gemm_overlap_bench.py; at one GPU also symheap alone at 2 PEs
+  # sharing it: not a speed comparison). A failure is printed; the suite goes on.
+  gemm_bench() {
+    local pp="${PEER_PATH:-}${PYTHONPATH:+:$PYTHONPATH}"
+    step gemm-overlap-bench "${GEMM_BENCH_LIMIT:-400}" env PYTHONPATH="$pp" SYMHEAP_BACKEND=cuda SYMHEAP_TIMEOUT=60 \
+      torchrun --standalone --nproc-per-node "$NGPU" bench/gemm_overlap_bench.py "$OUTDIR/gemm-overlap.json"
+    sed -n '/^## gemm_overlap_bench/,$p' "$OUTDIR/gemm-overlap-bench.log"
+    [ "$NGPU" -lt 2 ] && step gemm-overlap-bench-2pe "${GEMM_BENCH_LIMIT:-400}" env PYTHONPATH="$pp" SYMHEAP_BACKEND=cuda \
+      SYMHEAP_TIMEOUT=60 python3 -m symheap launch -n 2 -- python3 bench/gemm_overlap_bench.py "$OUTDIR/gemm-overlap-2pe.json" --symheap-only &&
+      sed -n '/^\[PE 0\] ## gemm_overlap_bench/,$p' "$OUTDIR/gemm-overlap-bench-2pe.log"
+    return 0
   }
   # The fused all_reduce + RMSNorm and the TP block against NCCL, torch SymmetricMemory and
   # FlashInfer (bench/tp_fused_bench.py): its own JSON (tp-fused*.json, not merged into the
@@ -171,7 +185,7 @@ run)
   grep -E "^\|" "$OUTDIR/fault-kill.log" || true
   # The Python package's torch and CUDA tests (CI runs only their CPU part).
   if ls .carry/wheels/symheap-*.whl >/dev/null 2>&1; then
-    step python-torch "${PYTEST_LIMIT:-600}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs test_torch.py test_fused.py test_torch_ops_gpu.py"
+    step python-torch "${PYTEST_LIMIT:-600}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs test_torch.py test_fused.py test_torch_ops_gpu.py test_gemm.py"
     # Providers (native heap, NVSHMEM, torch SymmetricMemory) under one Triton and one CUDA C++
     # kernel, and the Triton device library's compile and hint checks.
     [ "${SKIP_PROVIDERS:-0}" = 1 ] || step python-providers "${PROVIDERS_LIMIT:-300}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs test_providers_gpu.py test_providers.py test_triton_compile.py"

@@ -238,7 +238,7 @@ def free(x: Any) -> None:
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("numpy", "torch", "triton", "ops", "distributed", "fused"):
+    if name in ("numpy", "torch", "triton", "ops", "distributed", "fused", "gemm"):
         import importlib
 
         return importlib.import_module(f"{__name__}.{name}")

@@ -18,6 +18,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import pe_fused_cases  # noqa: E402, F401 (registers its cases)
+import pe_gemm_cases  # noqa: E402, F401 (registers its cases)
 import pe_host_cases  # noqa: E402, F401 (registers its cases)
 import pe_torch_cases  # noqa: E402, F401 (registers its cases)
 import pe_torch_ops_cases  # noqa: E402, F401 (registers its cases)

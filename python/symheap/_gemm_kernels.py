@@ -1,0 +1,388 @@
+"""The Triton kernels of :mod:`symheap.gemm`: all_gather + GEMM and GEMM + reduce_scatter with
+the communication overlapped with the GEMM, tile by tile.
+
+Imported only on the CUDA backend (it needs Triton); :mod:`symheap.gemm` holds the public
+functions, the workspaces, the custom ops and the host-backend path.
+
+Tiles are defined **per PE block**: PE ``p``'s rows (its shard of A for all_gather_matmul, the
+row block it owns for matmul_reduce_scatter) are cut into ``tpp = cdiv(m_blk, BM)`` M-tiles, so
+a ragged block (``m_blk`` not a multiple of ``BM``) only masks the last tile and no tile ever
+spans two PEs' rows. ``N`` and ``K`` are masked too (any M, N, K).
+
+all_gather_matmul: two kernels per PE per call
+    * **push** (``ag_push_kernel``, a few CTAs on a side stream forked from the caller's
+      stream): PE ``me`` copies its shard, chunk by chunk (one chunk = one M-tile of ``BM``
+      rows), into slot ``[parity][me]`` of every peer's symmetric gathered-A buffer with SM
+      stores over NVLink (16-byte vector stores, ``hint=16``), then one release store at
+      system scope of ``epoch`` into that peer's flag word ``flags[me][chunk]``. The peers
+      are served in the order ``me-1, me-2, ...``, so at step ``k`` every PE sends to
+      ``me-k`` and receives from ``me+k`` (a balanced schedule) and PE ``q`` receives from
+      ``q+1`` first.
+    * **GEMM** (``ag_gemm_kernel``, persistent, on the caller's stream): tiles in the order
+      ``(k, i, j)``: the source PE ``(me + k) % n`` (own shard first, read in place from the
+      caller's tensor with no wait; then ``me+1``, ``me+2``... in arrival order), its M-tile
+      ``i``, the N-tile ``j``. Before loading A from a peer's slot the CTA polls
+      ``flags[src][i] >= epoch`` with acquire loads at system scope, bounded by
+      ``SYMHEAP_TIMEOUT`` (then ``trap``: a CUDA error at the next synchronisation, not a hang).
+    Why SM stores and not the copy engine: a copy-engine put is a host-enqueued operation whose
+    destination and signal value are fixed when a CUDA graph captures it, while the slot
+    parity and the epoch below must change at every replay. The push kernel takes a few CTAs
+    (``PUSH_CTAS``); the persistent GEMM gets the others.
+
+matmul_reduce_scatter: one kernel per PE per call (``rs_gemm_kernel``, persistent)
+    Tiles in the order ``(k, i, j)`` with the destination block ``d = (me + 1 + k) % n``: the
+    row blocks of the peers first (``me+1`` first), this PE's own block last. A peer's tile is
+    stored (rounded to the output dtype, 16-byte vector stores) straight into slot
+    ``[parity][me]`` of PE ``d``'s symmetric receive buffer, then a release flag
+    ``flags[me][tile] = epoch`` on PE ``d``. An own tile keeps its partial in registers, waits
+    (acquire, bounded) for the ``n-1`` peers' flags of the same tile, adds their partials in
+    fp32 in PE order and stores the output: the reduction is fused into the last producer.
+
+Epochs (CUDA graphs)
+    Each kernel keeps its own device-side counter (``ctr``: number of its completed launches on
+    this PE); a launch reads it and uses ``epoch = ctr + 1``; its last CTA (an arrival counter)
+    stores ``epoch`` back. Flags hold the epoch of their last write, which only grows, so they
+    are never reset and a stale flag never satisfies a wait; nothing the host passes changes
+    between calls, so a captured graph replays correctly.
+
+Reuse hazard (why double buffering by epoch parity is enough, as in :mod:`symheap.fused`)
+    Launch ``e`` writes parity ``e & 1``. PE ``A`` writes parity ``p`` of PE ``B`` again only
+    at its launch ``e + 2``, which starts (stream order: the push stream forks from the
+    caller's stream after A's GEMM ``e + 1``) after A's GEMM ``e + 1`` completed. That GEMM
+    waited for flags of epoch ``e + 1`` from every peer, ``B`` included (every PE's block has
+    at least one tile); ``B`` writes those only in its own launch ``e + 1``, which starts after
+    its GEMM ``e`` finished reading parity ``p``. Needed: consecutive calls on one PE are
+    stream-ordered (one stream, or ordered by events), as a graph replay is.
+
+No deadlock: the persistent grids are at most the SMs of this PE's share of the GPU minus
+the push CTAs, so every CTA of every kernel involved is resident together; a CTA only waits for
+work that never waits itself (the push kernel; a peer's non-own tiles, which come first).
+
+Block sizes: chosen by :func:`config` from the shape and the device, cached; not autotuned
+(every launch here is a collective step: an autotuner would time a different number of
+launches on each PE, and different PEs could pick different tiles). See :mod:`symheap.gemm`.
+"""
+
+# No "from __future__ import annotations": Triton reads the tl.constexpr annotations.
+import functools
+from typing import Any, Tuple
+
+import torch as _torch
+import triton
+import triton.language as tl
+
+from . import triton as sh
+
+PUSH_CTAS = 16
+PUSH_BLOCK = 2048
+
+
+@triton.jit
+def _trap():
+    tl.inline_asm_elementwise("trap;\nmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _wait(flag_ptr, epoch, timeout_ns):
+    ok = sh.signal_wait_until(flag_ptr, sh.GE, epoch, timeout_ns)
+    if ok == 0:
+        _trap()
+
+
+@triton.jit
+def _advance(ctr_ptr, epoch):
+    # The last CTA to finish stores epoch into this PE's device-side counter.
+    tl.debug_barrier()
+    arrived = tl.atomic_add(ctr_ptr + 1, 1, sem="acq_rel", scope="gpu")
+    if arrived == tl.num_programs(0) - 1:
+        tl.atomic_xchg(ctr_ptr + 1, 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(ctr_ptr, epoch, sem="release", scope="gpu")
+
+
+@triton.jit
+def _tile_dot(a_base, stride_am, m_rows, b_ptr, stride_bk, stride_bn, N, K, i, j, BM, BN, BK):
+    """fp32 ``A[i*BM.., :] @ B[:, j*BN..]`` of one tile, A rows masked at ``m_rows``."""
+    rm = i * BM + tl.arange(0, BM)
+    rn = j * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    mmask = rm < m_rows
+    nmask = rn < N
+    a_ptrs = a_base + rm[:, None] * stride_am + rk[None, :]
+    b_ptrs = b_ptr + rk[:, None] * stride_bk + rn[None, :] * stride_bn
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for kk in range(0, tl.cdiv(K, BK)):
+        kmask = rk < K - kk * BK
+        a = tl.load(a_ptrs, mask=mmask[:, None] & kmask[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=kmask[:, None] & nmask[None, :], other=0.0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BK
+        b_ptrs += BK * stride_bk
+    return acc, rm, rn, mmask, nmask
+
+
+# ---- all_gather + GEMM ------------------------------------------------------------------------
+
+
+@triton.jit
+def ag_push_kernel(
+    a_ptr,
+    ws_ptr,
+    flags_ptr,
+    ctr_ptr,
+    bases_ptr,
+    me,
+    npes,
+    m_loc,
+    K,
+    stride_am,
+    slot_elems,
+    flag_stride,
+    BM: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HINT: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    P = tl.num_programs(0)
+    epoch = tl.load(ctr_ptr, volatile=True) + 1
+    parity = epoch & 1
+    dst_slot = ws_ptr + (parity * npes + me).to(tl.int64) * slot_elems
+    tpp = tl.cdiv(m_loc, BM)
+    cols = tl.arange(0, BLOCK)
+    for item in range(pid, (npes - 1) * tpp, P):
+        k = item // tpp + 1
+        i = item % tpp
+        q = (me - k + npes) % npes
+        r1 = tl.minimum(m_loc, (i + 1) * BM)
+        for r in range(i * BM, r1):
+            for c0 in range(0, K, BLOCK):
+                cm = cols < K - c0
+                v = tl.load(a_ptr + r * stride_am + c0 + cols, mask=cm)
+                sh.store(dst_slot + r * K + c0 + cols, v, me, q, bases_ptr, mask=cm, hint=HINT)
+        sh.signal_set(flags_ptr + me * flag_stride + i, epoch, me, q, bases_ptr)
+    _advance(ctr_ptr, epoch)
+
+
+@triton.jit
+def ag_gemm_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    ws_ptr,
+    flags_ptr,
+    ctr_ptr,
+    me,
+    npes,
+    m_loc,
+    N,
+    K,
+    stride_am,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    slot_elems,
+    flag_stride,
+    timeout_ns,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    G = tl.num_programs(0)
+    epoch = tl.load(ctr_ptr, volatile=True) + 1
+    parity = epoch & 1
+    tpp = tl.cdiv(m_loc, BM)
+    tn = tl.cdiv(N, BN)
+    per_pe = tpp * tn
+    for t in range(pid, npes * per_pe, G):
+        k = t // per_pe
+        rem = t % per_pe
+        i = rem // tn
+        j = rem % tn
+        src = (me + k) % npes
+        a_base = a_ptr
+        sam = stride_am
+        if k != 0:
+            _wait(flags_ptr + src * flag_stride + i, epoch, timeout_ns)
+            a_base = ws_ptr + (parity * npes + src).to(tl.int64) * slot_elems
+            sam = K
+        acc, rm, rn, mmask, nmask = _tile_dot(a_base, sam, m_loc, b_ptr, stride_bk, stride_bn, N, K, i, j, BM, BN, BK)
+        c_ptrs = c_ptr + (src * m_loc + rm)[:, None].to(tl.int64) * stride_cm + rn[None, :]
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+    _advance(ctr_ptr, epoch)
+
+
+@triton.jit
+def ag_gathered_kernel(a_ptr, ws_ptr, g_ptr, ctr_ptr, me, npes, m_loc, K, stride_am, slot_elems, BLOCK: tl.constexpr):
+    """Copies the gathered A of the launch that just completed (its parity read from the GEMM's
+    counter) into ``g`` (``npes * m_loc`` rows of ``K``): row ``r`` of PE ``p`` per program."""
+    row = tl.program_id(0)
+    p = row // m_loc
+    r = row % m_loc
+    parity = tl.load(ctr_ptr, volatile=True) & 1
+    cols = tl.arange(0, BLOCK)
+    for c0 in range(0, K, BLOCK):
+        cm = cols < K - c0
+        if p == me:
+            v = tl.load(a_ptr + r * stride_am + c0 + cols, mask=cm)
+        else:
+            src = ws_ptr + (parity * npes + p).to(tl.int64) * slot_elems
+            v = tl.load(src + r * K + c0 + cols, mask=cm)
+        tl.store(g_ptr + row.to(tl.int64) * K + c0 + cols, v, mask=cm)
+
+
+# ---- GEMM + reduce_scatter --------------------------------------------------------------------
+
+
+@triton.jit
+def rs_gemm_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    ws_ptr,
+    flags_ptr,
+    ctr_ptr,
+    bases_ptr,
+    me,
+    npes,
+    m_blk,
+    N,
+    K,
+    stride_am,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    slot_elems,
+    flag_stride,
+    timeout_ns,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    HINT: tl.constexpr,
+):
+    ESIZE: tl.constexpr = c_ptr.dtype.element_ty.primitive_bitwidth // 8
+    pid = tl.program_id(0)
+    G = tl.num_programs(0)
+    epoch = tl.load(ctr_ptr, volatile=True) + 1
+    parity = epoch & 1
+    ws_par = ws_ptr + (parity * npes).to(tl.int64) * slot_elems
+    tpp = tl.cdiv(m_blk, BM)
+    tn = tl.cdiv(N, BN)
+    per_pe = tpp * tn
+    for t in range(pid, npes * per_pe, G):
+        k = t // per_pe
+        rem = t % per_pe
+        i = rem // tn
+        j = rem % tn
+        d = (me + 1 + k) % npes
+        a_base = a_ptr + (d * m_blk).to(tl.int64) * stride_am
+        acc, rm, rn, mmask, nmask = _tile_dot(
+            a_base, stride_am, m_blk, b_ptr, stride_bk, stride_bn, N, K, i, j, BM, BN, BK
+        )
+        mask = mmask[:, None] & nmask[None, :]
+        part = acc.to(c_ptr.dtype.element_ty)
+        offs = rm[:, None] * N + rn[None, :]
+        if d != me:
+            # PE d's slot [parity][me]: the local address plus the per-peer delta in elements
+            # (sh.translate's arithmetic, done on the scalar delta so that the tile keeps the
+            # contiguity and alignment the compiler knows: 16-byte vector stores with HINT).
+            delta = (tl.load(bases_ptr + d) - tl.load(bases_ptr + me)) // ESIZE
+            if HINT:
+                delta = tl.multiple_of(delta, 16 // ESIZE)
+            dst = ws_par + (parity * 0 + me).to(tl.int64) * slot_elems + delta + offs
+            tl.store(dst, part, mask=mask)
+            sh.signal_set(flags_ptr + me * flag_stride + rem, epoch, me, d, bases_ptr)
+        else:
+            total = tl.zeros([BM, BN], dtype=tl.float32)
+            for s in range(0, npes):
+                if s == me:
+                    total += part.to(tl.float32)
+                else:
+                    _wait(flags_ptr + s * flag_stride + rem, epoch, timeout_ns)
+                    src = ws_par + s.to(tl.int64) * slot_elems + offs
+                    total += tl.load(src, mask=mask, other=0.0, volatile=True).to(tl.float32)
+            c_ptrs = c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :]
+            tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mask)
+    _advance(ctr_ptr, epoch)
+
+
+# ---- block sizes and launches -----------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def config(m_blk: int, n: int, k: int, arch: int) -> Tuple[int, int, int, int, int]:
+    """``(BM, BN, BK, num_warps, num_stages)`` for per-PE blocks of ``m_blk`` rows, by
+    heuristic (the same on every PE: a function of the shape and the device only)."""
+    bm = 128 if m_blk > 64 else 64
+    bn = 128 if n > 64 else 64
+    if arch >= 90:
+        bk = 64 if k >= 64 else 32
+        return bm, bn, bk, 8, 4 if bm == 128 else 3
+    return bm, bn, 32, 8 if bm == 128 else 4, 3
+
+
+def _arch(dev: _torch.device) -> int:
+    major, minor = _torch.cuda.get_device_capability(dev)
+    return major * 10 + minor
+
+
+def _hint(*elems: int, esize: int) -> Any:
+    return 16 if all((e * esize) % 16 == 0 for e in elems) else None
+
+
+def launch_ag(a, b, c, g, ws, flags, ctrs, bases, me, npes, slot_elems, flag_stride, sms, timeout_ns) -> None:
+    """The push kernel on a side stream (forked from, and joined back into, the current stream)
+    and the persistent GEMM on the current stream; then the gathered copy when ``g`` is given.
+    ``ctrs``: int64 ``[push epoch, push arrivals, gemm epoch, gemm arrivals, ...]``."""
+    m_loc, kdim = a.shape
+    n = b.shape[1]
+    bm, bn, bk, warps, stages = config(m_loc, n, kdim, _arch(a.device))
+    main = _torch.cuda.current_stream(a.device)
+    gemm_sms = sms
+    if npes > 1:
+        gemm_sms = max(1, sms - PUSH_CTAS)
+        side = _side_stream(a.device)
+        side.wait_stream(main)
+        with _torch.cuda.stream(side):
+            tpp = triton.cdiv(m_loc, bm)
+            ag_push_kernel[(max(1, min(PUSH_CTAS, (npes - 1) * tpp)),)](
+                a, ws, flags, ctrs[0:], bases, me, npes, m_loc, kdim, a.stride(0), slot_elems, flag_stride,
+                BM=bm, BLOCK=min(PUSH_BLOCK, triton.next_power_of_2(kdim)),
+                HINT=_hint(kdim, slot_elems, a.stride(0), esize=a.element_size()), num_warps=8,
+            )  # fmt: skip
+    tiles = npes * triton.cdiv(m_loc, bm) * triton.cdiv(n, bn)
+    ag_gemm_kernel[(max(1, min(tiles, gemm_sms)),)](
+        a, b, c, ws, flags, ctrs[2:], me, npes, m_loc, n, kdim, a.stride(0), b.stride(0), b.stride(1), c.stride(0),
+        slot_elems, flag_stride, timeout_ns, BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    if npes > 1:
+        main.wait_stream(side)
+    if g is not None:
+        ag_gathered_kernel[(npes * m_loc,)](
+            a, ws, g, ctrs[2:], me, npes, m_loc, kdim, a.stride(0), slot_elems,
+            BLOCK=min(PUSH_BLOCK, triton.next_power_of_2(kdim)), num_warps=4,
+        )  # fmt: skip
+
+
+def launch_rs(a, b, c, ws, flags, ctr, bases, me, npes, slot_elems, flag_stride, sms, timeout_ns) -> None:
+    """The persistent GEMM + reduce_scatter kernel on the current stream."""
+    m, kdim = a.shape
+    n = b.shape[1]
+    m_blk = m // npes
+    bm, bn, bk, warps, stages = config(m_blk, n, kdim, _arch(a.device))
+    tiles = npes * triton.cdiv(m_blk, bm) * triton.cdiv(n, bn)
+    rs_gemm_kernel[(max(1, min(tiles, sms)),)](
+        a, b, c, ws, flags, ctr, bases, me, npes, m_blk, n, kdim, a.stride(0), b.stride(0), b.stride(1), c.stride(0),
+        slot_elems, flag_stride, timeout_ns, BM=bm, BN=bn, BK=bk,
+        HINT=_hint(n, slot_elems, esize=c.element_size()) is not None, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+
+
+_sides: dict = {}
+
+
+def _side_stream(dev: _torch.device) -> Any:
+    """One side stream per device for the push kernel (fixed, so graphs capture one fork)."""
+    s = _sides.get(dev)
+    if s is None:
+        s = _sides[dev] = _torch.cuda.Stream(dev)
+    return s

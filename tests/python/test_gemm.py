@@ -1,0 +1,158 @@
+"""symheap.gemm: all_gather_matmul and matmul_reduce_scatter (cases in pe_gemm_cases.py).
+
+CI (host backend, CPU tensors: the unfused path) at 1, 2 and 4 PEs: exact against float64
+references on integer-valued inputs, bf16/fp16 tolerance on random normal data, ragged M, N, K,
+B transposed, the gathered A, symmetric inputs, argument errors, the custom ops with opcheck and
+torch.compile(fullgraph=True). Without a GPU the Triton kernels are compiled for sm_90 and their
+PTX checked for the protocol (release flags at system scope, bounded acquire waits with trap,
+16-byte vector peer stores, wgmma). On a GPU (CUDA backend, 2 PEs sharing GPU 0 when there is
+one GPU) the same cases run the kernels, plus both ops in one CUDA graph with 10 replays. Skips
+say why: torch or Triton missing, or no CUDA device.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from typing import Any
+
+import pytest
+
+from conftest import run_cases
+
+CPU_CASES = ("gemm_exact", "gemm_random", "gemm_errors", "gemm_op")
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_gemm_host_backend(torch_module, n: int) -> None:
+    """Every CPU case at n PEs (host backend: host all_gather / reduce_scatter and torch)."""
+    run_cases(n, *CPU_CASES, timeout=600)
+
+
+def _gpu_env() -> dict:
+    return {"SYMHEAP_BACKEND": "cuda", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+
+
+def test_gemm_cuda(cuda_gpus: int) -> None:
+    """The Triton kernels at 2 PEs (one GPU each when there are two, else sharing GPU 0)."""
+    run_cases(2, *CPU_CASES, env=_gpu_env(), timeout=600)
+
+
+def test_gemm_cuda_4pe(cuda_gpus: int) -> None:
+    """The Triton kernels at 4 PEs (sharing the GPUs there are): exact and random cases."""
+    run_cases(4, "gemm_exact", "gemm_random", env=_gpu_env(), timeout=600)
+
+
+def test_gemm_cuda_graph(cuda_gpus: int) -> None:
+    """Both ops in one CUDA graph, 10 replays with new inputs, each exact; eager after."""
+    run_cases(2, "gemm_cuda_graph", env=_gpu_env(), timeout=600)
+
+
+P = "*bf16"
+SIGS = {
+    "ag_push_kernel": dict(
+        a_ptr=P, ws_ptr=P, flags_ptr="*i64", ctr_ptr="*i64", bases_ptr="*i64", me="i32", npes="i32",
+        m_loc="i32", K="i32", stride_am="i32", slot_elems="i64", flag_stride="i32",
+    ),
+    "ag_gemm_kernel": dict(
+        a_ptr=P, b_ptr=P, c_ptr=P, ws_ptr=P, flags_ptr="*i64", ctr_ptr="*i64", me="i32", npes="i32",
+        m_loc="i32", N="i32", K="i32", stride_am="i32", stride_bk="i32", stride_bn="i32", stride_cm="i32",
+        slot_elems="i64", flag_stride="i32", timeout_ns="i64",
+    ),
+    "rs_gemm_kernel": dict(
+        a_ptr=P, b_ptr=P, c_ptr=P, ws_ptr=P, flags_ptr="*i64", ctr_ptr="*i64", bases_ptr="*i64", me="i32",
+        npes="i32", m_blk="i32", N="i32", K="i32", stride_am="i32", stride_bk="i32", stride_bn="i32",
+        stride_cm="i32", slot_elems="i64", flag_stride="i32", timeout_ns="i64",
+    ),
+    "ag_gathered_kernel": dict(
+        a_ptr=P, ws_ptr=P, g_ptr=P, ctr_ptr="*i64", me="i32", npes="i32", m_loc="i32", K="i32",
+        stride_am="i32", slot_elems="i64",
+    ),
+}  # fmt: skip
+# What Triton's launcher specialises at run time for 16-divisible sizes and strides.
+DIV = ("N", "K", "stride_am", "stride_bk", "stride_cm", "slot_elems")
+
+
+@pytest.fixture(scope="module")
+def kernel_ptx() -> Any:
+    """A function compiling one of the gemm kernels for sm_90 to PTX (no GPU needed), or a skip
+    without Triton."""
+    try:
+        importlib.import_module("triton")
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+    except ImportError:
+        pytest.skip("triton is not installed (pip install triton)")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    k = importlib.import_module("symheap._gemm_kernels")
+
+    def build(name: str, consts: dict, dtype: str = "bf16", warps: int = 8, stages: int = 4) -> str:
+        s = {a: ("*" + dtype if t == P else t) for a, t in SIGS[name].items()}
+        s.update({c: "constexpr" for c in consts})
+        attrs = {(i,): [["tt.divisibility", 16]] for i, (a, t) in enumerate(s.items()) if t[0] == "*" or a in DIV}
+        src = ASTSource(fn=getattr(k, name), signature=s, constexprs=consts, attrs=attrs)
+        c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+        assert c.asm["cubin"], "no cubin"
+        return c.asm["ptx"]
+
+    return build
+
+
+def _instructions(ptx: str) -> list:
+    lines = [re.sub(r"^@!?%\w+\s+", "", line.strip()) for line in ptx.splitlines()]
+    return [line for line in lines if line and not line.startswith((".", "//", "$", "}", "{"))]
+
+
+def _has(lines: list, pattern: str) -> bool:
+    return any(re.search(pattern, x) for x in lines)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_ag_kernels_compile_with_their_protocol(kernel_ptx: Any, dtype: str) -> None:
+    """The push kernel stores 16-byte vectors into peers and publishes each chunk with a
+    release store at system scope after a CTA barrier; the persistent GEMM waits with bounded
+    acquire polling at system scope (globaltimer, trap), runs on wgmma with cp.async loads, and
+    both advance their device-side epoch."""
+    push = _instructions(kernel_ptx("ag_push_kernel", {"BM": 128, "BLOCK": 2048, "HINT": 16}, dtype))
+    rel = [i for i, x in enumerate(push) if re.search(r"atom\.global\.sys\.release\.exch\.b64", x)]
+    assert rel and any(x.startswith("bar.sync") for x in push[: rel[0]])
+    assert _has(push, r"^st\.global(\.\w+)*\.v4\.b32"), "no 16-byte vector peer stores"
+    gemm = _instructions(kernel_ptx("ag_gemm_kernel", {"BM": 128, "BN": 128, "BK": 64}, dtype))
+    assert _has(gemm, r"^ld\.acquire\.sys\.global\.b64") and _has(gemm, "%globaltimer") and _has(gemm, r"^trap")
+    assert _has(gemm, r"^wgmma\.mma_async") and _has(gemm, r"^cp\.async")
+    for lines in (push, gemm):
+        assert _has(lines, r"atom\.global\.gpu\.acq_rel\.add"), "no arrival counter"
+        assert _has(lines, r"atom\.global\.gpu\.release\.exch\.b64"), "no epoch update"
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_rs_kernel_compiles_with_its_protocol(kernel_ptx: Any, dtype: str) -> None:
+    """Partials go to the owner as 16-byte vector stores, each tile published by a release
+    flag at system scope; own tiles wait (bounded acquire, trap) and read the peers' partials
+    with volatile vector loads; wgmma for the GEMM."""
+    lines = _instructions(kernel_ptx("rs_gemm_kernel", {"BM": 128, "BN": 128, "BK": 64, "HINT": True}, dtype))
+    assert _has(lines, r"atom\.global\.sys\.release\.exch\.b64")
+    assert _has(lines, r"^ld\.acquire\.sys\.global\.b64") and _has(lines, r"^trap")
+    assert _has(lines, r"^ld\.volatile\.global\.v4"), "peer partials not read volatile"
+    stores = [x for x in lines if x.startswith("st.global")]
+    assert stores and all(".v4." in x for x in stores), "not every tile store is a 16-byte vector store"
+    assert _has(lines, r"^wgmma\.mma_async")
+
+
+def test_kernels_compile_small_and_unaligned(kernel_ptx: Any) -> None:
+    """Small tiles (the configs of small blocks) and no hint (rows not 16-byte aligned)."""
+    assert "st.global" in kernel_ptx("rs_gemm_kernel", {"BM": 64, "BN": 64, "BK": 32, "HINT": False}, "fp16")
+    assert "st.global" in kernel_ptx("ag_push_kernel", {"BM": 64, "BLOCK": 64, "HINT": None}, "fp16")
+    assert "st.global" in kernel_ptx("ag_gathered_kernel", {"BLOCK": 2048}, warps=4)
+
+
+def test_config_heuristic() -> None:
+    """Block sizes are a pure function of the shape and arch (the same on every PE), cached."""
+    pytest.importorskip("triton")
+    k = importlib.import_module("symheap._gemm_kernels")
+    assert k.config(4096, 1280, 8192, 90) == k.config(4096, 1280, 8192, 90)
+    bm, bn, bk, warps, stages = k.config(16, 8, 8, 90)
+    assert (bm, bn) == (64, 64) and bk == 32
+    assert k.config(8192, 8192, 3584, 90)[:3] == (128, 128, 64)
