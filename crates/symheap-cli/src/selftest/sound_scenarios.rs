@@ -126,101 +126,135 @@ fn foreign_stream(ctx: &Context, sym: &symheap::SymmetricBuffer) -> Outcome {
 }
 
 /// Collectives on a stream take a plain device buffer exactly where their kernel touches its
-/// buffers on this PE only (one-shot all_reduce, the exchange all_gather), by value; where the
-/// kernel reaches peers' copies (two-shot) and on the host backend (whose collectives read
-/// peers' copies) they refuse it, as they refuse host memory everywhere.
+/// buffers on this PE only (one-shot all_reduce, the exchange all_gather; any collective of a
+/// team of one, which is a local copy), by value; where the kernel reaches peers' copies
+/// (two-shot) and on the host backend (whose collectives read peers' copies) they refuse it, as
+/// they refuse host memory everywhere.
 pub fn coll_local(ctx: &Context, a: PeArgs) -> Outcome {
-    use symheap::{AllReduceAlgo, DType, ReduceOp, StreamColl};
+    use symheap::{AllReduceAlgo, StreamColl};
     let (me, n) = (ctx.my_pe(), ctx.n_pes());
     let world = ctx.world_team();
     let s = ctx.create_stream().map_err(e2s)?;
-    const COUNT: usize = 2048;
-    let bytes = (COUNT * 4) as u64;
-    let vals = |pe: usize| -> Vec<i32> {
-        (0..COUNT)
-            .map(|i| ((i as u64 * 7 + pe as u64 * 131 + a.seed) % 1000) as i32)
-            .collect()
-    };
-    let sym = ctx.malloc(bytes * n as u64).map_err(e2s)?;
-    sym.write(0, &vals(me)).map_err(e2s)?;
+    let sym = ctx.malloc(LOCAL_BYTES * n as u64).map_err(e2s)?;
+    sym.write(0, &local_vals(me, a.seed)).map_err(e2s)?;
     ctx.barrier_all().map_err(e2s)?;
-    let one_shot = StreamColl::AllReduce(AllReduceAlgo::Auto);
-    let takes = ctx.coll_takes_local_buffers(one_shot, &world, bytes);
+    let cuda = ctx.cuda().is_some();
+    let auto = StreamColl::AllReduce(AllReduceAlgo::Auto);
     let two_shot = StreamColl::AllReduce(AllReduceAlgo::TwoShot);
+    let takes = ctx.coll_takes_local_buffers(auto, &world, LOCAL_BYTES);
+    let two_takes = ctx.coll_takes_local_buffers(two_shot, &world, LOCAL_BYTES);
     ensure!(
-        !ctx.coll_takes_local_buffers(two_shot, &world, bytes),
-        "two-shot claims to take local buffers"
+        takes == cuda,
+        "one-shot all_reduce: takes local buffers {takes}, CUDA {cuda}"
     );
-    let mut host = vec![0i32; COUNT];
-    let hp = host.as_mut_ptr() as u64;
-    let ar = |dest: u64, src: u64, algo| {
-        ctx.all_reduce_on_stream(
-            &world,
-            dest,
-            src,
-            COUNT,
-            DType::I32,
-            ReduceOp::Sum,
-            algo,
-            &s,
-        )
-    };
-    let host_says = if takes {
+    ensure!(
+        two_takes == (cuda && n == 1),
+        "two-shot all_reduce at {n} PEs: takes local buffers {two_takes}"
+    );
+    let mut host = vec![0i32; LOCAL_COUNT];
+    let r = local_all_reduce(
+        ctx,
+        &s,
+        sym.addr(),
+        host.as_mut_ptr() as u64,
+        AllReduceAlgo::Auto,
+    );
+    let says = if takes {
         "host memory"
     } else {
         "symmetric heap"
     };
-    refused(
-        "one-shot all_reduce from host memory",
-        host_says,
-        ar(sym.addr(), hp, AllReduceAlgo::Auto),
-    )?;
+    refused("one-shot all_reduce from host memory", says, r)?;
     ensure!(host.iter().all(|&v| v == 0), "host memory was written");
-    if ctx.cuda().is_none() {
-        ensure!(
-            !takes || n == 1,
-            "the host backend claims to take local buffers"
-        );
-        return ctx.barrier_all().map_err(e2s);
+    if cuda {
+        coll_local_device(ctx, &s, &sym, a)?;
     }
-    ensure!(
-        takes || n == 1,
-        "one-shot all_reduce of 8 KiB does not take local buffers"
-    );
+    ctx.barrier_all().map_err(e2s)
+}
+
+const LOCAL_COUNT: usize = 2048;
+const LOCAL_BYTES: u64 = (LOCAL_COUNT * 4) as u64;
+
+fn local_vals(pe: usize, seed: u64) -> Vec<i32> {
+    (0..LOCAL_COUNT)
+        .map(|i| ((i as u64 * 7 + pe as u64 * 131 + seed) % 1000) as i32)
+        .collect()
+}
+
+fn local_all_reduce(
+    ctx: &Context,
+    s: &Stream,
+    dest: u64,
+    src: u64,
+    algo: symheap::AllReduceAlgo,
+) -> symheap::Result<()> {
+    use symheap::{DType, ReduceOp};
+    let world = ctx.world_team();
+    ctx.all_reduce_on_stream(
+        &world,
+        dest,
+        src,
+        LOCAL_COUNT,
+        DType::I32,
+        ReduceOp::Sum,
+        algo,
+        s,
+    )
+}
+
+/// [`coll_local`] with plain device buffers: refused by two-shot (unless alone), by value
+/// through one-shot all_reduce and the exchange all_gather.
+fn coll_local_device(
+    ctx: &Context,
+    s: &Stream,
+    sym: &symheap::SymmetricBuffer,
+    a: PeArgs,
+) -> Outcome {
+    use symheap::{AllReduceAlgo, DType, StreamColl};
+    let (me, n) = (ctx.my_pe(), ctx.n_pes());
+    let bytes = LOCAL_BYTES;
     ctx.cuda().ok_or("CUDA only")?.bind().map_err(e2s)?;
     let src = DeviceBuffer::zeroed(bytes).map_err(e2s)?;
     let dest = DeviceBuffer::zeroed(bytes * n as u64).map_err(e2s)?;
-    ctx.get_on_stream(src.addr(), sym.addr(), bytes, me, &s)
+    ctx.get_on_stream(src.addr(), sym.addr(), bytes, me, s)
         .map_err(e2s)?;
-    refused(
-        "two-shot all_reduce into a device buffer",
-        "symmetric heap",
-        ar(dest.addr(), src.addr(), AllReduceAlgo::TwoShot),
-    )?;
-    ar(dest.addr(), src.addr(), AllReduceAlgo::Auto).map_err(e2s)?;
+    let two = local_all_reduce(ctx, s, dest.addr(), src.addr(), AllReduceAlgo::TwoShot);
+    if n > 1 {
+        refused(
+            "two-shot all_reduce into a device buffer",
+            "symmetric heap",
+            two,
+        )?;
+    } else {
+        two.map_err(e2s)?;
+    }
+    local_all_reduce(ctx, s, dest.addr(), src.addr(), AllReduceAlgo::Auto).map_err(e2s)?;
     let out = ctx.malloc(bytes * n as u64).map_err(e2s)?;
-    ctx.put_on_stream(out.addr(), dest.addr(), bytes, me, &s)
+    ctx.put_on_stream(out.addr(), dest.addr(), bytes, me, s)
         .map_err(e2s)?;
-    ctx.sync_stream(&s).map_err(e2s)?;
-    let want: Vec<i32> = (0..COUNT)
-        .map(|i| (0..n).map(|p| vals(p)[i]).sum())
+    ctx.sync_stream(s).map_err(e2s)?;
+    let want: Vec<i32> = (0..LOCAL_COUNT)
+        .map(|i| (0..n).map(|p| local_vals(p, a.seed)[i]).sum())
         .collect();
     ensure!(
-        out.to_vec::<i32>().map_err(e2s)?[..COUNT] == want[..],
+        out.to_vec::<i32>().map_err(e2s)?[..LOCAL_COUNT] == want[..],
         "all_reduce through device buffers differs"
     );
-    // all_gather through the exchange kernel: every PE's block, from and into device buffers.
-    if ctx.coll_takes_local_buffers(StreamColl::AllGather, &world, bytes) {
-        ctx.all_gather_on_stream(&world, dest.addr(), src.addr(), COUNT, DType::I32, &s)
-            .map_err(e2s)?;
-        ctx.put_on_stream(out.addr(), dest.addr(), bytes * n as u64, me, &s)
-            .map_err(e2s)?;
-        ctx.sync_stream(&s).map_err(e2s)?;
-        let want: Vec<i32> = (0..n).flat_map(vals).collect();
-        ensure!(
-            out.to_vec::<i32>().map_err(e2s)? == want,
-            "all_gather through device buffers differs"
-        );
-    }
-    ctx.barrier_all().map_err(e2s)
+    // all_gather through the exchange kernel (a copy when alone), from and into device buffers.
+    ensure!(
+        ctx.coll_takes_local_buffers(StreamColl::AllGather, &ctx.world_team(), bytes),
+        "all_gather of 8 KiB does not take local buffers"
+    );
+    let world = ctx.world_team();
+    ctx.all_gather_on_stream(&world, dest.addr(), src.addr(), LOCAL_COUNT, DType::I32, s)
+        .map_err(e2s)?;
+    ctx.put_on_stream(out.addr(), dest.addr(), bytes * n as u64, me, s)
+        .map_err(e2s)?;
+    ctx.sync_stream(s).map_err(e2s)?;
+    let want: Vec<i32> = (0..n).flat_map(|p| local_vals(p, a.seed)).collect();
+    ensure!(
+        out.to_vec::<i32>().map_err(e2s)? == want,
+        "all_gather through device buffers differs"
+    );
+    Ok(())
 }

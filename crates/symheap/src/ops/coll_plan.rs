@@ -98,6 +98,25 @@ pub enum StreamColl {
     Alltoall,
 }
 
+/// Whether `coll` of `bytes` per member on `team` touches its buffers on this PE only: a team
+/// of one (every collective is a local copy), one-shot all_reduce and reduce_scatter (which
+/// reach only peers' scratch), and the exchange kernels of all_gather, alltoall and broadcast.
+pub(super) fn stays_local(cu: &CudaBackend, coll: StreamColl, team: &Team, bytes: u64) -> bool {
+    let Some(t) = team.0.as_ref() else {
+        return false;
+    };
+    if t.members.len() == 1 {
+        return true;
+    }
+    match coll {
+        StreamColl::AllReduce(algo) => ar_one_shot(cu, team, bytes, algo),
+        StreamColl::ReduceScatter => rs_one_shot(cu, team, bytes),
+        StreamColl::AllGather | StreamColl::Broadcast | StreamColl::Alltoall => {
+            exchange_kernel(cu, t, bytes).is_some()
+        }
+    }
+}
+
 /// Whether `bytes` to each of `n - 1` members fit the LL128 region's sub-region per sender.
 pub(super) fn ll128_fits(bytes: u64, n: u64) -> bool {
     n > 1 && bytes.div_ceil(LL128_STEP_DATA) * LL128_STEP_WIRE <= (LL128_PART / (n - 1)) & !127

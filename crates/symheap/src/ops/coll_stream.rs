@@ -149,6 +149,21 @@ impl Launch<'_> {
         self.run(kernel, grid, stream, &args)
     }
 
+    /// A team of one: every collective is a copy of `bytes` from `src` to `dest` (none in
+    /// place), by the copy engine, with no kernel and no flags.
+    fn copy_local(&self, dest: u64, src: u64, bytes: u64, stream: u64) -> Result<()> {
+        if dest == src || bytes == 0 {
+            return Ok(());
+        }
+        self.cu.copy_on_stream(
+            dest,
+            src,
+            bytes,
+            stream,
+            crate::backend::cuda::Engine::CopyEngine,
+        )
+    }
+
     fn run(&self, name: &str, grid: u64, stream: u64, head: &[Arg]) -> Result<()> {
         let mut args: Vec<Arg> = head.to_vec();
         args.extend_from_slice(&self.team_args());
@@ -268,14 +283,7 @@ impl Context {
         let Some(cu) = self.inner.backend.as_cuda() else {
             return false;
         };
-        match coll {
-            StreamColl::AllReduce(algo) => ar_one_shot(cu, team, bytes, algo),
-            StreamColl::ReduceScatter => rs_one_shot(cu, team, bytes),
-            StreamColl::AllGather | StreamColl::Broadcast | StreamColl::Alltoall => team
-                .0
-                .as_ref()
-                .is_some_and(|t| exchange_kernel(cu, t, bytes).is_some()),
-        }
+        stays_local(cu, coll, team, bytes)
     }
 
     /// Collective over `team`: all_reduce of `count` elements of `dtype` from `src` into `dest`
@@ -309,8 +317,9 @@ impl Context {
         // The algorithm is a request, as on the host backend: one-shot runs through the world's
         // scratch, so another team or a message larger than a slot goes two-shot.
         let one_shot = ar_one_shot(cu, team, bytes, algo);
-        self.check_buf(CALL, dest, bytes, s, one_shot)?;
-        self.check_buf(CALL, src, bytes, s, one_shot)?;
+        let local = stays_local(cu, StreamColl::AllReduce(algo), team, bytes);
+        self.check_buf(CALL, dest, bytes, s, local)?;
+        self.check_buf(CALL, src, bytes, s, local)?;
         let args = format!(
             "{} {count} x {dtype}, {}",
             op.name(),
@@ -318,14 +327,17 @@ impl Context {
         );
         // Where the buffers lie matters only to kernels that reach peers' copies of them: the
         // one-shot one reaches only scratch, so PEs may pass different (or ordinary) buffers.
-        let args = if one_shot {
+        let args = if local {
             args
         } else {
             self.inner.coll_args(args, dest, src)
         };
-        let Some((l, _)) = self.coll_prepare(team, CALL, args, stream)? else {
+        let Some((l, t)) = self.coll_prepare(team, CALL, args, stream)? else {
             return Ok(());
         };
+        if t.members.len() == 1 {
+            return l.copy_local(dest, src, bytes, stream);
+        }
         if one_shot {
             l.oneshot(
                 sfx,
@@ -385,11 +397,7 @@ impl Context {
         if !team.is_valid() {
             return Ok(());
         }
-        let local = team
-            .0
-            .as_ref()
-            .and_then(|t| exchange_kernel(cu, t, bytes))
-            .is_some();
+        let local = stays_local(cu, StreamColl::AllGather, team, bytes);
         self.check_buf(CALL, dest, bytes * team.n_pes() as u64, s, local)?;
         self.check_buf(CALL, src, bytes, s, local)?;
         // In place is "my contribution already at my block of dest": the same call on every PE,
@@ -406,6 +414,9 @@ impl Context {
         let Some((l, t)) = self.coll_prepare(team, CALL, args, stream)? else {
             return Ok(());
         };
+        if t.members.len() == 1 {
+            return l.copy_local(dest, src, bytes, stream);
+        }
         if let Some(k) = l.exchange_kernel(bytes) {
             return l.exchange(k, src, dest, bytes, XCHG_ALL_GATHER, 0, stream);
         }
@@ -456,8 +467,9 @@ impl Context {
         }
         let n = team.n_pes() as u64;
         let one_shot = rs_one_shot(cu, team, bytes);
-        self.check_buf(CALL, src, bytes * n, s, one_shot)?;
-        self.check_buf(CALL, dest, bytes, s, one_shot)?;
+        let local = stays_local(cu, StreamColl::ReduceScatter, team, bytes);
+        self.check_buf(CALL, src, bytes * n, s, local)?;
+        self.check_buf(CALL, dest, bytes, s, local)?;
         let args = format!(
             "{} {count} x {dtype}, {}",
             op.name(),
@@ -466,15 +478,18 @@ impl Context {
         // In place (the result in my block of src) is the same call on every PE; see all_gather.
         let mine = src + team.my_pe().unwrap_or(0) as u64 * bytes;
         // One-shot reaches only scratch on peers: places are not part of the call.
-        let args = if one_shot {
+        let args = if local {
             args
         } else {
             self.inner
                 .coll_args(args, if dest == mine { src } else { dest }, src)
         };
-        let Some((l, _)) = self.coll_prepare(team, CALL, args, stream)? else {
+        let Some((l, t)) = self.coll_prepare(team, CALL, args, stream)? else {
             return Ok(());
         };
+        if t.members.len() == 1 {
+            return l.copy_local(dest, src, bytes, stream);
+        }
         if one_shot {
             let (c, es) = (count as u64, dtype.size() as u64);
             return l.oneshot(sfx, src, dest, c, c, es, op, stream);
@@ -524,11 +539,7 @@ impl Context {
             )
             .with_pe(self.my_pe()));
         }
-        let local = team
-            .0
-            .as_ref()
-            .and_then(|t| exchange_kernel(cu, t, bytes))
-            .is_some();
+        let local = stays_local(cu, StreamColl::Broadcast, team, bytes);
         self.check_buf(CALL, dest, bytes, s, local)?;
         self.check_buf(CALL, src, bytes, s, local)?;
         let args = format!("root {root}, {count} x {dtype}");
@@ -538,9 +549,12 @@ impl Context {
         } else {
             self.inner.coll_args(args, dest, src)
         };
-        let Some((l, _)) = self.coll_prepare(team, CALL, args, stream)? else {
+        let Some((l, t)) = self.coll_prepare(team, CALL, args, stream)? else {
             return Ok(());
         };
+        if t.members.len() == 1 {
+            return l.copy_local(dest, src, bytes, stream);
+        }
         if let Some(k) = l.exchange_kernel(bytes) {
             return l.exchange(k, src, dest, bytes, XCHG_BROADCAST, root as i32, stream);
         }
@@ -588,11 +602,7 @@ impl Context {
             .with_pe(self.my_pe()));
         }
         let total = bytes * team.n_pes() as u64;
-        let local = team
-            .0
-            .as_ref()
-            .and_then(|t| exchange_kernel(cu, t, bytes))
-            .is_some();
+        let local = stays_local(cu, StreamColl::Alltoall, team, bytes);
         self.check_buf(CALL, dest, total, s, local)?;
         self.check_buf(CALL, src, total, s, local)?;
         let args = format!("{count} x {dtype}");
@@ -602,9 +612,12 @@ impl Context {
         } else {
             self.inner.coll_args(args, dest, src)
         };
-        let Some((l, _)) = self.coll_prepare(team, CALL, args, stream)? else {
+        let Some((l, t)) = self.coll_prepare(team, CALL, args, stream)? else {
             return Ok(());
         };
+        if t.members.len() == 1 {
+            return l.copy_local(dest, src, bytes, stream);
+        }
         if let Some(k) = l.exchange_kernel(bytes) {
             return l.exchange(k, src, dest, bytes, XCHG_ALLTOALL, 0, stream);
         }
