@@ -21,6 +21,10 @@
 # GPU also symheap alone at 2 PEs sharing it). Packages the GPU machine lacks travel as wheels in
 # .whl/ (git-ignored) and are installed into /tmp/site first.
 #   ONLY_PEERS=1 scripts/gpu_suite.sh run   just the peers and `symheap bench coll` merging them
+# Shorter calls (the device budget is 30 minutes a session): SKIP_COLD (one cold run only),
+# SKIP_SELFTEST, PES (default 1,2,4), SKIP_PES8, PES8_ONLY (scenarios at 8 PEs), SKIP_DIVERGE,
+# SKIP_FAULTS, KILL_TRIALS, TORCH_TESTS (the pytest files of python-torch), SKIP_PROVIDERS,
+# SKIP_EXAMPLES, SKIP_BENCH; each step's limit is a *_LIMIT variable.
 #
 # Outputs land in $OUT (the device tool fetches them) or ./gpu-results.
 set -uo pipefail
@@ -174,18 +178,22 @@ run)
   # real devices while the 8-GPU machine is not lent. NCCL and NVSHMEM allow one rank per GPU,
   # so their scenarios stay out.
   if [ "${SKIP_PES8:-0}" != 1 ] && [ "$NGPU" -lt 8 ]; then
-    step selftest-gpu-8pe "${SELFTEST8_LIMIT:-200}" env SYMHEAP_TIMEOUT=60 "$B" selftest --gpu --pes 8 --only contract,release,alloc-churn,ring,alltoall,broadcast,all-reduce,atomics,signal,teams,coll-errors,team-mismatch,mismatch,diverge,stream-ring,stream-signal,stream-barrier,release-order,multi-stream,device-divergence,kill-device,internal-state,local-ranges,coll-local,protocols-pcie,kernel-translate,kernel-atomics,example-kernel,coll-stream,coll-graph
+    step selftest-gpu-8pe "${SELFTEST8_LIMIT:-200}" env SYMHEAP_TIMEOUT=60 "$B" selftest --gpu --pes 8 --only ${PES8_ONLY:-contract,release,alloc-churn,ring,alltoall,broadcast,all-reduce,atomics,signal,teams,coll-errors,team-mismatch,mismatch,diverge,stream-ring,stream-signal,stream-barrier,release-order,multi-stream,device-divergence,kill-device,internal-state,local-ranges,coll-local,protocols-pcie,kernel-translate,kernel-atomics,example-kernel,coll-stream,coll-graph}
   fi
   # The divergence property test on the CUDA backend: random programs, one PE diverging.
-  step diverge-stats 120 env SYMHEAP_BACKEND=cuda scripts/diverge_stats.sh "${DIVERGE_N:-8}" "$B"
-  tail -n 3 "$OUTDIR/diverge-stats.log"
+  if [ "${SKIP_DIVERGE:-0}" != 1 ]; then
+    step diverge-stats 120 env SYMHEAP_BACKEND=cuda scripts/diverge_stats.sh "${DIVERGE_N:-8}" "$B"
+    tail -n 3 "$OUTDIR/diverge-stats.log"
+  fi
   # Faults: one PE killed with SIGKILL at a random point of each phase, PEs started by hand,
   # SYMHEAP_TIMEOUT at its default; every survivor must name it within 2 s.
-  step fault-kill "${KILL_LIMIT:-240}" python3 scripts/fault_harness.py kill --backend cuda --pes 2,4,8 --trials "${KILL_TRIALS:-2}"
-  grep -E "^\|" "$OUTDIR/fault-kill.log" || true
+  if [ "${SKIP_FAULTS:-0}" != 1 ]; then
+    step fault-kill "${KILL_LIMIT:-240}" python3 scripts/fault_harness.py kill --backend cuda --pes 2,4,8 --trials "${KILL_TRIALS:-2}"
+    grep -E "^\|" "$OUTDIR/fault-kill.log" || true
+  fi
   # The Python package's torch and CUDA tests (CI runs only their CPU part).
   if ls .carry/wheels/symheap-*.whl >/dev/null 2>&1; then
-    step python-torch "${PYTEST_LIMIT:-600}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs test_torch.py test_fused.py test_torch_ops_gpu.py test_gemm.py"
+    step python-torch "${PYTEST_LIMIT:-600}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs ${TORCH_TESTS:-test_torch.py test_fused.py test_torch_ops_gpu.py test_gemm.py}"
     # Providers (native heap, NVSHMEM, torch SymmetricMemory) under one Triton and one CUDA C++
     # kernel, and the Triton device library's compile and hint checks.
     [ "${SKIP_PROVIDERS:-0}" = 1 ] || step python-providers "${PROVIDERS_LIMIT:-300}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs test_providers_gpu.py test_providers.py test_triton_compile.py"
@@ -193,17 +201,19 @@ run)
     cat "$OUTDIR/triton-hint.log"
     # The newcomer examples as their README launches them, 2 PEs (sharing a GPU when there is
     # one); numpy_ring picks the host backend itself. A GPU example's skip (77) counts as FAIL.
-    for ex in peer_write stream_ring; do
+    [ "${SKIP_EXAMPLES:-0}" = 1 ] && EXAMPLES_RUST="" EXAMPLES_PY="" || EXAMPLES_RUST="peer_write stream_ring" EXAMPLES_PY="numpy_ring torch_tensors triton_kernel cuda_kernel tp_mlp"
+    for ex in $EXAMPLES_RUST; do
       step "example-rust-$ex" 60 env SYMHEAP_TIMEOUT=30 "$B" launch -n 2 -- ".carry/bin/$ex"
     done
-    for ex in numpy_ring torch_tensors triton_kernel cuda_kernel; do
-      step "example-$ex" 120 env SYMHEAP_TIMEOUT=30 "$B" launch -n 2 -- python3 "examples/python/$ex.py"
-      grep -E "^\[PE 0\] $ex " "$OUTDIR/example-$ex.log" || true
+    for ex in $EXAMPLES_PY; do
+      case "$ex" in
+        # The tensor-parallel MLP block (Llama-70B-like sizes, 2 PEs): eager, torch.compile, CUDA
+        # graphs, against torch.distributed (NCCL with a GPU per PE, else gloo on CPU copies).
+        tp_mlp) step example-tp_mlp "${TP_MLP_LIMIT:-300}" env SYMHEAP_TIMEOUT=60 SYMHEAP_BACKEND=cuda "$B" launch -n 2 -- python3 examples/python/tp_mlp.py ;;
+        *) step "example-$ex" 120 env SYMHEAP_TIMEOUT=30 "$B" launch -n 2 -- python3 "examples/python/$ex.py" ;;
+      esac
+      grep -E "^\[PE 0\] $ex" "$OUTDIR/example-$ex.log" || true
     done
-    # The tensor-parallel MLP block (Llama-70B-like sizes, 2 PEs): eager, torch.compile, CUDA
-    # graphs, against torch.distributed (NCCL with a GPU per PE, else gloo on CPU copies).
-    step example-tp_mlp "${TP_MLP_LIMIT:-300}" env SYMHEAP_TIMEOUT=60 SYMHEAP_BACKEND=cuda "$B" launch -n 2 -- python3 examples/python/tp_mlp.py
-    grep -E "^\[PE 0\] tp_mlp" "$OUTDIR/example-tp_mlp.log" || true
   fi
   fi # ONLY_PEERS
   # The peers, measured in this same run, each merged into symheap's table as its own column.
