@@ -34,6 +34,7 @@ import torch as _torch
 
 from . import _core
 from ._native import SymheapUnsupportedError, SymheapValueError, Team
+from .ops import _dispatch_needed
 
 __all__ = ["all_reduce_residual_rmsnorm", "reserve", "MAX_HIDDEN_CUDA"]
 
@@ -239,15 +240,17 @@ def _cuda_path(
         scale = w.ctr  # unused by the kernel; any pointer
     for r0 in range(0, t, rows):
         r1 = min(t, r0 + rows)
-        sc = scale[r0:r1] if fp8 == 2 else scale
+        # One launch (the usual case) takes the tensors as they are: no views to make.
+        whole = r0 == 0 and r1 == t
+        sc = scale[r0:r1] if fp8 == 2 and not whole else scale
         _launch_on(
             x.device,
             k.launch,
-            x[r0:r1],
-            residual[r0:r1],
+            x if whole else x[r0:r1],
+            residual if whole else residual[r0:r1],
             weight,
-            out[r0:r1],
-            residual_out[r0:r1],
+            out if whole else out[r0:r1],
+            residual_out if whole else residual_out[r0:r1],
             sc,
             ws,
             w.flags,
@@ -265,6 +268,9 @@ def _cuda_path(
 
 def _launch_on(dev: _torch.device, fn: Any, *args: Any) -> None:
     # Triton launches on torch's current device: make it the tensors' one.
+    if _torch.cuda.current_device() == dev.index:
+        fn(*args)
+        return
     with _torch.cuda.device(dev):
         fn(*args)
 
@@ -272,8 +278,7 @@ def _launch_on(dev: _torch.device, fn: Any, *args: Any) -> None:
 # ---- the custom op --------------------------------------------------------------------------
 
 
-@_torch.library.custom_op("symheap::fused_all_reduce_rmsnorm", mutates_args=("out", "residual_out", "scale_out"))
-def _fused_op(
+def _fused_impl(
     x: _torch.Tensor,
     residual: _torch.Tensor,
     weight: _torch.Tensor,
@@ -302,6 +307,11 @@ def _fused_op(
         if _core.native().backend == "cuda":
             raise SymheapValueError(f"all_reduce_residual_rmsnorm: symheap runs on CUDA, the tensors are on {x.device}")
         _host_path(x, residual, weight, eps, out, residual_out, scale_in, scale_out, fp8, team)
+
+
+_fused_op = _torch.library.custom_op(
+    "symheap::fused_all_reduce_rmsnorm", mutates_args=("out", "residual_out", "scale_out")
+)(_fused_impl)
 
 
 @_fused_op.register_fake
@@ -409,9 +419,13 @@ def all_reduce_residual_rmsnorm(
         residual_out = _torch.empty_like(x)
     rows = x.shape[0] if mode == 2 else 0
     scale_out = _torch.empty((rows, 1), dtype=_torch.float32, device=x.device)
-    _torch.ops.symheap.fused_all_reduce_rmsnorm(
-        x, residual, weight, float(eps), out, residual_out, scale if mode == 1 else None, scale_out, mode, -1
-    )
+    args = (x, residual, weight, float(eps), out, residual_out, scale if mode == 1 else None, scale_out, mode, -1)
+    # Eager code skips the dispatcher's per-call cost (the same kernel runs); compilers, fake
+    # tensors and dispatch modes go through the op and its fake kernel.
+    if _dispatch_needed(args):
+        _torch.ops.symheap.fused_all_reduce_rmsnorm(*args)
+    else:
+        _fused_impl(*args)
     if mode == 2:
         return out, residual_out, scale_out
     return out, residual_out

@@ -47,10 +47,10 @@ peers' memory): they are registered as side-effecting, so compilers keep them in
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch as _torch
-from torch.library import custom_op as _custom_op
+from torch.library import custom_op as _torch_custom_op
 
 from . import _core, _ops, _workspace
 from ._core import api, torch_dtype_name
@@ -59,6 +59,43 @@ from ._native import SymheapUnsupportedError, SymheapValueError, Team
 TeamLike = Union[None, int, Team]
 
 REDUCE_OPS = ("sum", "avg", "min", "max", "prod")
+
+# ---- registration and the eager fast path -------------------------------------------------
+
+# The Python kernel of each op, by its name in the namespace.
+_IMPL: Dict[str, Callable[..., Any]] = {}
+
+
+def _custom_op(name: str, mutates_args: Sequence[str]) -> Callable[[Callable[..., Any]], Any]:
+    """``torch.library.custom_op`` that also keeps the plain kernel for :func:`_call`."""
+
+    def register(fn: Callable[..., Any]) -> Any:
+        _IMPL[name.split("::", 1)[1]] = fn
+        return _torch_custom_op(name, mutates_args=tuple(mutates_args))(fn)
+
+    return register
+
+
+def _dispatch_needed(args: Sequence[Any]) -> bool:
+    """Whether a call must go through the dispatcher: a compiler traces it, a torch dispatch
+    mode is active (fake tensors, tracing, counters), or a tensor argument is a subclass; all
+    of them need the op's fake kernel and mutation annotations."""
+    if _torch.compiler.is_compiling():
+        return True
+    stack = getattr(_torch._C, "_len_torch_dispatch_stack", None)
+    if stack is None or stack() > 0:
+        return True
+    return any(isinstance(a, _torch.Tensor) and type(a) is not _torch.Tensor for a in args)
+
+
+def _call(name: str, *args: Any) -> Any:
+    """Runs op ``name`` on ``args``: through ``torch.ops.symheap.<name>`` when
+    :func:`_dispatch_needed`, otherwise its Python kernel directly, which saves the
+    dispatcher's per-call cost in eager code (the same kernel runs either way)."""
+    if _dispatch_needed(args):
+        return getattr(_torch.ops.symheap, name)(*args)
+    return _IMPL[name](*args)
+
 
 # ---- teams as ints -------------------------------------------------------------------------
 
@@ -510,7 +547,7 @@ def all_reduce_(tensor: _torch.Tensor, op: str = "sum", team: TeamLike = None) -
     """**Collective** over ``team``: every member's ``tensor`` becomes the element-wise
     reduction (``sum``, ``avg``, ``min``, ``max``, ``prod``) of all members' ``tensor``, on the
     current stream. Every PE makes the same calls in the same order. Returns ``tensor``."""
-    _torch.ops.symheap.all_reduce_(tensor, op, team_id(team))
+    _call("all_reduce_", tensor, op, team_id(team))
     return tensor
 
 
@@ -519,7 +556,7 @@ def all_reduce(input: _torch.Tensor, op: str = "sum", team: TeamLike = None) -> 
     """**Collective** over ``team``: a new tensor holding the reduction of all members'
     ``input`` (out of place; ``input`` is read, not written). Every PE makes the same calls in
     the same order."""
-    return _torch.ops.symheap.all_reduce(input, op, team_id(team))
+    return _call("all_reduce", input, op, team_id(team))
 
 
 @api
@@ -528,8 +565,8 @@ def all_gather(input: _torch.Tensor, team: TeamLike = None, *, out: Optional[_to
     dimension ``n`` times the input's, or ``out`` of ``n * input.numel()`` elements). Every PE
     makes the same calls in the same order."""
     if out is None:
-        return _torch.ops.symheap.all_gather(input, team_id(team))
-    _torch.ops.symheap.all_gather_into(out, input, team_id(team))
+        return _call("all_gather", input, team_id(team))
+    _call("all_gather_into", out, input, team_id(team))
     return out
 
 
@@ -541,8 +578,8 @@ def reduce_scatter(
     of every member's block j (first dimension divided by ``n``, or into ``out``). Every PE
     makes the same calls in the same order."""
     if out is None:
-        return _torch.ops.symheap.reduce_scatter(input, op, team_id(team))
-    _torch.ops.symheap.reduce_scatter_into(out, input, op, team_id(team))
+        return _call("reduce_scatter", input, op, team_id(team))
+    _call("reduce_scatter_into", out, input, op, team_id(team))
     return out
 
 
@@ -552,8 +589,8 @@ def alltoall(input: _torch.Tensor, team: TeamLike = None, *, out: Optional[_torc
     j's result (``n`` equal blocks; not in place). Every PE makes the same calls in the same
     order."""
     if out is None:
-        return _torch.ops.symheap.alltoall(input, team_id(team))
-    _torch.ops.symheap.alltoall_into(out, input, team_id(team))
+        return _call("alltoall", input, team_id(team))
+    _call("alltoall_into", out, input, team_id(team))
     return out
 
 
@@ -561,7 +598,7 @@ def alltoall(input: _torch.Tensor, team: TeamLike = None, *, out: Optional[_torc
 def broadcast_(tensor: _torch.Tensor, root: int = 0, team: TeamLike = None) -> _torch.Tensor:
     """**Collective** over ``team``: every member's ``tensor`` gets member ``root``'s. Every
     PE makes the same calls in the same order. Returns ``tensor``."""
-    _torch.ops.symheap.broadcast_(tensor, root, team_id(team))
+    _call("broadcast_", tensor, root, team_id(team))
     return tensor
 
 
@@ -570,21 +607,21 @@ def barrier(team: TeamLike = None) -> None:
     """**Collective** over ``team``: a barrier on the current stream (the world: stream-ordered
     and capturable; another team meets on the host). Every PE makes the same calls in the same
     order."""
-    _torch.ops.symheap.barrier(team_id(team))
+    _call("barrier", team_id(team))
 
 
 @api
 def put(dest: _torch.Tensor, src: _torch.Tensor, pe: int) -> None:
     """Copies local ``src`` into PE ``pe``'s copy of symmetric ``dest`` on the current stream
     (delivered by the next barrier, quiet or signal). Not collective."""
-    _torch.ops.symheap.put(dest, src, pe)
+    _call("put", dest, src, pe)
 
 
 @api
 def get(dest: _torch.Tensor, src: _torch.Tensor, pe: int) -> _torch.Tensor:
     """Copies PE ``pe``'s copy of symmetric ``src`` into local ``dest`` on the current stream.
     Not collective. Returns ``dest``."""
-    _torch.ops.symheap.get(dest, src, pe)
+    _call("get", dest, src, pe)
     return dest
 
 
@@ -601,14 +638,14 @@ def put_signal(
     """Puts ``src`` into PE ``pe``'s ``dest``, then sets/adds ``value`` to PE ``pe``'s
     ``signal[sig_index]`` (a symmetric int64/uint64 tensor), on the current stream. ``value``
     is below 2**63 (a torch ``int``). Not collective."""
-    _torch.ops.symheap.put_signal(dest, src, signal, value, pe, sig_op, sig_index)
+    _call("put_signal", dest, src, signal, value, pe, sig_op, sig_index)
 
 
 @api
 def signal_wait_until(signal: _torch.Tensor, cmp: str, value: int, index: int = 0) -> None:
     """Waits (on the current stream on CUDA, on the host otherwise) until this PE's
     ``signal[index]`` satisfies ``word CMP value``. Not collective."""
-    _torch.ops.symheap.signal_wait_until(signal, cmp, value, index)
+    _call("signal_wait_until", signal, cmp, value, index)
 
 
 @api
