@@ -8,7 +8,9 @@
 
 pub mod allocator;
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 pub use allocator::{align_up, Allocator};
@@ -172,6 +174,20 @@ pub struct Heap {
     uses: Mutex<HashMap<BlockId, Vec<StreamUse>>>,
     /// Released here while device work may still use them: announced once their fence is done.
     deferred: Mutex<Vec<(BlockId, Box<dyn Fence>)>>,
+    /// Changes whenever a block stops being usable (released here, reclaimed, made internal):
+    /// lookups remembered under an older value are stale. Drawn from [`GENERATIONS`], so no
+    /// two heaps of a process ever share a value.
+    generation: AtomicU64,
+}
+
+/// Source of heap generations, process-wide.
+static GENERATIONS: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// The last user block this thread validated: (heap generation, start, end offset). Puts
+    /// and gets mostly hit the same buffer again, and checking it here costs two loads instead
+    /// of the heap lock, two tree lookups and two hash lookups.
+    static LAST_BLOCK: Cell<(u64, u64, u64)> = const { Cell::new((0, 0, 0)) };
 }
 
 impl Heap {
@@ -184,7 +200,36 @@ impl Heap {
             freed_here: Mutex::new(HashSet::new()),
             uses: Mutex::new(HashMap::new()),
             deferred: Mutex::new(Vec::new()),
+            generation: AtomicU64::new(GENERATIONS.fetch_add(1, Ordering::Relaxed)),
         }
+    }
+
+    /// The current generation (see [`Heap::remembered`]).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Forgets every remembered lookup: call after anything that makes a live block unusable.
+    pub fn invalidate_lookups(&self) {
+        let g = GENERATIONS.fetch_add(1, Ordering::Relaxed);
+        self.generation.store(g, Ordering::Release);
+    }
+
+    /// Whether `[off, off + bytes)` lies in the user block this thread last validated with
+    /// [`Heap::remember`], and that block is still usable (nothing was released, reclaimed or
+    /// made internal since).
+    pub fn remembered(&self, off: u64, bytes: u64) -> bool {
+        let (g, lo, hi) = LAST_BLOCK.with(Cell::get);
+        g == self.generation()
+            && off >= lo
+            && off < hi
+            && off.checked_add(bytes).is_some_and(|e| e <= hi)
+    }
+
+    /// Remembers `b`, validated by [`Heap::user_block`] while the generation was `g` (read
+    /// before the lookup, so a change during it makes the memory stale, never wrong).
+    pub fn remember(&self, g: u64, b: &Block) {
+        LAST_BLOCK.with(|c| c.set((g, b.offset, b.offset + b.bytes)));
     }
 
     /// Notes that device work on `stream` uses block `id`; `keep` holds an owned stream alive
@@ -258,6 +303,7 @@ impl Heap {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(id);
+        self.invalidate_lookups();
     }
 
     /// Queues `id` for the next exchange of releases (once no device work uses it).
@@ -338,6 +384,10 @@ impl Heap {
                 st.alloc.free(b.offset, b.span);
                 out.push(b);
             }
+        }
+        drop(freed);
+        if !out.is_empty() {
+            self.invalidate_lookups();
         }
         out
     }
