@@ -5,7 +5,10 @@
 //! ```text
 //! 0      doorbell: u32    bumped by every PE that stores into this PE; waiters sleep on it
 //! 4      sleepers: u32    how many threads of this PE sleep on the doorbell (writers skip the
-//!                         wake-up syscall when zero)
+//!                         doorbell and the wake-up syscall when zero)
+//! 8      data_sleepers: u32  how many of those wait for heap data (`signal_wait_until`): only
+//!                         they need waking by puts and atomics; barrier waits are woken by
+//!                         the arrivals they wait for
 //! 64     mailbox_len: u64, then MAILBOX bytes: a ledger copy for mismatch diagnostics
 //! ...    per team slot: board[2] of {count, hash, flags, aux} (32 B each, double-buffered by
 //!        barrier parity), then arrivals[world]: u64 epoch written by each member
@@ -108,6 +111,11 @@ impl SyncArea {
         self.bases[pe] + 4
     }
 
+    /// PE `pe`'s count of sleepers waiting for heap data (a subset of `sleepers`).
+    pub fn data_sleepers(&self, pe: usize) -> u64 {
+        self.bases[pe] + 8
+    }
+
     /// PE `pe`'s mailbox length word; the bytes follow 64 bytes later.
     pub fn mailbox_len(&self, pe: usize) -> u64 {
         self.bases[pe] + MAILBOX_AT
@@ -149,7 +157,12 @@ mod tests {
         let world = 5;
         let a = SyncArea::new(vec![1 << 20; world]);
         let end = (1 << 20) + SyncArea::bytes(world);
-        let mut words = vec![a.doorbell(0), a.sleepers(0), a.mailbox_len(0)];
+        let mut words = vec![
+            a.doorbell(0),
+            a.sleepers(0),
+            a.data_sleepers(0),
+            a.mailbox_len(0),
+        ];
         for slot in 0..MAX_TEAMS {
             for p in 0..2 {
                 for w in 0..4 {

@@ -7,6 +7,7 @@
 //! Boards are double-buffered by epoch parity: a PE can be at most one barrier ahead of the
 //! slowest member, so the board being read is never the one being rewritten.
 
+use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -48,15 +49,35 @@ impl Inner {
         self.control.store64(addr, v)
     }
 
-    /// Tells PE `pe` that something it may wait for changed.
+    /// Tells PE `pe` that something it may wait for changed (a barrier arrival).
+    ///
+    /// Only a sleeping waiter needs the doorbell; spinning ones see the change themselves. The
+    /// check is the two-sided fence handshake of `sleep_until`: this PE stores (the change),
+    /// fences, then loads the sleeper count; a sleeper stores the count, fences, then loads the
+    /// condition. With both fences sequentially consistent at least one side sees the other's
+    /// store, so either the sleeper sees the change and does not sleep, or this PE sees the
+    /// sleeper and bumps the doorbell it sleeps on (it read the doorbell before counting
+    /// itself, so the futex returns at once). That spares every put and arrival a
+    /// read-modify-write of a line the other PE owns.
     pub(crate) fn ring(&self, pe: usize) {
+        self.ring_if(pe, |a| a.sleepers(pe));
+    }
+
+    /// `ring` for stores into PE `pe`'s heap (puts, atomics): only sleepers waiting for heap
+    /// data (`signal_wait_until`) need them, not a PE asleep in a barrier.
+    pub(crate) fn ring_data(&self, pe: usize) {
+        self.ring_if(pe, |a| a.data_sleepers(pe));
+    }
+
+    fn ring_if(&self, pe: usize, count: impl Fn(&SyncArea) -> u64) {
         let a = self.area();
         if pe == self.rank || !a.is_direct(pe) {
             return;
         }
-        let bell = a.doorbell(pe);
-        self.control.add32(bell, 1);
-        if self.control.load32(a.sleepers(pe)) != 0 {
+        fence(Ordering::SeqCst);
+        if self.control.load32(count(a)) != 0 {
+            let bell = a.doorbell(pe);
+            self.control.add32(bell, 1);
             self.control.wake(bell);
         }
     }
@@ -98,7 +119,8 @@ impl Inner {
         r
     }
 
-    /// The sleeping phase of `wait_until`.
+    /// The sleeping phase of `wait_until`. A wait without `watch` waits for heap data and
+    /// counts itself among the data sleepers too, so puts and atomics ring it (`ring_data`).
     fn sleep_until(
         &self,
         call: &'static str,
@@ -109,7 +131,10 @@ impl Inner {
     ) -> Result<()> {
         let a = self.area();
         let bell = a.doorbell(self.rank);
-        let sleepers = a.sleepers(self.rank);
+        let counts = [
+            Some(a.sleepers(self.rank)),
+            watch.is_none().then(|| a.data_sleepers(self.rank)),
+        ];
         let start = Instant::now();
         let deadline = start + self.cfg.timeout;
         let nap = self.backend.poll_interval().unwrap_or(NAP).min(NAP);
@@ -140,13 +165,20 @@ impl Inner {
                 self.boot.fail_all(kind.clone());
                 return Err(Error::new(Some(self.rank), call, kind));
             }
-            self.control.add32(sleepers, 1);
-            // The doorbell is re-read by the kernel under the futex: a ring between `seen` and
-            // here makes the sleep return at once.
+            for c in counts.iter().flatten() {
+                self.control.add32(*c, 1);
+            }
+            // The other half of `ring`'s handshake: the count is visible before the condition
+            // is read again, so a writer either sees this sleeper or this sleeper sees the
+            // change. A ring between `seen` and here makes the futex return at once (the
+            // kernel re-reads the doorbell).
+            fence(Ordering::SeqCst);
             if !cond() {
                 self.control.sleep(bell, seen, nap.min(deadline - now));
             }
-            self.control.add32(sleepers, u32::MAX);
+            for c in counts.iter().flatten() {
+                self.control.add32(*c, u32::MAX);
+            }
             if cond() {
                 return Ok(());
             }
