@@ -134,6 +134,8 @@ fn coll_row(ctx: &Context, op: &str, bytes: u64, dtype: DType) -> Result<Row, St
     let t = time_loop(15, iters(bytes), run)?;
     let peer = if op == "all_reduce" && dtype == DType::F32 {
         "Open MPI MPI_Allreduce"
+    } else if op == "broadcast" {
+        super::MPI_BCAST_PEER
     } else {
         "none on the host backend"
     };
