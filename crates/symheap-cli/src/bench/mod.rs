@@ -421,7 +421,8 @@ pub fn run_host(o: &HostOptions) -> i32 {
     let tmp = std::env::temp_dir().join(format!("symheap-bench-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&tmp);
     eprintln!(
-        "bench: host backend, {} PEs: {}{}",
+        "bench: host backend, {} PEs (each bound to a CPU when there are enough, as mpirun \
+         binds the MPI peer's ranks): {}{}",
         o.n,
         if plan.rma_sizes.is_empty() {
             ""
