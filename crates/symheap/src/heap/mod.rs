@@ -183,11 +183,16 @@ pub struct Heap {
 /// Source of heap generations, process-wide.
 static GENERATIONS: AtomicU64 = AtomicU64::new(1);
 
+/// User blocks a thread remembers (see [`Heap::remembered`]): a collective checks its
+/// destination and its source, a loop may alternate between a few buffers.
+const REMEMBERED: usize = 4;
+
 thread_local! {
-    /// The last user block this thread validated: (heap generation, start, end offset). Puts
-    /// and gets mostly hit the same buffer again, and checking it here costs two loads instead
-    /// of the heap lock, two tree lookups and two hash lookups.
-    static LAST_BLOCK: Cell<(u64, u64, u64)> = const { Cell::new((0, 0, 0)) };
+    /// The last user blocks this thread validated, newest first: (heap generation, start, end
+    /// offset). Puts, gets and collectives mostly hit the same buffers again, and checking
+    /// them here costs a few loads instead of the heap lock, two tree and two hash lookups.
+    static LAST_BLOCKS: Cell<[(u64, u64, u64); REMEMBERED]> =
+        const { Cell::new([(0, 0, 0); REMEMBERED]) };
 }
 
 impl Heap {
@@ -215,21 +220,27 @@ impl Heap {
         self.generation.store(g, Ordering::Release);
     }
 
-    /// Whether `[off, off + bytes)` lies in the user block this thread last validated with
+    /// Whether `[off, off + bytes)` lies in a user block this thread validated recently with
     /// [`Heap::remember`], and that block is still usable (nothing was released, reclaimed or
     /// made internal since).
     pub fn remembered(&self, off: u64, bytes: u64) -> bool {
-        let (g, lo, hi) = LAST_BLOCK.with(Cell::get);
-        g == self.generation()
-            && off >= lo
-            && off < hi
-            && off.checked_add(bytes).is_some_and(|e| e <= hi)
+        let g = self.generation();
+        let end = off.checked_add(bytes);
+        LAST_BLOCKS
+            .with(Cell::get)
+            .iter()
+            .any(|&(bg, lo, hi)| bg == g && off >= lo && off < hi && end.is_some_and(|e| e <= hi))
     }
 
     /// Remembers `b`, validated by [`Heap::user_block`] while the generation was `g` (read
     /// before the lookup, so a change during it makes the memory stale, never wrong).
     pub fn remember(&self, g: u64, b: &Block) {
-        LAST_BLOCK.with(|c| c.set((g, b.offset, b.offset + b.bytes)));
+        LAST_BLOCKS.with(|c| {
+            let mut v = c.get();
+            v.copy_within(0..REMEMBERED - 1, 1);
+            v[0] = (g, b.offset, b.offset + b.bytes);
+            c.set(v);
+        });
     }
 
     /// Notes that device work on `stream` uses block `id`; `keep` holds an owned stream alive
