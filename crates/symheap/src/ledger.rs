@@ -2,6 +2,9 @@
 //! collective points, so diverging call sequences fail on every PE with the first differing
 //! call named, instead of hanging or silently corrupting memory.
 
+use std::borrow::Cow;
+use std::sync::{Arc, OnceLock};
+
 use crate::util::fnv1a;
 
 /// At most this many calls since the last agreed point are kept verbatim for the message; the
@@ -12,9 +15,10 @@ const KEPT: usize = 1024;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     /// The call (`allocate`, `barrier_all`, `grow`...).
-    pub call: String,
-    /// Its arguments as text, already in the form a user reads.
-    pub args: String,
+    pub call: Cow<'static, str>,
+    /// Its arguments as text, already in the form a user reads (shared: a call repeated in a
+    /// loop records the same text without copying it).
+    pub args: Arc<str>,
 }
 
 impl std::fmt::Display for Entry {
@@ -32,6 +36,27 @@ pub struct Ledger {
     since: Vec<Entry>,
 }
 
+/// The hash of one call: what [`Ledger::record_hashed`] chains into the running hash.
+pub fn call_hash(call: &str, args: &str) -> u64 {
+    fnv1a_parts(&[call.as_bytes(), &[0], args.as_bytes()])
+}
+
+/// FNV-1a over the concatenation of `parts` (no copy).
+fn fnv1a_parts(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in parts.iter().flat_map(|p| p.iter()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// The empty argument text, shared (an `Arc<str>` of its own would allocate per call).
+fn no_args() -> Arc<str> {
+    static EMPTY: OnceLock<Arc<str>> = OnceLock::new();
+    EMPTY.get_or_init(|| Arc::from("")).clone()
+}
+
 impl Ledger {
     /// An empty record.
     pub fn new() -> Self {
@@ -42,16 +67,24 @@ impl Ledger {
     }
 
     /// Records a call.
-    pub fn record(&mut self, call: &str, args: String) {
-        let mut bytes = self.hash.to_le_bytes().to_vec();
-        bytes.extend_from_slice(call.as_bytes());
-        bytes.push(0);
-        bytes.extend_from_slice(args.as_bytes());
-        self.hash = fnv1a(&bytes);
+    pub fn record(&mut self, call: &'static str, args: String) {
+        let h = call_hash(call, &args);
+        let args = if args.is_empty() {
+            no_args()
+        } else {
+            Arc::from(args)
+        };
+        self.record_hashed(call, args, h);
+    }
+
+    /// Records a call whose [`call_hash`] the caller already knows (a repeated call: no text
+    /// is formatted, hashed or copied again).
+    pub fn record_hashed(&mut self, call: &'static str, args: Arc<str>, h: u64) {
+        self.hash = fnv1a_parts(&[&self.hash.to_le_bytes(), &h.to_le_bytes()]);
         self.count += 1;
         if self.since.len() < KEPT {
             self.since.push(Entry {
-                call: call.to_string(),
+                call: Cow::Borrowed(call),
                 args,
             });
         }
@@ -92,7 +125,7 @@ impl Ledger {
         out.extend_from_slice(&self.agreed.to_le_bytes());
         out.extend_from_slice(&(keep as u32).to_le_bytes());
         for e in &self.since[..keep] {
-            for s in [&e.call, &e.args] {
+            for s in [&*e.call, &*e.args] {
                 out.extend_from_slice(&(s.len() as u32).to_le_bytes());
                 out.extend_from_slice(s.as_bytes());
             }
@@ -206,7 +239,10 @@ impl Decoded {
             let call = String::from_utf8(take(&mut b, l)?.to_vec()).ok()?;
             let l = u32_(&mut b)? as usize;
             let args = String::from_utf8(take(&mut b, l)?.to_vec()).ok()?;
-            entries.push(Entry { call, args });
+            entries.push(Entry {
+                call: Cow::Owned(call),
+                args: Arc::from(args),
+            });
         }
         b.is_empty().then_some(Decoded {
             count,

@@ -1,8 +1,9 @@
 //! `symheap bench`: the standard sweep against the peer measured in the same run.
 //!
-//! On the host backend: put/get bandwidth against a plain memcpy in the same process, barrier
-//! latency against MPI_Barrier and all_reduce against MPI_Allreduce (Open MPI, when `mpicc` and
-//! `mpirun` are installed: the peer program is compiled on the spot). Latency is the median over
+//! On the host backend: put/get against a plain memcpy in the same process and Open MPI's
+//! one-sided MPI_Put/MPI_Get, barrier latency against MPI_Barrier, all_reduce against
+//! MPI_Allreduce and broadcast against MPI_Bcast (Open MPI, when `mpicc` and `mpirun` are
+//! installed: the peer program is compiled on the spot). Latency is the median over
 //! trials of a timed loop of K back-to-back operations, divided by K; bandwidth is bytes over
 //! that time. Every row reports the ratio `peer time / symheap time` (above 1: symheap faster).
 
@@ -139,25 +140,35 @@ fn build_mpi_peer(dir: &Path) -> Option<PathBuf> {
 }
 
 /// What the MPI peer measured: seconds per barrier, and per size the seconds of an all_reduce,
-/// a one-sided put and a get.
+/// a broadcast, a one-sided put and a get.
 #[derive(Debug, Default)]
 struct MpiTimes {
     barrier: Option<f64>,
     allreduce: Vec<(u64, f64)>,
+    bcast: Vec<(u64, f64)>,
     put: Vec<(u64, f64)>,
     get: Vec<(u64, f64)>,
 }
 
-/// Runs the MPI peer at `n` ranks over the all_reduce sizes `ar` and the put/get sizes `rma`.
-fn run_mpi_peer(exe: &Path, n: usize, ar: &[u64], rma: &[u64]) -> Option<MpiTimes> {
+/// The message sizes the MPI peer runs: all_reduce, broadcast, put/get.
+#[derive(Debug, Default)]
+struct MpiSizes {
+    ar: Vec<u64>,
+    bc: Vec<u64>,
+    rma: Vec<u64>,
+}
+
+/// Runs the MPI peer at `n` ranks over the sizes of `sz`.
+fn run_mpi_peer(exe: &Path, n: usize, sz: &MpiSizes) -> Option<MpiTimes> {
     let mut cmd = Command::new("mpirun");
     cmd.arg("-n").arg(n.to_string()).arg("--oversubscribe");
     if nix::unistd::getuid().is_root() {
         cmd.arg("--allow-run-as-root");
     }
     cmd.arg(exe);
-    cmd.args(ar.iter().map(|s| format!("ar:{s}")));
-    cmd.args(rma.iter().map(|s| format!("rma:{s}")));
+    cmd.args(sz.ar.iter().map(|s| format!("ar:{s}")));
+    cmd.args(sz.bc.iter().map(|s| format!("bc:{s}")));
+    cmd.args(sz.rma.iter().map(|s| format!("rma:{s}")));
     let out = match cmd.output() {
         Ok(o) if o.status.success() => o,
         Ok(o) => {
@@ -179,6 +190,7 @@ fn run_mpi_peer(exe: &Path, n: usize, ar: &[u64], rma: &[u64]) -> Option<MpiTime
         match f.as_slice() {
             ["barrier", s] => t.barrier = s.parse().ok(),
             ["allreduce", b, s] => t.allreduce.extend(sized(b, s)),
+            ["bcast", b, s] => t.bcast.extend(sized(b, s)),
             ["put", b, s] => t.put.extend(sized(b, s)),
             ["get", b, s] => t.get.extend(sized(b, s)),
             _ => {}
@@ -190,8 +202,16 @@ fn run_mpi_peer(exe: &Path, n: usize, ar: &[u64], rma: &[u64]) -> Option<MpiTime
 /// The peer of the one-sided rows Open MPI adds next to the memcpy ones.
 const MPI_RMA_PEER: &str = "Open MPI MPI_Put/MPI_Get + MPI_Win_flush, shared-memory window";
 
-/// `rows` with the MPI peer's times filled in (barrier, f32 all_reduce), and after each put and
-/// get row a second one with the same symheap time against MPI's one-sided call.
+/// The peer of the broadcast rows.
+pub(crate) const MPI_BCAST_PEER: &str = "Open MPI MPI_Bcast";
+
+/// Whether `op` is a broadcast row (any dtype: MPI broadcasts the same bytes).
+fn is_broadcast(op: &str) -> bool {
+    op.split(' ').next() == Some("broadcast")
+}
+
+/// `rows` with the MPI peer's times filled in (barrier, f32 all_reduce, broadcast), and after
+/// each put and get row a second one with the same symheap time against MPI's one-sided call.
 fn with_mpi_times(rows: Vec<Row>, t: &MpiTimes, f32_label: &str) -> Vec<Row> {
     let at = |v: &[(u64, f64)], b: u64| v.iter().find(|(x, _)| *x == b).map(|&(_, s)| s);
     let mut out = Vec::with_capacity(rows.len() * 2);
@@ -201,6 +221,9 @@ fn with_mpi_times(rows: Vec<Row>, t: &MpiTimes, f32_label: &str) -> Vec<Row> {
         }
         if r.op == f32_label {
             r.peer_s = at(&t.allreduce, r.bytes);
+        }
+        if is_broadcast(&r.op) {
+            r.peer_s = at(&t.bcast, r.bytes);
         }
         let one_sided = match r.op.split(' ').next() {
             Some("put") => at(&t.put, r.bytes),
@@ -220,10 +243,10 @@ fn with_mpi_times(rows: Vec<Row>, t: &MpiTimes, f32_label: &str) -> Vec<Row> {
     out
 }
 
-/// Sizes of the all_reduce sweep on the host.
-pub const HOST_ALLREDUCE_SIZES: [u64; 4] = [1 << 10, 64 << 10, 1 << 20, 16 << 20];
-/// Sizes of the put/get sweep on the host.
-pub const HOST_RMA_SIZES: [u64; 5] = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20];
+/// Sizes of the host sweep, collectives and put/get alike: 8 B to 16 MiB, every 8x.
+pub const HOST_SIZES: [u64; 8] = [8, 64, 512, 4 << 10, 32 << 10, 256 << 10, 2 << 20, 16 << 20];
+/// Collectives of the default host sweep (each with its MPI peer).
+pub const HOST_DEFAULT_OPS: [&str; 2] = ["all_reduce", "broadcast"];
 
 /// What `symheap bench` was asked for on a machine without GPUs.
 pub struct HostOptions {
@@ -231,7 +254,7 @@ pub struct HostOptions {
     pub what: String,
     /// PEs (CPU processes).
     pub n: usize,
-    /// Collectives (empty: all_reduce, and the barrier).
+    /// Collectives (empty: all_reduce and broadcast, and the barrier).
     pub ops: Vec<String>,
     /// Sizes as typed (empty: the standard sweep).
     pub sizes: Vec<String>,
@@ -287,7 +310,7 @@ fn host_plan(o: &HostOptions) -> Result<host::HostPlan, String> {
         .collect::<Result<Vec<u64>, String>>()?;
     let ops: Vec<String> = match (coll, o.ops.is_empty()) {
         (false, _) => vec![],
-        (true, true) => vec!["all_reduce".into()],
+        (true, true) => HOST_DEFAULT_OPS.iter().map(|s| s.to_string()).collect(),
         (true, false) => o.ops.clone(),
     };
     let pick = |defaults: &[u64]| {
@@ -297,11 +320,7 @@ fn host_plan(o: &HostOptions) -> Result<host::HostPlan, String> {
             sizes.clone()
         }
     };
-    let coll_sizes = if coll {
-        pick(&HOST_ALLREDUCE_SIZES)
-    } else {
-        vec![]
-    };
+    let coll_sizes = if coll { pick(&HOST_SIZES) } else { vec![] };
     for op in &ops {
         let split = matches!(op.as_str(), "all_gather" | "reduce_scatter" | "alltoall");
         let unit = dtype.size() as u64 * if split { o.n as u64 } else { 1 };
@@ -315,7 +334,7 @@ fn host_plan(o: &HostOptions) -> Result<host::HostPlan, String> {
         }
     }
     Ok(host::HostPlan {
-        rma_sizes: if rma { pick(&HOST_RMA_SIZES) } else { vec![] },
+        rma_sizes: if rma { pick(&HOST_SIZES) } else { vec![] },
         barrier: coll && o.ops.is_empty(),
         ops,
         coll_sizes,
@@ -362,20 +381,25 @@ fn host_rows(plan: &host::HostPlan, n: usize, tmp: &Path) -> Result<Vec<Row>, St
         .and_then(|b| serde_json::from_slice(&b).ok())
         .ok_or("no results from the PEs")?;
     let f32_label = host::coll_label("all_reduce", symheap::DType::F32);
-    let ar_sizes: Vec<u64> = rows
-        .iter()
-        .filter(|r| r.op == f32_label)
-        .map(|r| r.bytes)
-        .collect();
-    // One-sided MPI needs a second rank to put into.
-    let rma_sizes: Vec<u64> = if n > 1 {
-        plan.rma_sizes.clone()
-    } else {
-        Vec::new()
+    let sizes_of = |keep: &dyn Fn(&str) -> bool| -> Vec<u64> {
+        rows.iter()
+            .filter(|r| keep(&r.op))
+            .map(|r| r.bytes)
+            .collect()
     };
-    let wants_mpi = plan.barrier || !ar_sizes.is_empty() || !rma_sizes.is_empty();
+    let sz = MpiSizes {
+        ar: sizes_of(&|op| op == f32_label),
+        bc: sizes_of(&is_broadcast),
+        // One-sided MPI needs a second rank to put into.
+        rma: if n > 1 {
+            plan.rma_sizes.clone()
+        } else {
+            Vec::new()
+        },
+    };
+    let wants_mpi = plan.barrier || !sz.ar.is_empty() || !sz.bc.is_empty() || !sz.rma.is_empty();
     match wants_mpi.then(|| build_mpi_peer(tmp)).flatten() {
-        Some(peer) => match run_mpi_peer(&peer, n, &ar_sizes, &rma_sizes) {
+        Some(peer) => match run_mpi_peer(&peer, n, &sz) {
             Some(t) => Ok(with_mpi_times(rows, &t, &f32_label)),
             None => Ok(rows),
         },
@@ -398,7 +422,8 @@ pub fn run_host(o: &HostOptions) -> i32 {
     let tmp = std::env::temp_dir().join(format!("symheap-bench-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&tmp);
     eprintln!(
-        "bench: host backend, {} PEs: {}{}",
+        "bench: host backend, {} PEs (each bound to a CPU when there are enough, as mpirun \
+         binds the MPI peer's ranks): {}{}",
         o.n,
         if plan.rma_sizes.is_empty() {
             ""
@@ -760,6 +785,7 @@ mod tests {
         let t = MpiTimes {
             barrier: Some(2e-6),
             allreduce: vec![(1024, 3e-6)],
+            bcast: vec![],
             put: vec![(4096, 4e-6)],
             get: vec![(4096, 5e-6)],
         };
@@ -788,5 +814,46 @@ mod tests {
             ]
         );
         assert!(out.iter().all(|r| r.symheap_s == 1e-6));
+    }
+
+    #[test]
+    fn broadcast_rows_get_mpi_bcast_at_their_size_whatever_the_dtype() {
+        let rows = vec![
+            row("broadcast f32", 8, MPI_BCAST_PEER),
+            row("broadcast bf16", 4096, MPI_BCAST_PEER),
+            row("broadcast f32", 65536, MPI_BCAST_PEER),
+            row("all_gather f32", 8, "none on the host backend"),
+        ];
+        let t = MpiTimes {
+            bcast: vec![(8, 7e-7), (4096, 9e-7)],
+            allreduce: vec![(8, 1e-5)],
+            ..Default::default()
+        };
+        let got: Vec<Option<f64>> = with_mpi_times(rows, &t, "all_reduce f32 sum")
+            .iter()
+            .map(|r| r.peer_s)
+            .collect();
+        assert_eq!(got, vec![Some(7e-7), Some(9e-7), None, None]);
+    }
+
+    #[test]
+    fn the_default_host_sweep_covers_8_bytes_to_16_mib_with_broadcast() {
+        let o = HostOptions {
+            what: "all".into(),
+            n: 2,
+            ops: vec![],
+            sizes: vec![],
+            dtype: None,
+            json: None,
+            png: None,
+            peer_json: None,
+        };
+        let p = host_plan(&o).unwrap();
+        assert_eq!(p.ops, vec!["all_reduce", "broadcast"]);
+        assert!(p.barrier);
+        for s in [&p.rma_sizes, &p.coll_sizes] {
+            assert_eq!(s.first(), Some(&8));
+            assert_eq!(s.last(), Some(&(16 << 20)));
+        }
     }
 }

@@ -1,9 +1,10 @@
-/* The peer measured against symheap's host backend: MPI_Barrier, MPI_Allreduce (float sum), and
+/* The peer measured against symheap's host backend: MPI_Barrier, MPI_Allreduce (float sum),
+ * MPI_Bcast (bytes from rank 0), and
  * one-sided MPI_Put / MPI_Get from rank 0 into rank 1's part of a shared-memory window
  * (MPI_Win_allocate_shared, passive target, each followed by MPI_Win_flush: what symheap's put
  * followed by quiet promises), with the same method as `symheap bench` (median over trials of K
- * back-to-back operations, divided by K). Arguments: `ar:BYTES` (an all_reduce size) and
- * `rma:BYTES` (a put/get size). Compiled by `symheap bench` with mpicc when Open MPI is
+ * back-to-back operations, divided by K). Arguments: `ar:BYTES` (an all_reduce size),
+ * `bc:BYTES` (a broadcast size) and `rma:BYTES` (a put/get size). Compiled by `symheap bench` with mpicc when Open MPI is
  * installed. */
 #include <mpi.h>
 #include <stdio.h>
@@ -103,6 +104,23 @@ int main(int argc, char **argv) {
         if (rank == 0) printf("allreduce %ld %.9f\n", bytes, median(t, trials));
         free(src);
         free(dst);
+    }
+    /* Broadcast sizes in bytes from the command line (root 0, like symheap's rows). */
+    for (int a = 1; a < argc; a++) {
+        if (strncmp(argv[a], "bc:", 3) != 0) continue;
+        long bytes = atol(argv[a] + 3);
+        char *buf = malloc(bytes > 0 ? bytes : 1);
+        for (long i = 0; i < bytes; i++) buf[i] = (char)((i * 7 + rank) % 13);
+        int k = bytes <= (1 << 16) ? 100 : bytes <= (1 << 20) ? 20 : 4;
+        for (int w = 0; w < 3; w++) MPI_Bcast(buf, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD);
+        for (int i = 0; i < trials; i++) {
+            MPI_Barrier(MPI_COMM_WORLD);
+            double t0 = now();
+            for (int j = 0; j < k; j++) MPI_Bcast(buf, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD);
+            t[i] = (now() - t0) / k;
+        }
+        if (rank == 0) printf("bcast %ld %.9f\n", bytes, median(t, trials));
+        free(buf);
     }
     fflush(stdout);
     MPI_Finalize();

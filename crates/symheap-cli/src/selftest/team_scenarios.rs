@@ -77,6 +77,26 @@ pub fn broadcast(ctx: &Context, a: PeArgs) -> Outcome {
             "in-place broadcast from {root}"
         );
     }
+    // Small broadcasts take one pass (the root's data rides on its arrival at the entry
+    // barrier, with no exit barrier): back to back from every root, the root rewriting its
+    // source as soon as the call returns, which a peer still reading it would see.
+    for round in 0..3u64 {
+        for root in 0..n {
+            for c in [1usize, 7, 512] {
+                let tag = 1000 + 10 * round + root as u64;
+                src.write(0, &data::<f64>(a.seed, me, tag, c))
+                    .map_err(e2s)?;
+                ctx.broadcast::<f64>(&world, &dst, &src, c, root)
+                    .map_err(e2s)?;
+                src.write(0, &vec![-1.0f64; c]).map_err(e2s)?;
+                let got = dst.to_vec::<f64>().map_err(e2s)?;
+                ensure!(
+                    got[..c] == data::<f64>(a.seed, root, tag, c)[..],
+                    "small broadcast of {c} from {root}, round {round}"
+                );
+            }
+        }
+    }
     // all_gather, out of place and in place.
     let c = count.min(999);
     let mine = data::<i32>(a.seed, me, 1234, c);

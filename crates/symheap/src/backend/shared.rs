@@ -13,7 +13,10 @@ use crate::error::{backend, Result};
 /// Every node-local PE's control block, mapped in this process.
 pub struct SharedArea {
     res: Reservation,
+    /// Bytes between two PEs' blocks: a power of two, so finding the PE of an address (checked
+    /// on every word access) is a shift, not a division.
     stride: u64,
+    shift: u32,
     direct: Vec<bool>,
 }
 
@@ -27,8 +30,8 @@ impl SharedArea {
         rank: usize,
         bytes: u64,
     ) -> Result<SharedArea> {
-        let page = 4096;
-        let stride = bytes.div_ceil(page) * page;
+        // Only address space: the memfd's pages beyond `bytes` are never touched.
+        let stride = bytes.next_power_of_two().max(4096);
         let world = node.node_of.len();
         let res = Reservation::new(stride * world as u64, "control area")?;
         let fd = memfd(&format!("symheap-control-pe{rank}"), stride)?;
@@ -46,6 +49,7 @@ impl SharedArea {
         Ok(SharedArea {
             res,
             stride,
+            shift: stride.trailing_zeros(),
             direct,
         })
     }
@@ -59,18 +63,20 @@ impl SharedArea {
         }
     }
 
+    #[inline]
     fn word<const W: u64>(&self, addr: u64) -> u64 {
         let lo = self.res.base();
         assert!(
             addr >= lo && addr + W <= lo + self.res.len() && addr % W == 0,
             "control word {addr:#x} outside the control area or misaligned"
         );
-        let pe = ((addr - lo) / self.stride) as usize;
+        let pe = ((addr - lo) >> self.shift) as usize;
         assert!(self.direct[pe], "control word of PE {pe} on another node");
         addr
     }
 
     /// Atomic 64-bit load (acquire).
+    #[inline]
     pub fn load64(&self, addr: u64) -> u64 {
         let a = self.word::<8>(addr);
         // SAFETY: `word` checked the address is an aligned 8-byte word inside a mapped block of
@@ -79,11 +85,21 @@ impl SharedArea {
         unsafe { AtomicU64::from_ptr(a as *mut u64) }.load(Ordering::SeqCst)
     }
 
-    /// Atomic 64-bit store (release).
+    /// Atomic 64-bit store (sequentially consistent).
     pub fn store64(&self, addr: u64, v: u64) {
         let a = self.word::<8>(addr);
         // SAFETY: as in `load64`.
         unsafe { AtomicU64::from_ptr(a as *mut u64) }.store(v, Ordering::SeqCst)
+    }
+
+    /// Atomic 64-bit store with release ordering only: a plain store on x86, for words whose
+    /// readers synchronise through a later release store (barrier boards before the arrival,
+    /// seqlock-published records) instead of through a sequentially consistent order.
+    #[inline]
+    pub fn store64_release(&self, addr: u64, v: u64) {
+        let a = self.word::<8>(addr);
+        // SAFETY: as in `load64`.
+        unsafe { AtomicU64::from_ptr(a as *mut u64) }.store(v, Ordering::Release)
     }
 
     /// Atomic 64-bit compare-and-swap; returns the value found (`current` when it swapped).
@@ -130,8 +146,8 @@ impl SharedArea {
             addr >= lo && addr + len as u64 <= lo + self.res.len(),
             "outside the control area"
         );
-        let first = ((addr - lo) / self.stride) as usize;
-        let last = ((addr + len.max(1) as u64 - 1 - lo) / self.stride) as usize;
+        let first = ((addr - lo) >> self.shift) as usize;
+        let last = ((addr + len.max(1) as u64 - 1 - lo) >> self.shift) as usize;
         assert!(
             (first..=last).all(|pe| self.direct[pe]),
             "control block on another node"

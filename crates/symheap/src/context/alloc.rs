@@ -87,6 +87,7 @@ impl Inner {
     pub(crate) fn allocate_internal(&self, bytes: u64, align: u64) -> Result<Block> {
         let b = self.allocate(bytes, align, "init")?;
         self.lock_heap().mark_internal(b.id);
+        self.heap.invalidate_lookups();
         Ok(b)
     }
 

@@ -5,7 +5,10 @@
 //! ```text
 //! 0      doorbell: u32    bumped by every PE that stores into this PE; waiters sleep on it
 //! 4      sleepers: u32    how many threads of this PE sleep on the doorbell (writers skip the
-//!                         wake-up syscall when zero)
+//!                         doorbell and the wake-up syscall when zero)
+//! 8      data_sleepers: u32  how many of those wait for heap data (`signal_wait_until`): only
+//!                         they need waking by puts and atomics; barrier waits are woken by
+//!                         the arrivals they wait for
 //! 64     mailbox_len: u64, then MAILBOX bytes: a ledger copy for mismatch diagnostics
 //! ...    per team slot: board[2] of {count, hash, flags, aux} (32 B each, double-buffered by
 //!        barrier parity), then arrivals[world]: u64 epoch written by each member
@@ -13,6 +16,8 @@
 //!        per team slot a ring of RING recent calls (ENTRY_WORDS words each), and a verdict
 //!        (VERDICT_WORDS words; only PE 0's is used: the first PE to name a divergence
 //!        writes its message there, so every PE reports the same text)
+//! ...    per team slot, payload[2] of PAYLOAD bytes (double-buffered by barrier parity, like
+//!        the boards): what a one-pass collective publishes with its arrival
 //! ```
 
 /// Team slots (WORLD is slot 0). Like NVSHMEM's team limit, a fixed pool keeps the heap
@@ -26,6 +31,8 @@ pub const WAIT_WORDS: u64 = 8;
 pub const RING: u64 = 8;
 /// Words of one ring entry: seq, position, hash, text length, then the text.
 pub const ENTRY_WORDS: u64 = 32;
+/// Bytes a one-pass collective publishes per member, team and barrier parity.
+pub const PAYLOAD: u64 = 4 << 10;
 /// Words of the verdict: owner, ready, length, then the text.
 pub const VERDICT_WORDS: u64 = 3 + 512;
 
@@ -46,8 +53,21 @@ pub struct SyncArea {
 impl SyncArea {
     /// Bytes the area needs for `world` PEs.
     pub fn bytes(world: usize) -> u64 {
-        Self::watch_at(world)
-            + 8 * (WAIT_WORDS + MAX_TEAMS as u64 * RING * ENTRY_WORDS + VERDICT_WORDS)
+        Self::payload_at(world) + MAX_TEAMS as u64 * 2 * PAYLOAD
+    }
+
+    fn payload_at(world: usize) -> u64 {
+        let end = Self::watch_at(world)
+            + 8 * (WAIT_WORDS + MAX_TEAMS as u64 * RING * ENTRY_WORDS + VERDICT_WORDS);
+        end.div_ceil(64) * 64
+    }
+
+    /// PE `pe`'s payload for team `slot` at barrier parity `parity`: the data a one-pass
+    /// collective publishes with its arrival (see `Inner::barrier_staged`).
+    pub fn payload(&self, pe: usize, slot: usize, parity: u64) -> u64 {
+        debug_assert!(slot < MAX_TEAMS);
+        let i = slot as u64 * 2 + (parity & 1);
+        self.bases[pe] + Self::payload_at(self.world) + i * PAYLOAD
     }
 
     fn watch_at(world: usize) -> u64 {
@@ -108,6 +128,11 @@ impl SyncArea {
         self.bases[pe] + 4
     }
 
+    /// PE `pe`'s count of sleepers waiting for heap data (a subset of `sleepers`).
+    pub fn data_sleepers(&self, pe: usize) -> u64 {
+        self.bases[pe] + 8
+    }
+
     /// PE `pe`'s mailbox length word; the bytes follow 64 bytes later.
     pub fn mailbox_len(&self, pe: usize) -> u64 {
         self.bases[pe] + MAILBOX_AT
@@ -149,7 +174,12 @@ mod tests {
         let world = 5;
         let a = SyncArea::new(vec![1 << 20; world]);
         let end = (1 << 20) + SyncArea::bytes(world);
-        let mut words = vec![a.doorbell(0), a.sleepers(0), a.mailbox_len(0)];
+        let mut words = vec![
+            a.doorbell(0),
+            a.sleepers(0),
+            a.data_sleepers(0),
+            a.mailbox_len(0),
+        ];
         for slot in 0..MAX_TEAMS {
             for p in 0..2 {
                 for w in 0..4 {
@@ -179,5 +209,14 @@ mod tests {
         assert_eq!(sorted.len(), words.len(), "no two words share an address");
         assert!(words.iter().all(|&w| w + 8 <= end));
         assert!(a.mailbox(0) + MAILBOX <= a.board(0, 0, 0, 0));
+        let last = *sorted.last().unwrap();
+        for slot in 0..MAX_TEAMS {
+            for p in 0..2 {
+                let at = a.payload(0, slot, p);
+                assert!(at >= last + 8 && at + PAYLOAD <= end);
+                assert_eq!(at % 64, 0);
+            }
+        }
+        assert_eq!(a.payload(0, 3, 1) + PAYLOAD, a.payload(0, 4, 0));
     }
 }

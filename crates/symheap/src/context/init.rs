@@ -100,7 +100,9 @@ impl ContextBuilder {
         if let Some(cu) = backend.as_cuda() {
             cu.agree_protocols(cfg.topology).map_err(with_pe)?;
         }
+        let spin = super::sync::SpinBudget::new(node.local_size());
         let inner = Arc::new(Inner {
+            spin,
             cfg,
             launcher: met.launcher,
             token_is_secret: met.token_is_secret,

@@ -51,6 +51,8 @@ pub struct HeapUsage {
 
 pub(crate) struct Inner {
     pub(crate) cfg: Config,
+    /// How long waits spin before yielding (see `sync::SpinBudget`).
+    pub(crate) spin: sync::SpinBudget,
     pub(crate) launcher: Launcher,
     pub(crate) token_is_secret: bool,
     /// How the PEs met, for the banner.
@@ -89,7 +91,7 @@ impl Inner {
         self.boot.health().check(self.rank, call)
     }
 
-    pub(super) fn record(&self, call: &str, args: String) {
+    pub(super) fn record(&self, call: &'static str, args: String) {
         self.record_on(&self.world_team, call, args);
     }
 

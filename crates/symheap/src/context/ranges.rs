@@ -64,26 +64,34 @@ impl Inner {
     ) -> Result<Block> {
         let base = self.backend.slot_base(pe).unwrap_or(0);
         let addr = base + off;
+        let g = self.heap.generation();
         let st = self.lock_heap();
+        let why = match self.heap.user_block(&st, off, bytes) {
+            Ok(b) => {
+                self.heap.remember(g, &b);
+                return Ok(b);
+            }
+            Err(e) => e,
+        };
+        drop(st);
         let whose = if pe == self.rank {
             "this PE's".to_string()
         } else {
             format!("PE {pe}'s")
         };
-        let why = match self.heap.user_block(&st, off, bytes) {
-            Ok(b) => return Ok(b),
-            Err(RangeError::NotAllocated) => format!(
+        let why = match why {
+            RangeError::NotAllocated => format!(
                 "address {addr:#x} is in {whose} symmetric heap but not in a live allocation"
             ),
-            Err(RangeError::Freed(b)) => format!(
+            RangeError::Freed(b) => format!(
                 "address {addr:#x} is in a {}-byte allocation (at {:#x}) that was freed on this PE; nothing made from a freed buffer may be used",
                 b.bytes,
                 base + b.offset
             ),
-            Err(RangeError::Internal) => format!(
+            RangeError::Internal => format!(
                 "address {addr:#x} is in symheap's own state, not in an allocation of yours"
             ),
-            Err(RangeError::PastEnd(b)) => format!(
+            RangeError::PastEnd(b) => format!(
                 "{bytes} bytes at {addr:#x} run past the end of their {}-byte allocation (which starts at {:#x})",
                 b.bytes,
                 base + b.offset
@@ -139,6 +147,11 @@ impl Inner {
             .backend
             .slot_base(self.rank)
             .expect("own heap is always mapped");
+        // The common case, the block this thread used last: no lock, no lookup.
+        let off = addr.wrapping_sub(base);
+        if addr >= base && self.heap.remembered(off, bytes) {
+            return Ok(off);
+        }
         let mapped = self.backend.mapped();
         if addr < base || addr >= base + mapped {
             return Err(invalid(
@@ -150,7 +163,6 @@ impl Inner {
             )
             .with_pe(self.rank));
         }
-        let off = addr - base;
         self.user_range(self.rank, off, bytes, call)?;
         Ok(off)
     }

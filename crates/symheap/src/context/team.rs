@@ -11,6 +11,8 @@ use crate::ledger::Ledger;
 pub(crate) struct TeamState {
     /// Barriers completed on this team.
     pub epoch: u64,
+    /// The last calls recorded with `Inner::record_keyed`, newest first.
+    pub recent: Vec<super::watch::Recorded>,
 }
 
 #[derive(Debug)]

@@ -28,7 +28,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use super::area::{ENTRY_WORDS, RING, VERDICT_WORDS, WAIT_WORDS};
-use super::team::TeamInner;
+use super::team::{TeamInner, TeamState};
 use crate::context::Inner;
 use crate::error::ErrorKind;
 
@@ -155,6 +155,60 @@ fn text_words(text: &str, max_words: u64) -> (u64, Vec<u64>) {
     (n as u64, words)
 }
 
+/// `call(args)` as published in the ring (see `text_words`), without allocating.
+fn call_words(call: &str, args: &str) -> (u64, [u64; TEXT_WORDS as usize]) {
+    let mut buf = [0u8; 8 * TEXT_WORDS as usize];
+    let mut n = 0;
+    let mut full = 0;
+    for part in [call, "(", args, ")"] {
+        let b = part.as_bytes();
+        let take = b.len().min(buf.len() - n);
+        buf[n..n + take].copy_from_slice(&b[..take]);
+        n += take;
+        full += b.len();
+    }
+    // Cut at a character boundary: the byte after the cut must not continue a character.
+    if n < full {
+        let next = [call, "(", args, ")"]
+            .iter()
+            .flat_map(|p| p.bytes())
+            .nth(n)
+            .unwrap_or(0);
+        let mut continues = next & 0xc0 == 0x80;
+        while n > 0 && continues {
+            n -= 1;
+            continues = buf[n] & 0xc0 == 0x80;
+        }
+    }
+    buf[n..].fill(0);
+    let mut words = [0u64; TEXT_WORDS as usize];
+    for (w, c) in words.iter_mut().zip(buf.chunks_exact(8)) {
+        *w = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+    }
+    (n as u64, words)
+}
+
+/// A call recently recorded on a team, kept for [`Inner::record_keyed`].
+#[derive(Debug)]
+pub(crate) struct Recorded {
+    key: CallKey,
+    hash: u64,
+    args: Arc<str>,
+    len: u64,
+    words: [u64; TEXT_WORDS as usize],
+}
+
+/// Calls kept per team for [`Inner::record_keyed`].
+const RECENT_CALLS: usize = 8;
+
+/// What identifies a call's argument text: the call and up to eight numbers (counts, codes of
+/// dtype/op/algorithm, root, heap offsets) from which the text is formatted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CallKey {
+    pub(crate) call: &'static str,
+    pub(crate) nums: [u64; 8],
+}
+
 fn words_text(len: u64, words: &[u64]) -> String {
     let mut bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
     bytes.truncate(len as usize);
@@ -168,33 +222,76 @@ impl Inner {
     }
 
     /// Records `call(args)` in `team`'s ledger and publishes it in this PE's ring for the team.
-    pub(crate) fn record_on(&self, team: &TeamInner, call: &str, args: String) {
-        let text = format!("{call}({args})");
+    pub(crate) fn record_on(&self, team: &TeamInner, call: &'static str, args: String) {
+        let (len, words) = call_words(call, &args);
         let (pos, hash) = {
             let mut l = team.ledger();
             l.record(call, args);
             l.digest()
         };
-        self.publish(team, pos, hash, &text);
+        self.publish(team, pos, hash, len, &words);
     }
 
-    fn publish(&self, team: &TeamInner, pos: u64, hash: u64, text: &str) {
+    /// `record_on` for a call that repeats: `key` says everything its argument text does
+    /// (the same key, the same text), and `args` formats that text only the first time a key
+    /// is seen among the team's last few calls (`st` holds them). A collective in a loop then
+    /// records and publishes its call without formatting, hashing or allocating text.
+    pub(crate) fn record_keyed(
+        &self,
+        team: &TeamInner,
+        st: &mut TeamState,
+        key: CallKey,
+        args: impl FnOnce() -> String,
+    ) {
+        let i = match st.recent.iter().position(|r| r.key == key) {
+            Some(i) => i,
+            None => {
+                let text = args();
+                let (len, words) = call_words(key.call, &text);
+                let r = Recorded {
+                    key,
+                    hash: crate::ledger::call_hash(key.call, &text),
+                    args: Arc::from(text),
+                    len,
+                    words,
+                };
+                if st.recent.len() == RECENT_CALLS {
+                    st.recent.pop();
+                }
+                st.recent.insert(0, r);
+                0
+            }
+        };
+        let r = &st.recent[i];
+        let (pos, hash) = {
+            let mut l = team.ledger();
+            l.record_hashed(key.call, r.args.clone(), r.hash);
+            l.digest()
+        };
+        self.publish(team, pos, hash, r.len, &r.words);
+    }
+
+    fn publish(&self, team: &TeamInner, pos: u64, hash: u64, len: u64, words: &[u64]) {
         if !self.area.is_direct(self.rank) {
             return;
         }
         let a = &self.area;
         let (me, slot, i) = (self.rank, team.slot, pos % RING);
         let w = |k: u64| a.ring_word(me, slot, i, k);
-        let (len, words) = text_words(text, TEXT_WORDS);
-        self.control.store64(w(0), 2 * pos + 1);
-        self.control.store64(w(1), pos);
-        self.control.store64(w(2), hash);
-        self.control.store64(w(3), team.id);
-        self.control.store64(w(4), len);
+        let words = &words[..(len as usize).div_ceil(8)];
+        // A seqlock: odd while written. Readers (`entry`) load the sequence, the words, and the
+        // sequence again; the release fence keeps the words from being seen before the odd
+        // sequence, the final release store keeps them before the even one.
+        self.control.store64_release(w(0), 2 * pos + 1);
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+        self.control.store64_release(w(1), pos);
+        self.control.store64_release(w(2), hash);
+        self.control.store64_release(w(3), team.id);
+        self.control.store64_release(w(4), len);
         for (k, v) in words.iter().enumerate() {
-            self.control.store64(w(5 + k as u64), *v);
+            self.control.store64_release(w(5 + k as u64), *v);
         }
-        self.control.store64(w(0), 2 * pos + 2);
+        self.control.store64_release(w(0), 2 * pos + 2);
     }
 
     /// PE `pe`'s published call at `pos` on team `team` (slot `slot`), if its ring still holds

@@ -8,7 +8,9 @@
 
 pub mod allocator;
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 pub use allocator::{align_up, Allocator};
@@ -172,6 +174,25 @@ pub struct Heap {
     uses: Mutex<HashMap<BlockId, Vec<StreamUse>>>,
     /// Released here while device work may still use them: announced once their fence is done.
     deferred: Mutex<Vec<(BlockId, Box<dyn Fence>)>>,
+    /// Changes whenever a block stops being usable (released here, reclaimed, made internal):
+    /// lookups remembered under an older value are stale. Drawn from [`GENERATIONS`], so no
+    /// two heaps of a process ever share a value.
+    generation: AtomicU64,
+}
+
+/// Source of heap generations, process-wide.
+static GENERATIONS: AtomicU64 = AtomicU64::new(1);
+
+/// User blocks a thread remembers (see [`Heap::remembered`]): a collective checks its
+/// destination and its source, a loop may alternate between a few buffers.
+const REMEMBERED: usize = 4;
+
+thread_local! {
+    /// The last user blocks this thread validated, newest first: (heap generation, start, end
+    /// offset). Puts, gets and collectives mostly hit the same buffers again, and checking
+    /// them here costs a few loads instead of the heap lock, two tree and two hash lookups.
+    static LAST_BLOCKS: Cell<[(u64, u64, u64); REMEMBERED]> =
+        const { Cell::new([(0, 0, 0); REMEMBERED]) };
 }
 
 impl Heap {
@@ -184,7 +205,42 @@ impl Heap {
             freed_here: Mutex::new(HashSet::new()),
             uses: Mutex::new(HashMap::new()),
             deferred: Mutex::new(Vec::new()),
+            generation: AtomicU64::new(GENERATIONS.fetch_add(1, Ordering::Relaxed)),
         }
+    }
+
+    /// The current generation (see [`Heap::remembered`]).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Forgets every remembered lookup: call after anything that makes a live block unusable.
+    pub fn invalidate_lookups(&self) {
+        let g = GENERATIONS.fetch_add(1, Ordering::Relaxed);
+        self.generation.store(g, Ordering::Release);
+    }
+
+    /// Whether `[off, off + bytes)` lies in a user block this thread validated recently with
+    /// [`Heap::remember`], and that block is still usable (nothing was released, reclaimed or
+    /// made internal since).
+    pub fn remembered(&self, off: u64, bytes: u64) -> bool {
+        let g = self.generation();
+        let end = off.checked_add(bytes);
+        LAST_BLOCKS
+            .with(Cell::get)
+            .iter()
+            .any(|&(bg, lo, hi)| bg == g && off >= lo && off < hi && end.is_some_and(|e| e <= hi))
+    }
+
+    /// Remembers `b`, validated by [`Heap::user_block`] while the generation was `g` (read
+    /// before the lookup, so a change during it makes the memory stale, never wrong).
+    pub fn remember(&self, g: u64, b: &Block) {
+        LAST_BLOCKS.with(|c| {
+            let mut v = c.get();
+            v.copy_within(0..REMEMBERED - 1, 1);
+            v[0] = (g, b.offset, b.offset + b.bytes);
+            c.set(v);
+        });
     }
 
     /// Notes that device work on `stream` uses block `id`; `keep` holds an owned stream alive
@@ -258,6 +314,7 @@ impl Heap {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(id);
+        self.invalidate_lookups();
     }
 
     /// Queues `id` for the next exchange of releases (once no device work uses it).
@@ -338,6 +395,10 @@ impl Heap {
                 st.alloc.free(b.offset, b.span);
                 out.push(b);
             }
+        }
+        drop(freed);
+        if !out.is_empty() {
+            self.invalidate_lookups();
         }
         out
     }

@@ -96,7 +96,7 @@ impl Context {
         let remote = self.inner.remote(dest, w as u64, pe, CALL)?;
         let old = self.inner.backend.atomic(remote, w, op, operand, compare)?;
         if op != AtomicOp::Load {
-            self.inner.ring(pe);
+            self.inner.ring_data(pe);
         }
         Ok(old)
     }

@@ -8,13 +8,22 @@
 //! (reduce-scatter, then all-gather of the reduced chunks) for large ones, the same structure
 //! the GPU kernels use.
 //!
+//! Up to [`PAYLOAD`] bytes, broadcast and all_reduce take one pass instead: the data rides
+//! on each member's arrival at the entry barrier (in its sync area, double-buffered like the
+//! barrier boards), and every member, once the ledgers are known to agree, reads it from
+//! there into its own destination; there is no exit barrier. On return this PE's destination
+//! is complete and its source reusable (what MPI and OpenSHMEM promise); other PEs' accesses
+//! to it are ordered by a barrier, as for any heap data.
+//!
 //! Collective-order rule: every member of the team calls each collective in the same order with
 //! the same arguments (root, count, dtype, op); symheap checks it at the entry barrier.
 
 use std::sync::Arc;
 
 use crate::backend::ReduceOp;
+use crate::context::area::PAYLOAD;
 use crate::context::team::{Team, TeamInner, TeamState};
+use crate::context::watch::CallKey;
 use crate::context::{Context, Inner};
 use crate::element::{DType, Element};
 use crate::error::{invalid, Error, Result};
@@ -56,11 +65,27 @@ struct Coll<'a> {
 
 impl<'a> Coll<'a> {
     /// Validates, records in the team's ledger and runs the entry barrier. None on INVALID.
+    /// `nums` determine the argument text `args` formats (see `Inner::record_keyed`: a call
+    /// repeated with the same numbers is recorded without formatting it again).
     fn begin(
         inner: &'a Inner,
         team: &'a Team,
         call: &'static str,
-        args: String,
+        nums: [u64; 8],
+        args: impl FnOnce() -> String,
+    ) -> Result<Option<Coll<'a>>> {
+        Self::begin_staged(inner, team, call, nums, args, &mut |_| Ok(()))
+    }
+
+    /// `begin` whose entry barrier also publishes a payload that `stage` writes (see
+    /// `Inner::barrier_staged`); the members' payloads are then at [`Coll::payload`].
+    fn begin_staged(
+        inner: &'a Inner,
+        team: &'a Team,
+        call: &'static str,
+        nums: [u64; 8],
+        args: impl FnOnce() -> String,
+        stage: &mut dyn FnMut(u64) -> Result<()>,
     ) -> Result<Option<Coll<'a>>> {
         let Some(t) = inner.team_inner(team, call)? else {
             return Ok(None);
@@ -81,8 +106,8 @@ impl<'a> Coll<'a> {
         }
         let t: &'a Arc<TeamInner> = t;
         let mut st = t.lock();
-        inner.record_on(t, call, args);
-        inner.team_sync_point(t, &mut st, call, 0)?;
+        inner.record_keyed(t, &mut st, CallKey { call, nums }, args);
+        inner.team_sync_staged(t, &mut st, call, 0, stage)?;
         Ok(Some(Coll {
             inner,
             team: t,
@@ -114,6 +139,13 @@ impl<'a> Coll<'a> {
         theirs + (addr - own)
     }
 
+    /// Member `j`'s payload of the entry barrier (see `begin_staged`).
+    fn payload(&self, j: usize) -> u64 {
+        self.inner
+            .area()
+            .payload(self.team.members[j], self.team.slot, self.st.epoch)
+    }
+
     fn barrier(&mut self) -> Result<()> {
         self.inner
             .barrier_core(self.team, &mut self.st, self.call, 0, 0)
@@ -142,8 +174,19 @@ impl<'a> Coll<'a> {
         if count == 0 {
             return Ok(());
         }
-        let srcs: Vec<u64> = (0..self.n()).map(|j| self.at(j, src)).collect();
-        self.inner.backend.reduce(dst, &srcs, count, dtype, op)
+        // Small teams list their sources without allocating.
+        let mut inline = [0u64; 16];
+        let many: Vec<u64>;
+        let srcs: &[u64] = if self.n() <= inline.len() {
+            for (j, s) in inline.iter_mut().enumerate().take(self.n()) {
+                *s = self.at(j, src);
+            }
+            &inline[..self.n()]
+        } else {
+            many = (0..self.n()).map(|j| self.at(j, src)).collect();
+            &many
+        };
+        self.inner.backend.reduce(dst, srcs, count, dtype, op)
     }
 }
 
@@ -219,14 +262,30 @@ impl Context {
             check_len(&self.inner, CALL, "destination", dest, bytes)?;
             check_len(&self.inner, CALL, "source", src, bytes)?;
         }
-        let Some(c) = Coll::begin(
-            &self.inner,
-            team,
-            CALL,
+        let nums = [root as u64, count as u64, dtype as u64, 0, 0, 0, dest, src];
+        let args = || {
             self.inner
-                .coll_args(format!("root {root}, {count} x {dtype}"), dest, src),
-        )?
-        else {
+                .coll_args(format!("root {root}, {count} x {dtype}"), dest, src)
+        };
+        if bytes as u64 <= PAYLOAD {
+            // One pass: the root's data rides on its arrival at the entry barrier, which also
+            // checks the ledgers; no exit barrier (see `all_reduce_one_pass`).
+            let be = &self.inner.backend;
+            let is_root = team.my_pe() == Some(root);
+            let mut stage = |at: u64| {
+                if is_root {
+                    be.copy(at, src, bytes)
+                } else {
+                    Ok(())
+                }
+            };
+            let Some(c) = Coll::begin_staged(&self.inner, team, CALL, nums, args, &mut stage)?
+            else {
+                return Ok(());
+            };
+            return c.copy(dest, c.payload(root), bytes);
+        }
+        let Some(c) = Coll::begin(&self.inner, team, CALL, nums, args)? else {
             return Ok(());
         };
         c.copy(dest, c.at(root, src), bytes)?;
@@ -264,10 +323,12 @@ impl Context {
             check_len(&self.inner, CALL, "destination", dest, bytes * team.n_pes())?;
             check_len(&self.inner, CALL, "source", src, bytes)?;
         }
-        let args = self
-            .inner
-            .coll_args(format!("{count} x {dtype}"), dest, src);
-        let Some(c) = Coll::begin(&self.inner, team, CALL, args)? else {
+        let nums = [count as u64, dtype as u64, 0, 0, 0, 0, dest, src];
+        let Some(c) = Coll::begin(&self.inner, team, CALL, nums, || {
+            self.inner
+                .coll_args(format!("{count} x {dtype}"), dest, src)
+        })?
+        else {
             return Ok(());
         };
         let in_place = dest == src;
@@ -312,13 +373,11 @@ impl Context {
             check_len(&self.inner, CALL, "source", src, bytes * team.n_pes())?;
             check_len(&self.inner, CALL, "destination", dest, bytes)?;
         }
-        let Some(c) = Coll::begin(
-            &self.inner,
-            team,
-            CALL,
+        let nums = [count as u64, dtype as u64, op as u64, 0, 0, 0, dest, src];
+        let Some(c) = Coll::begin(&self.inner, team, CALL, nums, || {
             self.inner
-                .coll_args(format!("{} {count} x {dtype}", op.name()), dest, src),
-        )?
+                .coll_args(format!("{} {count} x {dtype}", op.name()), dest, src)
+        })?
         else {
             return Ok(());
         };
@@ -358,6 +417,11 @@ impl Context {
         // One-shot reads peers' sources while they write their destinations, so in place it
         // would read half-reduced data; two-shot only ever writes chunks no one else reads.
         let algo = match algo {
+            // One pass through the payloads: in place is fine (every source is copied before
+            // any destination is written).
+            AllReduceAlgo::Auto | AllReduceAlgo::OneShot if bytes as u64 <= PAYLOAD => {
+                AllReduceAlgo::OneShot
+            }
             AllReduceAlgo::Auto if dest != src && bytes <= ONE_SHOT_MAX_BYTES => {
                 AllReduceAlgo::OneShot
             }
@@ -365,9 +429,24 @@ impl Context {
             AllReduceAlgo::OneShot if dest == src => AllReduceAlgo::TwoShot,
             AllReduceAlgo::OneShot => AllReduceAlgo::OneShot,
         };
-        let args = format!("{} {count} x {dtype}, {}", op.name(), algo.name());
-        let args = self.inner.coll_args(args, dest, src);
-        let Some(mut c) = Coll::begin(&self.inner, team, CALL, args)? else {
+        let nums = [
+            count as u64,
+            dtype as u64,
+            op as u64,
+            algo as u64,
+            0,
+            0,
+            dest,
+            src,
+        ];
+        let args = || {
+            let args = format!("{} {count} x {dtype}, {}", op.name(), algo.name());
+            self.inner.coll_args(args, dest, src)
+        };
+        if algo == AllReduceAlgo::OneShot && bytes as u64 <= PAYLOAD {
+            return self.all_reduce_one_pass(team, dest, src, count, dtype, op, nums, args);
+        }
+        let Some(mut c) = Coll::begin(&self.inner, team, CALL, nums, args)? else {
             return Ok(());
         };
         if algo == AllReduceAlgo::OneShot {
@@ -391,6 +470,49 @@ impl Context {
             }
         }
         c.end()
+    }
+
+    /// A small all_reduce in one pass: every member's source rides on its arrival at the
+    /// entry barrier (after which the ledgers are known to agree), and each member reduces
+    /// the payloads into its own destination. No exit barrier: on return this PE's
+    /// destination is complete and its source reusable (what MPI_Allreduce and OpenSHMEM
+    /// promise; order other PEs' accesses to it with a barrier, as for any heap data). Nobody
+    /// reads this PE's heap, and its payload stays until its barrier after next, which needs
+    /// every member's arrival at the next one.
+    #[allow(clippy::too_many_arguments)]
+    fn all_reduce_one_pass(
+        &self,
+        team: &Team,
+        dest: u64,
+        src: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        nums: [u64; 8],
+        args: impl FnOnce() -> String,
+    ) -> Result<()> {
+        let bytes = count * dtype.size();
+        let be = &self.inner.backend;
+        let mut stage = |at: u64| be.copy(at, src, bytes);
+        let Some(c) = Coll::begin_staged(&self.inner, team, "all_reduce", nums, args, &mut stage)?
+        else {
+            return Ok(());
+        };
+        if count == 0 {
+            return Ok(());
+        }
+        let mut inline = [0u64; 16];
+        let many: Vec<u64>;
+        let srcs: &[u64] = if c.n() <= inline.len() {
+            for (j, s) in inline.iter_mut().enumerate().take(c.n()) {
+                *s = c.payload(j);
+            }
+            &inline[..c.n()]
+        } else {
+            many = (0..c.n()).map(|j| c.payload(j)).collect();
+            &many
+        };
+        be.reduce(dest, srcs, count, dtype, op)
     }
 
     /// Collective over `team`: member i's block j (`count` elements at `src + j × count`)
@@ -425,10 +547,12 @@ impl Context {
             check_len(&self.inner, CALL, "destination", dest, bytes * team.n_pes())?;
             check_len(&self.inner, CALL, "source", src, bytes * team.n_pes())?;
         }
-        let args = self
-            .inner
-            .coll_args(format!("{count} x {dtype}"), dest, src);
-        let Some(c) = Coll::begin(&self.inner, team, CALL, args)? else {
+        let nums = [count as u64, dtype as u64, 0, 0, 0, 0, dest, src];
+        let Some(c) = Coll::begin(&self.inner, team, CALL, nums, || {
+            self.inner
+                .coll_args(format!("{count} x {dtype}"), dest, src)
+        })?
+        else {
             return Ok(());
         };
         let me = c.me();

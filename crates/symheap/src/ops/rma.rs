@@ -98,7 +98,7 @@ impl Context {
         self.inner.check(CALL)?;
         let remote = self.inner.remote(dest, src.len() as u64, pe, CALL)?;
         self.inner.backend.write_bytes(remote, src)?;
-        self.inner.ring(pe);
+        self.inner.ring_data(pe);
         Ok(())
     }
 
@@ -208,7 +208,7 @@ impl Context {
             SignalOp::Add => AtomicOp::Add,
         };
         self.inner.backend.atomic(remote_sig, 8, aop, value, 0)?;
-        self.inner.ring(pe);
+        self.inner.ring_data(pe);
         Ok(())
     }
 

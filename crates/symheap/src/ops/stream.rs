@@ -62,7 +62,7 @@ impl Context {
             Some(cu) => cu.copy_on_stream(remote, src, bytes, raw, engine),
             None => {
                 self.inner.backend.copy(remote, src, bytes as usize)?;
-                self.inner.ring(pe);
+                self.inner.ring_data(pe);
                 Ok(())
             }
         }
@@ -154,7 +154,7 @@ impl Context {
                     SignalOp::Add => crate::AtomicOp::Add,
                 };
                 self.inner.backend.atomic(remote_sig, 8, aop, value, 0)?;
-                self.inner.ring(pe);
+                self.inner.ring_data(pe);
                 Ok(())
             }
         }

@@ -3,6 +3,7 @@
 
 pub(crate) mod libsearch;
 pub(crate) mod racy;
+pub(crate) mod vcopy;
 
 /// FNV-1a, 64 bit: a stable hash that every PE and every symheap build computes alike.
 pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {

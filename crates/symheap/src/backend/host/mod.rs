@@ -21,6 +21,9 @@ use crate::element::DType;
 use crate::error::{backend, invalid, ErrorKind, Result};
 use crate::util::human_bytes;
 
+/// Sources a reduction lists without allocating (node-local PEs beyond this are rare).
+const MAX_INLINE_SOURCES: usize = 16;
+
 /// Shared-memory backend for CPU processes.
 pub struct HostBackend {
     rank: usize,
@@ -267,23 +270,44 @@ impl Backend for HostBackend {
         // cannot change while another thread or PE may write them); 16 KiB segments keep those
         // copies in the core's caches (64 KiB ones made a 64 KiB all_reduce 8x slower, 4 KiB
         // ones cost more per segment than they saved: measured with `symheap bench coll`).
+        // The private buffers are the thread's, kept between calls: allocating and zeroing
+        // them per call was most of a small all_reduce's cost.
         const SEG: usize = 16 << 10;
+        thread_local! {
+            static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
         let bytes = count * dtype.size();
         let seg = SEG.min(bytes);
-        let mut tmp = vec![0u8; seg];
-        let mut inputs = vec![0u8; seg * srcs.len()];
-        let mut off = 0;
-        while off < bytes {
-            let len = SEG.min(bytes - off);
-            for (&s, buf) in srcs.iter().zip(inputs.chunks_exact_mut(seg)) {
-                self.read_bytes(s + off as u64, &mut buf[..len])?;
+        SCRATCH.with(|cell| {
+            let mut scratch = cell.borrow_mut();
+            let need = seg * (srcs.len() + 1);
+            if scratch.len() < need {
+                scratch.resize(need, 0);
             }
-            let views: Vec<&[u8]> = inputs.chunks_exact(seg).map(|b| &b[..len]).collect();
-            reduce_bytes(&mut tmp[..len], &views, dtype, op);
-            self.write_bytes(dst + off as u64, &tmp[..len])?;
-            off += len;
-        }
-        Ok(())
+            let (tmp, inputs) = scratch[..need].split_at_mut(seg);
+            let mut off = 0;
+            while off < bytes {
+                let len = SEG.min(bytes - off);
+                for (&s, buf) in srcs.iter().zip(inputs.chunks_exact_mut(seg)) {
+                    self.read_bytes(s + off as u64, &mut buf[..len])?;
+                }
+                let mut views = [&[][..]; MAX_INLINE_SOURCES];
+                let many: Vec<&[u8]>;
+                let views: &[&[u8]] = if srcs.len() <= MAX_INLINE_SOURCES {
+                    for (v, b) in views.iter_mut().zip(inputs.chunks_exact(seg)) {
+                        *v = &b[..len];
+                    }
+                    &views[..srcs.len()]
+                } else {
+                    many = inputs.chunks_exact(seg).map(|b| &b[..len]).collect();
+                    &many
+                };
+                reduce_bytes(&mut tmp[..len], views, dtype, op);
+                self.write_bytes(dst + off as u64, &tmp[..len])?;
+                off += len;
+            }
+            Ok(())
+        })
     }
 
     fn fence(&self) {
