@@ -846,7 +846,7 @@ mod tests {
             dtype: None,
             json: None,
             png: None,
-            peer_json: None,
+            peer_json: vec![],
         };
         let p = host_plan(&o).unwrap();
         assert_eq!(p.ops, vec!["all_reduce", "broadcast"]);
