@@ -600,7 +600,11 @@ def _describe(x: Any, what: str) -> Arr:
 
 def symmetric(x: Any, what: str) -> Arr:
     """:func:`local`, also checking that ``x`` lies in this PE's symmetric heap."""
-    a = local(x, what)
+    return symmetric_arr(local(x, what), what)
+
+
+def symmetric_arr(a: Arr, what: str) -> Arr:
+    """:func:`symmetric` of an array :func:`local` already described."""
     ctx = native()
     if a.device == "cpu" and ctx.backend == "cuda" and a.kind != "buffer":
         raise SymheapValueError(f"{what} is host memory, but symmetric memory is on cuda:{ctx.device_ordinal}")

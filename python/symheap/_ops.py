@@ -30,11 +30,11 @@ from ._core import (
     check_pe,
     check_team,
     default_stream,
-    describe,
     index_arg,
     local,
     native,
     symmetric,
+    symmetric_arr,
     world_stream,
 )
 from ._native import SymheapValueError, Team
@@ -412,28 +412,26 @@ def _team_size(team: Optional[Team]) -> int:
 _DEVICE_REDUCE_DTYPES = ("float32", "float16", "bfloat16", "int32")
 
 
-def _takes_local(coll: str, team: Optional[Team], x: Any, what: str, per: int = 1, algo: str = "auto") -> bool:
-    """Whether the CUDA kernel of ``coll`` on ``team`` for ``x`` (``per`` blocks of it per
+def _takes_local(coll: str, team: Optional[Team], a: Arr, per: int = 1, algo: str = "auto") -> bool:
+    """Whether the CUDA kernel of ``coll`` on ``team`` for ``a`` (``per`` blocks of it per
     member) reads and writes its buffers on this PE only, so that ordinary device memory of
     this PE's GPU may stand in for symmetric memory, with no copy (one-shot all_reduce and
-    reduce_scatter, the exchange kernels of all_gather, alltoall and broadcast)."""
+    reduce_scatter, the exchange kernels of all_gather, alltoall and broadcast, any collective
+    of a team of one)."""
     ctx = native()
-    if ctx.backend != "cuda":
+    if ctx.backend != "cuda" or a.device != "cuda":
         return False
-    a = describe(x, what)
-    if a.device != "cuda" or (coll in ("all_reduce", "reduce_scatter") and a.dtype not in _DEVICE_REDUCE_DTYPES):
+    if coll in ("all_reduce", "reduce_scatter") and a.dtype not in _DEVICE_REDUCE_DTYPES:
         return False
     return bool(ctx.coll_takes_local_buffers(coll, team, a.nbytes // max(per, 1), algo))
 
 
-def _coll_buf(x: Any, what: str, local_ok: bool) -> Arr:
-    """``x`` as a collective's buffer: symmetric memory, or with ``local_ok`` any contiguous
-    device memory of this PE's GPU (the native layer checks it)."""
-    if local_ok and not native().is_symmetric(describe(x, what).ptr):
-        a = local(x, what)
-        if a.device == "cuda":
-            return a
-    return symmetric(x, what)
+def _coll_buf(a: Arr, what: str, local_ok: bool) -> Arr:
+    """``a`` (described by :func:`local`) as a collective's buffer: symmetric memory, or with
+    ``local_ok`` any contiguous device memory of this PE's GPU (the native layer checks it)."""
+    if local_ok and a.device == "cuda" and not native().is_symmetric(a.ptr):
+        return a
+    return symmetric_arr(a, what)
 
 
 def _coll_stream(a: Arr, stream: StreamLike, reduces: bool = False) -> Optional[int]:
@@ -452,9 +450,10 @@ def broadcast(
     (``src`` None: ``dest`` itself, in place). Both symmetric, same dtype and size (on CUDA,
     where the exchange kernel runs, either may be ordinary device memory: see
     ``coll_takes_local_buffers``)."""
-    lo = _takes_local("broadcast", check_team(team), dest, "broadcast destination")
-    d = _coll_buf(dest, "broadcast destination", lo)
-    s = d if src is None else _coll_buf(src, "broadcast source", lo)
+    da = local(dest, "broadcast destination")
+    lo = _takes_local("broadcast", check_team(team), da)
+    d = _coll_buf(da, "broadcast destination", lo)
+    s = d if src is None else _coll_buf(local(src, "broadcast source"), "broadcast source", lo)
     _same(d, s, "broadcast")
     if d.numel != s.numel:
         raise SymheapValueError(f"broadcast: destination has {d.numel} elements, source {s.numel}")
@@ -471,9 +470,10 @@ def all_gather(dest: Any, src: Any, team: Optional[Team] = None, *, stream: Stre
     """**Collective** over ``team``: member j's ``src`` lands in block j of every member's
     ``dest`` (``dest`` holds ``n * src.numel`` elements; first dimension of ``n`` blocks or
     flat). On CUDA, where the exchange kernel runs, either may be ordinary device memory."""
-    lo = _takes_local("all_gather", check_team(team), src, "all_gather source")
-    d = _coll_buf(dest, "all_gather destination", lo)
-    s = _coll_buf(src, "all_gather source", lo)
+    sa = local(src, "all_gather source")
+    lo = _takes_local("all_gather", check_team(team), sa)
+    d = _coll_buf(local(dest, "all_gather destination"), "all_gather destination", lo)
+    s = _coll_buf(sa, "all_gather source", lo)
     _same(d, s, "all_gather")
     n = _team_size(team)
     if team is not None and not team.is_valid:
@@ -490,9 +490,10 @@ def reduce_scatter(
     """**Collective** over ``team``: ``src`` holds ``n`` blocks of ``dest.numel`` elements;
     member j's ``dest`` gets the reduction (sum, min, max, prod) of every member's block j.
     On CUDA, where it runs one-shot, either may be ordinary device memory."""
-    lo = _takes_local("reduce_scatter", check_team(team), dest, "reduce_scatter destination")
-    d = _coll_buf(dest, "reduce_scatter destination", lo)
-    s = _coll_buf(src, "reduce_scatter source", lo)
+    da = local(dest, "reduce_scatter destination")
+    lo = _takes_local("reduce_scatter", check_team(team), da)
+    d = _coll_buf(da, "reduce_scatter destination", lo)
+    s = _coll_buf(local(src, "reduce_scatter source"), "reduce_scatter source", lo)
     _same(d, s, "reduce_scatter")
     n = _team_size(team)
     if team is not None and not team.is_valid:
@@ -517,9 +518,10 @@ def all_reduce(
     ``algo``: auto, one_shot, two_shot. On CUDA, where it runs one-shot, either may be
     ordinary device memory (read and written in place, no copy)."""
     team = check_team(team)
-    lo = _takes_local("all_reduce", team, dest, "all_reduce destination", algo=algo)
-    d = _coll_buf(dest, "all_reduce destination", lo)
-    s = d if src is None else _coll_buf(src, "all_reduce source", lo)
+    da = local(dest, "all_reduce destination")
+    lo = _takes_local("all_reduce", team, da, algo=algo)
+    d = _coll_buf(da, "all_reduce destination", lo)
+    s = d if src is None else _coll_buf(local(src, "all_reduce source"), "all_reduce source", lo)
     _same(d, s, "all_reduce")
     if d.numel != s.numel:
         raise SymheapValueError(f"all_reduce: destination has {d.numel} elements, source {s.numel}")
@@ -531,9 +533,10 @@ def alltoall(dest: Any, src: Any, team: Optional[Team] = None, *, stream: Stream
     """**Collective** over ``team``: block j of member i's ``src`` lands in block i of member
     j's ``dest`` (both hold ``n`` equal blocks; not in place). On CUDA, where the exchange
     kernel runs, either may be ordinary device memory."""
-    lo = _takes_local("alltoall", check_team(team), src, "alltoall source", per=_team_size(team))
-    d = _coll_buf(dest, "alltoall destination", lo)
-    s = _coll_buf(src, "alltoall source", lo)
+    sa = local(src, "alltoall source")
+    lo = _takes_local("alltoall", check_team(team), sa, per=_team_size(team))
+    d = _coll_buf(local(dest, "alltoall destination"), "alltoall destination", lo)
+    s = _coll_buf(sa, "alltoall source", lo)
     _same(d, s, "alltoall")
     n = _team_size(team)
     if team is not None and not team.is_valid:

@@ -238,7 +238,7 @@ def _in_place(t: _torch.Tensor, coll: Optional[Tuple[str, _torch.Tensor, int]], 
     if t.device.index != _core.native().device_ordinal:
         return False
     name, sizing, per = coll
-    return _ops._takes_local(name, _team(tid), sizing, name, per=per)
+    return _ops._takes_local(name, _team(tid), _core.describe(sizing, name), per=per)
 
 
 def _stage(

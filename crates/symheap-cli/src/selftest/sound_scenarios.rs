@@ -159,8 +159,10 @@ pub fn coll_local(ctx: &Context, a: PeArgs) -> Outcome {
         host.as_mut_ptr() as u64,
         AllReduceAlgo::Auto,
     );
+    // On CUDA the address is checked as device memory ("the address is host memory" or "is
+    // not in any CUDA allocation", as cuPointerGetAttributes sees a pageable Vec).
     let says = if takes {
-        "host memory"
+        "the address"
     } else {
         "symmetric heap"
     };

@@ -8,7 +8,7 @@
 //! (reduce-scatter, then all-gather of the reduced chunks) for large ones, the same structure
 //! the GPU kernels use.
 //!
-//! Up to [`PAYLOAD`] bytes, broadcast and all_reduce take one pass instead: the data rides
+//! Up to [`PAYLOAD`] bytes on the host backend, broadcast and all_reduce take one pass instead: the data rides
 //! on each member's arrival at the entry barrier (in its sync area, double-buffered like the
 //! barrier boards), and every member, once the ledgers are known to agree, reads it from
 //! there into its own destination; there is no exit barrier. On return this PE's destination
@@ -267,7 +267,7 @@ impl Context {
             self.inner
                 .coll_args(format!("root {root}, {count} x {dtype}"), dest, src)
         };
-        if bytes as u64 <= PAYLOAD {
+        if self.one_pass(bytes) {
             // One pass: the root's data rides on its arrival at the entry barrier, which also
             // checks the ledgers; no exit barrier (see `all_reduce_one_pass`).
             let be = &self.inner.backend;
@@ -419,7 +419,7 @@ impl Context {
         let algo = match algo {
             // One pass through the payloads: in place is fine (every source is copied before
             // any destination is written).
-            AllReduceAlgo::Auto | AllReduceAlgo::OneShot if bytes as u64 <= PAYLOAD => {
+            AllReduceAlgo::Auto | AllReduceAlgo::OneShot if self.one_pass(bytes) => {
                 AllReduceAlgo::OneShot
             }
             AllReduceAlgo::Auto if dest != src && bytes <= ONE_SHOT_MAX_BYTES => {
@@ -443,7 +443,7 @@ impl Context {
             let args = format!("{} {count} x {dtype}, {}", op.name(), algo.name());
             self.inner.coll_args(args, dest, src)
         };
-        if algo == AllReduceAlgo::OneShot && bytes as u64 <= PAYLOAD {
+        if algo == AllReduceAlgo::OneShot && self.one_pass(bytes) {
             return self.all_reduce_one_pass(team, dest, src, count, dtype, op, nums, args);
         }
         let Some(mut c) = Coll::begin(&self.inner, team, CALL, nums, args)? else {
@@ -470,6 +470,15 @@ impl Context {
             }
         }
         c.end()
+    }
+
+    /// Whether a host-driven broadcast or all_reduce of `bytes` takes one pass through the
+    /// sync area's payloads: up to [`PAYLOAD`] bytes, on the host backend only, where the
+    /// payloads and the heap are both host memory the CPU copies between (on CUDA the heap is
+    /// device memory and the payloads are not, so the backend's copy and reduce cannot join
+    /// them).
+    fn one_pass(&self, bytes: usize) -> bool {
+        bytes as u64 <= PAYLOAD && self.inner.backend.as_cuda().is_none()
     }
 
     /// A small all_reduce in one pass: every member's source rides on its arrival at the
