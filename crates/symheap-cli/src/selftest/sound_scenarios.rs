@@ -143,9 +143,10 @@ pub fn coll_local(ctx: &Context, a: PeArgs) -> Outcome {
     let two_shot = StreamColl::AllReduce(AllReduceAlgo::TwoShot);
     let takes = ctx.coll_takes_local_buffers(auto, &world, LOCAL_BYTES);
     let two_takes = ctx.coll_takes_local_buffers(two_shot, &world, LOCAL_BYTES);
+    // Local buffers on CUDA teams of up to two (larger ones stage them for now).
     ensure!(
-        takes == cuda,
-        "one-shot all_reduce: takes local buffers {takes}, CUDA {cuda}"
+        takes == (cuda && n <= 2),
+        "one-shot all_reduce at {n} PEs: takes local buffers {takes}, CUDA {cuda}"
     );
     ensure!(
         two_takes == (cuda && n == 1),
@@ -169,7 +170,7 @@ pub fn coll_local(ctx: &Context, a: PeArgs) -> Outcome {
     refused("one-shot all_reduce from host memory", says, r)?;
     ensure!(host.iter().all(|&v| v == 0), "host memory was written");
     if cuda {
-        coll_local_device(ctx, &s, &sym, a)?;
+        coll_local_device(ctx, &s, &sym, takes, a)?;
     }
     ctx.barrier_all().map_err(e2s)
 }
@@ -210,6 +211,7 @@ fn coll_local_device(
     ctx: &Context,
     s: &Stream,
     sym: &symheap::SymmetricBuffer,
+    takes: bool,
     a: PeArgs,
 ) -> Outcome {
     use symheap::{AllReduceAlgo, DType, StreamColl};
@@ -230,7 +232,15 @@ fn coll_local_device(
     } else {
         two.map_err(e2s)?;
     }
-    local_all_reduce(ctx, s, dest.addr(), src.addr(), AllReduceAlgo::Auto).map_err(e2s)?;
+    let one = local_all_reduce(ctx, s, dest.addr(), src.addr(), AllReduceAlgo::Auto);
+    if !takes {
+        return refused(
+            "one-shot all_reduce into a device buffer",
+            "symmetric heap",
+            one,
+        );
+    }
+    one.map_err(e2s)?;
     let out = ctx.malloc(bytes * n as u64).map_err(e2s)?;
     ctx.put_on_stream(out.addr(), dest.addr(), bytes, me, s)
         .map_err(e2s)?;
@@ -238,10 +248,17 @@ fn coll_local_device(
     let want: Vec<i32> = (0..LOCAL_COUNT)
         .map(|i| (0..n).map(|p| local_vals(p, a.seed)[i]).sum())
         .collect();
-    ensure!(
-        out.to_vec::<i32>().map_err(e2s)?[..LOCAL_COUNT] == want[..],
-        "all_reduce through device buffers differs"
-    );
+    let got = out.to_vec::<i32>().map_err(e2s)?;
+    if let Some(i) = (0..LOCAL_COUNT).find(|&i| got[i] != want[i]) {
+        let bad = (0..LOCAL_COUNT).filter(|&i| got[i] != want[i]).count();
+        return Err(format!(
+            "all_reduce through device buffers differs at {bad} of {LOCAL_COUNT} elements, \
+             first [{i}]: {} != {} (own value {})",
+            got[i],
+            want[i],
+            local_vals(me, a.seed)[i]
+        ));
+    }
     // all_gather through the exchange kernel (a copy when alone), from and into device buffers.
     ensure!(
         ctx.coll_takes_local_buffers(StreamColl::AllGather, &ctx.world_team(), bytes),

@@ -279,6 +279,13 @@ impl DeviceBuffer {
             unsafe { sys::cuMemsetD8_v2(p, 0, b.bytes as usize) },
             "cuMemsetD8",
         )?;
+        // The memset is queued on the legacy stream, which work on a non-blocking stream does
+        // not wait for: finish it here, so the buffer is zero before any stream writes it.
+        check(
+            // SAFETY: the null stream is always valid in the current context.
+            unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) },
+            "cuStreamSynchronize",
+        )?;
         Ok(b)
     }
 
