@@ -60,16 +60,11 @@ E4M3_MAX = 448.0
 
 
 @triton.jit
-def _trap():
-    tl.inline_asm_elementwise("trap;\nmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _wait_all(flag_row, npes, epoch, timeout_ns):
     for pe in range(npes):
         ok = sh.signal_wait_until(flag_row + pe, sh.GE, epoch, timeout_ns)
         if ok == 0:
-            _trap()
+            sh.trap()
 
 
 @triton.jit

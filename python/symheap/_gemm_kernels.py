@@ -78,15 +78,10 @@ PUSH_BLOCK = 2048
 
 
 @triton.jit
-def _trap():
-    tl.inline_asm_elementwise("trap;\nmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _wait(flag_ptr, epoch, timeout_ns):
     ok = sh.signal_wait_until(flag_ptr, sh.GE, epoch, timeout_ns)
     if ok == 0:
-        _trap()
+        sh.trap()
 
 
 @triton.jit

@@ -319,12 +319,18 @@ def _(input: _torch.Tensor, op: str = "sum", team: int = 0) -> _torch.Tensor:
     return _torch.empty_like(input, memory_format=_torch.contiguous_format)
 
 
-def _run_gather(out: _torch.Tensor, input: _torch.Tensor, team: int) -> None:
-    d, s = _stage(team, [(out, False), (input, True)], ("all_gather", input, 1))
-    _ops.all_gather(d, s, team=_team(team))
+def _run_exchange(coll: str, run: Callable[..., None], out: _torch.Tensor, input: _torch.Tensor, team: int) -> None:
+    """all_gather or alltoall (``run``) of ``input`` into ``out``, staged where needed."""
+    per = _n(team) if coll == "alltoall" else 1
+    d, s = _stage(team, [(out, False), (input, True)], (coll, input, per))
+    run(d, s, team=_team(team))
     if d is not out:
         out.copy_(d.view(out.shape))
     _record([out, input])
+
+
+def _run_gather(out: _torch.Tensor, input: _torch.Tensor, team: int) -> None:
+    _run_exchange("all_gather", _ops.all_gather, out, input, team)
 
 
 @_custom_op("symheap::all_gather_into", mutates_args=("out",))
@@ -388,11 +394,7 @@ def _(input: _torch.Tensor, op: str = "sum", team: int = 0) -> _torch.Tensor:
 
 
 def _run_alltoall(out: _torch.Tensor, input: _torch.Tensor, team: int) -> None:
-    d, s = _stage(team, [(out, False), (input, True)], ("alltoall", input, _n(team)))
-    _ops.alltoall(d, s, team=_team(team))
-    if d is not out:
-        out.copy_(d.view(out.shape))
-    _record([out, input])
+    _run_exchange("alltoall", _ops.alltoall, out, input, team)
 
 
 @_custom_op("symheap::alltoall_into", mutates_args=("out",))

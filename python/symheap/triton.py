@@ -82,6 +82,7 @@ __all__ = [
     "signal_add",
     "signal_fetch",
     "signal_wait_until",
+    "trap",
     "fence",
     "quiet",
 ]
@@ -480,6 +481,14 @@ def signal_fetch(sig_ptr):
     """Reads the calling PE's own signal word ``sig_ptr`` with an ACQUIRE load at system scope.
     Not collective."""
     return _ld_acquire(sig_ptr)
+
+
+@triton.jit
+def trap():
+    """Aborts the kernel: its launch fails with a CUDA error on the host. What a kernel does when
+    a bounded :func:`signal_wait_until` returns 0 (the peer never arrived), so that a lost peer
+    ends as an error instead of a hang or a wrong result."""
+    tl.inline_asm_elementwise("trap;\nmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit

@@ -63,6 +63,20 @@ struct Coll<'a> {
     call: &'static str,
 }
 
+/// Calls `f` with the addresses `at(0..n)`: on the stack for small teams (the common case, which
+/// then allocates nothing), else in a Vec.
+fn with_sources<R>(n: usize, at: impl Fn(usize) -> u64, f: impl FnOnce(&[u64]) -> R) -> R {
+    let mut inline = [0u64; 16];
+    if n <= inline.len() {
+        for (j, s) in inline.iter_mut().enumerate().take(n) {
+            *s = at(j);
+        }
+        f(&inline[..n])
+    } else {
+        f(&(0..n).map(at).collect::<Vec<u64>>())
+    }
+}
+
 impl<'a> Coll<'a> {
     /// Validates, records in the team's ledger and runs the entry barrier. None on INVALID.
     /// `nums` determine the argument text `args` formats (see `Inner::record_keyed`: a call
@@ -174,19 +188,11 @@ impl<'a> Coll<'a> {
         if count == 0 {
             return Ok(());
         }
-        // Small teams list their sources without allocating.
-        let mut inline = [0u64; 16];
-        let many: Vec<u64>;
-        let srcs: &[u64] = if self.n() <= inline.len() {
-            for (j, s) in inline.iter_mut().enumerate().take(self.n()) {
-                *s = self.at(j, src);
-            }
-            &inline[..self.n()]
-        } else {
-            many = (0..self.n()).map(|j| self.at(j, src)).collect();
-            &many
-        };
-        self.inner.backend.reduce(dst, srcs, count, dtype, op)
+        with_sources(
+            self.n(),
+            |j| self.at(j, src),
+            |srcs| self.inner.backend.reduce(dst, srcs, count, dtype, op),
+        )
     }
 }
 
@@ -510,18 +516,11 @@ impl Context {
         if count == 0 {
             return Ok(());
         }
-        let mut inline = [0u64; 16];
-        let many: Vec<u64>;
-        let srcs: &[u64] = if c.n() <= inline.len() {
-            for (j, s) in inline.iter_mut().enumerate().take(c.n()) {
-                *s = c.payload(j);
-            }
-            &inline[..c.n()]
-        } else {
-            many = (0..c.n()).map(|j| c.payload(j)).collect();
-            &many
-        };
-        be.reduce(dest, srcs, count, dtype, op)
+        with_sources(
+            c.n(),
+            |j| c.payload(j),
+            |srcs| be.reduce(dest, srcs, count, dtype, op),
+        )
     }
 
     /// Collective over `team`: member i's block j (`count` elements at `src + j × count`)
