@@ -126,6 +126,8 @@ impl ContextBuilder {
             dteams: std::sync::OnceLock::new(),
             slots_used: Mutex::new(1),
             teams: Mutex::new(Vec::new()),
+            watchdog: Mutex::new(None),
+            watchdog_stop: AtomicBool::new(false),
             init_phases: std::sync::OnceLock::new(),
             finalized: AtomicBool::new(false),
         });

@@ -77,6 +77,10 @@ pub(crate) struct Inner {
     pub(crate) slots_used: Mutex<u64>,
     /// The teams this PE belongs to (the world and live splits), for the watchdog.
     pub(crate) teams: Mutex<Vec<std::sync::Weak<TeamInner>>>,
+    /// The watchdog thread (CUDA, 2 PEs or more), joined when the context is dropped.
+    pub(crate) watchdog: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Tells the watchdog to end.
+    pub(crate) watchdog_stop: AtomicBool,
     /// Where init's time went, for the banner (set once init is done).
     pub(crate) init_phases: std::sync::OnceLock<crate::util::Phases>,
     pub(super) finalized: AtomicBool,
@@ -468,5 +472,6 @@ impl Drop for Context {
         if let Err(e) = self.inner.finalize() {
             tracing::debug!("finalize on drop: {e}");
         }
+        crate::context::watch::stop_watchdog(&self.inner);
     }
 }

@@ -24,6 +24,7 @@
 //! the host collective points compare ledgers as before.
 
 use std::fmt::Write as _;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -616,10 +617,11 @@ pub(crate) fn start_watchdog(inner: &Arc<Inner>) {
         .spawn(move || {
             let mut partial = vec![None; super::area::MAX_TEAMS];
             loop {
-                std::thread::sleep(WATCHDOG_PERIOD);
+                std::thread::park_timeout(WATCHDOG_PERIOD);
                 let Some(inner) = weak.upgrade() else { return };
                 let h = inner.boot.health();
-                if h.is_failed() || h.is_finalized() {
+                if h.is_failed() || h.is_finalized() || inner.watchdog_stop.load(Ordering::Acquire)
+                {
                     return;
                 }
                 if let Some(msg) = inner.watchdog_look(&mut partial) {
@@ -628,10 +630,37 @@ pub(crate) fn start_watchdog(inner: &Arc<Inner>) {
                 }
             }
         });
-    if let Err(e) = spawned {
-        tracing::warn!(
+    match spawned {
+        Ok(h) => *inner.watchdog.lock().unwrap_or_else(|p| p.into_inner()) = Some(h),
+        Err(e) => tracing::warn!(
             "symheap: no watchdog thread ({e}); device-side divergences end at SYMHEAP_TIMEOUT"
-        );
+        ),
+    }
+}
+
+/// Ends the watchdog and waits (up to a second) until it has: a watchdog that still held the
+/// context when `main` returned would drop it on its own thread while the process exits, and
+/// the CUDA driver tears itself down then (a SIGSEGV at exit). Never waits on itself.
+pub(crate) fn stop_watchdog(inner: &Inner) {
+    let Some(h) = inner
+        .watchdog
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+    else {
+        return;
+    };
+    if h.thread().id() == std::thread::current().id() {
+        return;
+    }
+    inner.watchdog_stop.store(true, Ordering::Release);
+    h.thread().unpark();
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while !h.is_finished() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    if h.is_finished() {
+        let _ = h.join();
     }
 }
 
