@@ -26,7 +26,6 @@ rsqrt(mean(r^2) + eps) * weight`` in fp32, rounded to the input dtype or quantis
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -161,10 +160,8 @@ def reserve(max_tokens: int, hidden: int, dtype: Any = _torch.bfloat16, team: Op
 
 
 def _timeout_ns() -> int:
-    try:
-        return int(float(os.environ.get("SYMHEAP_TIMEOUT", "120")) * 1e9)
-    except ValueError:
-        return 120 * 10**9
+    # The context's own bound (SYMHEAP_TIMEOUT or init(timeout=), validated at init).
+    return int(_core.native().timeout_ns)
 
 
 def _host_path(

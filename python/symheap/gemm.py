@@ -53,7 +53,6 @@ under capture; :class:`symheap.SymheapUnsupportedError` for a team other than th
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -109,10 +108,8 @@ def _capturing() -> bool:
 
 
 def _timeout_ns() -> int:
-    try:
-        return int(float(os.environ.get("SYMHEAP_TIMEOUT", "120")) * 1e9)
-    except ValueError:
-        return 120 * 10**9
+    # The context's own bound (SYMHEAP_TIMEOUT or init(timeout=), validated at init).
+    return int(_core.native().timeout_ns)
 
 
 def _gpu_share(dev: _torch.device) -> int:

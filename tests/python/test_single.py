@@ -186,3 +186,28 @@ print("OK")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.split() == ["OK", "HOOK-AT-EXIT", "True"], r.stdout + r.stderr
+
+
+def test_kernels_wait_as_long_as_the_context() -> None:
+    """The fused ops' device-side wait bound is the context's timeout (init(timeout=) here),
+    not a second reading of SYMHEAP_TIMEOUT with its own default."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import symheap
+from symheap import _core
+symheap.init(backend="host", capacity=1 << 28, timeout=7.5)
+assert _core.native().timeout_ns == 7_500_000_000, _core.native().timeout_ns
+from symheap import fused, gemm
+assert fused._timeout_ns() == gemm._timeout_ns() == 7_500_000_000
+symheap.finalize()
+print("OK")
+"""
+    launcher = ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_ID")
+    env = {k: v for k, v in os.environ.items() if k not in launcher}
+    env["SYMHEAP_TIMEOUT"] = "99"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.split() == ["OK"], r.stdout + r.stderr

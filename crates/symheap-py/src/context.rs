@@ -156,6 +156,13 @@ impl PyContext {
         self.c().n_pes()
     }
 
+    /// How long any wait may take (`SYMHEAP_TIMEOUT` or `init(timeout=)`), in nanoseconds: the
+    /// bound a user kernel's waits should use, like symheap's own.
+    #[getter]
+    fn timeout_ns(&self) -> u64 {
+        self.c().config().timeout.as_nanos().min(u64::MAX as u128) as u64
+    }
+
     /// This PE's index among the PEs of its node.
     #[getter]
     fn local_rank(&self) -> usize {
