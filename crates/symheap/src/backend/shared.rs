@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::host::futex;
 use super::host::reservation::{memfd, Reservation};
-use crate::bootstrap::{Health, NodeChannel, NodeInfo};
+use crate::bootstrap::{Bootstrap, NodeChannel, NodeInfo};
 use crate::error::{backend, Result};
 
 /// Every node-local PE's control block, mapped in this process.
@@ -26,7 +26,7 @@ impl SharedArea {
     pub fn new(
         node: &NodeInfo,
         channel: &NodeChannel,
-        health: &Health,
+        boot: &dyn Bootstrap,
         rank: usize,
         bytes: u64,
     ) -> Result<SharedArea> {
@@ -35,7 +35,7 @@ impl SharedArea {
         let world = node.node_of.len();
         let res = Reservation::new(stride * world as u64, "control area")?;
         let fd = memfd(&format!("symheap-control-pe{rank}"), stride)?;
-        let all = channel.exchange_fds(std::slice::from_ref(&fd), health)?;
+        let all = channel.exchange_fds(std::slice::from_ref(&fd), boot)?;
         for (lr, fds) in all.iter().enumerate() {
             let pe = node.local_peers[lr];
             let f = fds

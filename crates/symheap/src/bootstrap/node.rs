@@ -157,6 +157,10 @@ fn peer_gone(peer: usize, e: Error) -> Error {
 impl NodeChannel {
     /// Collective over `boot` (every PE of the job calls it). Connects the PEs of each node.
     pub fn connect(boot: &dyn Bootstrap, node: &NodeInfo, token: &[u8]) -> Result<NodeChannel> {
+        Self::connect_node(boot, node, token).map_err(|e| settle(boot, boot.rank(), e))
+    }
+
+    fn connect_node(boot: &dyn Bootstrap, node: &NodeInfo, token: &[u8]) -> Result<NodeChannel> {
         let rank = boot.rank();
         let timeout = boot.timeout();
         let leader = node.local_rank == 0;
@@ -312,11 +316,18 @@ impl NodeChannel {
     /// Collective among the PEs of this node (all must pass the same number of descriptors).
     /// Returns, for every local PE in local-rank order, the descriptors it passed; this PE's
     /// own come back as duplicates.
+    ///
+    /// A failure here is the job's failure: it is sent to every PE (see [`settle`]).
     pub fn exchange_fds(
         &self,
         mine: &[OwnedFd],
-        health: &super::Health,
+        boot: &dyn Bootstrap,
     ) -> Result<Vec<Vec<OwnedFd>>> {
+        self.exchange(mine, boot.health())
+            .map_err(|e| settle(boot, self.rank, e))
+    }
+
+    fn exchange(&self, mine: &[OwnedFd], health: &super::Health) -> Result<Vec<Vec<OwnedFd>>> {
         let k = mine.len();
         let dup = |fds: &[OwnedFd]| -> Result<Vec<OwnedFd>> {
             fds.iter()
@@ -363,6 +374,32 @@ impl NodeChannel {
             Ok(all)
         }
     }
+}
+
+/// How long a PE whose node-channel peer closed waits for the job's rendezvous to deliver the
+/// cause. The leader that notices a death first fails and exits; without this wait the
+/// others would blame the leader, whose channel closed, for a death it only passed on.
+const CAUSE_GRACE: Duration = Duration::from_millis(300);
+
+/// Turns a node-channel failure into the job's failure. A closed channel defers to the cause
+/// the rendezvous delivers within [`CAUSE_GRACE`] (the first failure is the cause, the closed
+/// channel a consequence); any other failure is sent to every PE, so none waits for a PE that
+/// already gave up.
+fn settle(boot: &dyn Bootstrap, rank: usize, e: Error) -> Error {
+    if matches!(e.kind(), ErrorKind::PeerExited { .. }) {
+        let until = Instant::now() + CAUSE_GRACE;
+        loop {
+            if let Err(cause) = boot.health().check(rank, "node channel") {
+                return cause;
+            }
+            if Instant::now() >= until {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    boot.fail_all(e.kind().clone());
+    e
 }
 
 /// Sends `fds` as one or more messages: a 4-byte count, then the descriptors as SCM_RIGHTS.
@@ -467,6 +504,58 @@ fn recv_fds(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn exited(peer: usize) -> Error {
+        Error::new(
+            None,
+            "node channel",
+            ErrorKind::PeerExited {
+                peer,
+                how: "its node channel to this PE closed".into(),
+            },
+        )
+    }
+
+    /// The leader that notices PE 3's death fails and exits; the others must name PE 3 (the
+    /// cause the rendezvous delivers a moment later), not the leader whose channel closed.
+    #[test]
+    fn a_closed_channel_defers_to_the_cause_that_arrives() {
+        let boot = std::sync::Arc::new(crate::bootstrap::SingleBootstrap::new(
+            Duration::from_secs(5),
+        ));
+        let b = boot.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            b.health().fail(ErrorKind::PeerExited {
+                peer: 3,
+                how: "killed".into(),
+            });
+        });
+        let e = settle(boot.as_ref(), 1, exited(0));
+        t.join().unwrap();
+        assert!(
+            matches!(e.kind(), ErrorKind::PeerExited { peer: 3, .. }),
+            "{e}"
+        );
+        assert_eq!(e.pe(), Some(1));
+    }
+
+    /// With no other cause, the closed channel is the failure, and the job is told of it.
+    #[test]
+    fn a_closed_channel_without_a_cause_fails_the_job() {
+        let boot = crate::bootstrap::SingleBootstrap::new(Duration::from_secs(5));
+        let started = Instant::now();
+        let e = settle(&boot, 1, exited(0));
+        assert!(started.elapsed() >= CAUSE_GRACE);
+        assert!(
+            matches!(e.kind(), ErrorKind::PeerExited { peer: 0, .. }),
+            "{e}"
+        );
+        assert!(matches!(
+            boot.health().failure(),
+            Some(ErrorKind::PeerExited { peer: 0, .. })
+        ));
+    }
 
     #[test]
     fn grouping_by_identity() {

@@ -28,6 +28,8 @@ use hub::Hub;
 
 /// How long after the root's timeout a non-root PE gives up waiting for the root's verdict.
 const LEAF_GRACE: Duration = Duration::from_secs(5);
+/// How long PE 0's `fail_all` waits for the hub to send the failure to every PE.
+const TELL_GRACE: Duration = Duration::from_secs(1);
 
 /// State shared between the API thread and the rendezvous threads.
 struct Shared {
@@ -36,6 +38,8 @@ struct Shared {
     results: Mutex<HashMap<u64, Vec<Vec<u8>>>>,
     cv: Condvar,
     finalizing: AtomicBool,
+    /// On PE 0: the hub has sent the job's failure to every other PE (see [`Shared::told_all`]).
+    told: AtomicBool,
 }
 
 impl Shared {
@@ -44,6 +48,32 @@ impl Shared {
         // Take the lock so a waiter between its check and its wait cannot miss the wake-up.
         let _g = self.results.lock().unwrap_or_else(|p| p.into_inner());
         self.cv.notify_all();
+    }
+
+    /// Called by the hub once it has sent the abort to every other PE.
+    fn mark_told(&self) {
+        self.told.store(true, Ordering::Release);
+        let _g = self.results.lock().unwrap_or_else(|p| p.into_inner());
+        self.cv.notify_all();
+    }
+
+    /// Waits (at most `grace`) until the hub has sent the failure on, so a PE 0 that fails
+    /// and then exits does not take the cause with it: the others would see only PE 0's
+    /// connection close and blame PE 0 for a death it merely noticed first.
+    fn told_all(&self, grace: Duration) {
+        let until = Instant::now() + grace;
+        let mut r = self.results.lock().unwrap_or_else(|p| p.into_inner());
+        while !self.told.load(Ordering::Acquire) {
+            let now = Instant::now();
+            if now >= until {
+                return;
+            }
+            r = self
+                .cv
+                .wait_timeout(r, until - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
     }
 
     fn deliver(&self, seq: u64, parts: Vec<Vec<u8>>) {
@@ -196,6 +226,7 @@ impl TcpBootstrap {
             results: Mutex::new(HashMap::new()),
             cv: Condvar::new(),
             finalizing: AtomicBool::new(false),
+            told: AtomicBool::new(false),
         });
         let role = if env.rank == 0 {
             Self::host(env, timeout, &shared)?
@@ -395,10 +426,13 @@ impl Bootstrap for TcpBootstrap {
         let msg = kind_to_abort(self.rank, &kind);
         match &self.role {
             Role::Root { hub_tx, .. } => {
-                let _ = hub_tx
+                let sent = hub_tx
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .send(Event::Abort(msg));
+                if sent.is_ok() {
+                    self.shared.told_all(TELL_GRACE);
+                }
             }
             Role::Leaf { writer, .. } => {
                 if let Ok(mut w) = writer.try_lock() {
@@ -561,6 +595,35 @@ mod tests {
         for h in handles {
             h.join().unwrap();
         }
+    }
+
+    /// PE 0 that notices a failure first and exits right after must not take the cause with
+    /// it: `fail_all` returns only once the hub has sent it to every PE.
+    #[test]
+    fn root_fail_all_returns_once_every_pe_was_told() {
+        let port = free_port();
+        let t = Duration::from_secs(10);
+        let leaf = std::thread::spawn(move || {
+            let b = TcpBootstrap::connect(&env(1, 2, port, "f"), t).unwrap();
+            b.barrier("up").unwrap();
+            let until = Instant::now() + Duration::from_secs(5);
+            while b.check().is_ok() && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            b.check().unwrap_err()
+        });
+        let root = TcpBootstrap::connect(&env(0, 2, port, "f"), t).unwrap();
+        root.barrier("up").unwrap();
+        root.fail_all(ErrorKind::PeerExited {
+            peer: 7,
+            how: "killed".into(),
+        });
+        assert!(root.shared.told.load(Ordering::Acquire));
+        let e = leaf.join().unwrap();
+        assert!(
+            matches!(e.kind(), ErrorKind::PeerExited { peer: 7, .. }),
+            "{e}"
+        );
     }
 
     #[test]

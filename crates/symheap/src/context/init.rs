@@ -89,7 +89,7 @@ impl ContextBuilder {
         let node = NodeInfo::discover(boot).map_err(with_pe)?;
         agree_on_settings(boot, &cfg).map_err(with_pe)?;
         let channel = NodeChannel::connect(boot, &node, &met.token).map_err(with_pe)?;
-        let control = SharedArea::new(&node, &channel, boot.health(), rank, SyncArea::bytes(world))
+        let control = SharedArea::new(&node, &channel, boot, rank, SyncArea::bytes(world))
             .map_err(with_pe)?;
         let area = SyncArea::new((0..world).map(|pe| control.base(pe)).collect());
         phases.mark("node");

@@ -440,7 +440,7 @@ impl Backend for CudaBackend {
         });
         let all = self
             .channel
-            .exchange_fds(std::slice::from_ref(&fd), self.boot.health())
+            .exchange_fds(std::slice::from_ref(&fd), self.boot.as_ref())
             .map_err(|e| e.during("grow"))?;
         let first_grow = from == 0;
         for (lr, fds) in all.iter().enumerate() {

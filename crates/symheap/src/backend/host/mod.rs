@@ -161,7 +161,7 @@ impl Backend for HostBackend {
         self.map_at(self.rank, from, len, &fd)?;
         let all = self
             .channel
-            .exchange_fds(std::slice::from_ref(&fd), self.boot.health())
+            .exchange_fds(std::slice::from_ref(&fd), self.boot.as_ref())
             .map_err(|e| e.during("grow"))?;
         for (lr, fds) in all.iter().enumerate() {
             let pe = self.node.local_peers[lr];

@@ -76,6 +76,7 @@ impl Hub {
         let msg = kind_to_abort(origin, &kind);
         self.broadcast(&msg);
         self.shared.fail(kind);
+        self.shared.mark_told();
     }
 
     fn contribute(&mut self, from: usize, seq: u64, what: String, data: Vec<u8>) {
