@@ -317,7 +317,8 @@ impl NodeChannel {
     /// Returns, for every local PE in local-rank order, the descriptors it passed; this PE's
     /// own come back as duplicates.
     ///
-    /// A failure here is the job's failure: it is sent to every PE (see [`settle`]).
+    /// A failure here is the job's failure: it is sent to every PE (a channel closed by a PE
+    /// that failed first defers to the cause the rendezvous delivers).
     pub fn exchange_fds(
         &self,
         mine: &[OwnedFd],
