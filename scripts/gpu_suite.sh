@@ -18,7 +18,8 @@
 # found (SYMHEAP_NCCL_LIB or .nccl/libnccl.so.2[.xz], the one in the venv, the system's); NVSHMEM
 # through nvshmem4py; FlashInfer's trtllm all_reduce; bench/tp_fused_bench.py (the fused
 # all_reduce + RMSNorm and the TP MLP block against NCCL, SymmetricMemory and FlashInfer; at one
-# GPU also symheap alone at 2 PEs sharing it). Packages the GPU machine lacks travel as wheels in
+# GPU also symheap alone at 2 PEs sharing it); bench/gemm_overlap_bench.py; bench/moe_bench.py
+# (MoE dispatch/combine against the NCCL path, DeepEP and torch's all_to_all_vdev_2d). Packages the GPU machine lacks travel as wheels in
 # .whl/ (git-ignored) and are installed into /tmp/site first.
 #   ONLY_PEERS=1 scripts/gpu_suite.sh run   just the peers and `symheap bench coll` merging them
 # Shorter calls (the device budget is 30 minutes a session): SKIP_COLD (one cold run only),
@@ -108,6 +109,24 @@ run)
     peer flashinfer "${FLASHINFER_LIMIT:-300}" flashinfer_peer.py
     tp_bench
     gemm_bench
+    moe_bench
+  }
+  # MoE dispatch + combine against the NCCL path, DeepEP (sgl-deep-ep from .whl/) and torch's
+  # all_to_all_vdev_2d, with the SM-store floor (bench/moe_bench.py); at one GPU symheap and the
+  # NCCL path's logic at 2 PEs sharing it (not a speed comparison).
+  moe_bench() {
+    local pp="${PEER_PATH:-}${PYTHONPATH:+:$PYTHONPATH}"
+    if [ "$NGPU" -ge 2 ]; then
+      step moe-bench "${MOE_BENCH_LIMIT:-400}" env PYTHONPATH="$pp" SYMHEAP_BACKEND=cuda SYMHEAP_TIMEOUT=60 \
+        torchrun --standalone --nproc-per-node "$NGPU" bench/moe_bench.py "$OUTDIR/moe.json"
+      sed -n '/^## moe_bench/,$p' "$OUTDIR/moe-bench.log"
+    else
+      echo "=== moe-bench-2pe: 2 PEs sharing one GPU: not a speed comparison (symheap and the NCCL path's logic)"
+      step moe-bench-2pe "${MOE_BENCH_LIMIT:-400}" env PYTHONPATH="$pp" SYMHEAP_BACKEND=cuda SYMHEAP_TIMEOUT=60 \
+        python3 -m symheap launch -n 2 -- python3 bench/moe_bench.py "$OUTDIR/moe-2pe.json" --symheap-only
+      sed -n '/^\[PE 0\] ## moe_bench/,$p' "$OUTDIR/moe-bench-2pe.log"
+    fi
+    return 0
   }
   # all_gather_matmul / matmul_reduce_scatter against NCCL + cuBLAS, torch SymmetricMemory's
   # fused ops and cuBLAS alone (bench/gemm_overlap_bench.py; at one GPU also symheap alone at 2 PEs
@@ -193,7 +212,7 @@ run)
   fi
   # The Python package's torch and CUDA tests (CI runs only their CPU part).
   if ls .carry/wheels/symheap-*.whl >/dev/null 2>&1; then
-    step python-torch "${PYTEST_LIMIT:-600}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs ${TORCH_TESTS:-test_torch.py test_fused.py test_torch_ops_gpu.py test_gemm.py}"
+    step python-torch "${PYTEST_LIMIT:-600}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs ${TORCH_TESTS:-test_torch.py test_fused.py test_torch_ops_gpu.py test_gemm.py test_moe.py}"
     # Providers (native heap, NVSHMEM, torch SymmetricMemory) under one Triton and one CUDA C++
     # kernel, and the Triton device library's compile and hint checks.
     [ "${SKIP_PROVIDERS:-0}" = 1 ] || step python-providers "${PROVIDERS_LIMIT:-300}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs test_providers_gpu.py test_providers.py test_triton_compile.py"

@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pe_fused_cases  # noqa: E402, F401 (registers its cases)
 import pe_gemm_cases  # noqa: E402, F401 (registers its cases)
 import pe_host_cases  # noqa: E402, F401 (registers its cases)
+import pe_moe_cases  # noqa: E402, F401 (registers its cases)
 import pe_torch_cases  # noqa: E402, F401 (registers its cases)
 import pe_torch_ops_cases  # noqa: E402, F401 (registers its cases)
 import symheap  # noqa: E402
