@@ -46,18 +46,23 @@ of the world in the same order, with the same mode flags (``low_latency``, ``use
 ``check``) and the same buffer; token counts and routings differ per PE. Consecutive calls on a
 PE must be stream-ordered (one stream, as a graph replay is).
 
-How: the sender computes on the device where each token goes (:mod:`symheap._moe_plan`) and
-writes the rows straight into the receivers' symmetric staging buffers (CUDA: a Triton kernel of
-SM stores to translated peer addresses, :mod:`symheap._moe_kernels`; host backend: indexed
-copies into the peers' mapped copies), with the counts; one stream-ordered barrier; each PE then
-gathers its rows into the expert-major layout. Staging and combine buffers are double-buffered
-by the parity of a device-side call counter, so back-to-back calls and graph replays never
-overwrite a slot a peer still reads. Also the ``torch.library`` ops ``symheap::moe_dispatch``
-and ``symheap::moe_combine`` with fake kernels (``torch.compile(fullgraph=True)`` traces them).
+How: the sender computes on the device where each token goes and writes the rows straight into
+the receivers' symmetric staging buffers with the counts; one stream-ordered barrier; each PE
+then gathers its rows into the expert-major layout; combine is the same in reverse. CUDA: the
+Triton kernels of :mod:`symheap._moe_kernels` (a plan kernel, SM-store row moves to translated
+peer addresses, a receive-plan kernel, the weighted sum: five launches and a barrier for a
+low-latency dispatch); host backend: the torch plans of :mod:`symheap._moe_plan` and indexed
+copies into the peers' mapped copies (the same layouts; ``SYMHEAP_MOE_TRITON=1`` runs the Triton
+kernels there instead, under ``TRITON_INTERPRET=1``, which is how CI checks them). Staging and
+combine buffers are double-buffered by the parity of a device-side call counter, so
+back-to-back calls and graph replays never overwrite a slot a peer still reads. Also the
+``torch.library`` ops ``symheap::moe_dispatch`` and ``symheap::moe_combine`` with fake kernels
+(``torch.compile(fullgraph=True)`` traces them).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -175,6 +180,12 @@ class Buffer:
                 for n, r in self._regions.items()
             }
         self._bases = st.heap_bases()
+        # The Triton kernels on CUDA; on the host backend the torch plans, or the same kernels
+        # under Triton's interpreter when SYMHEAP_MOE_TRITON=1 (how CI checks the CUDA path).
+        self._kernels = self.cuda or os.environ.get("SYMHEAP_MOE_TRITON") == "1"
+        cap = self.rows_per_expert
+        self._ll_start = _torch.arange(self.local_experts, dtype=_torch.int64, device=self.device) * cap
+        self._ll_len = _torch.full((self.local_experts,), cap, dtype=_torch.int64, device=self.device)
         self._ctr = _torch.zeros(2, dtype=_torch.int64, device=self.device)  # dispatches, combines
         self.bad_routing = _torch.zeros(1, dtype=_torch.int32, device=self.device)
         ctx = _core.context()
@@ -230,12 +241,8 @@ class Buffer:
     def _move(
         self, src: _torch.Tensor, region: str, src_rows: _torch.Tensor, dst_pes: _torch.Tensor, dst_rows: _torch.Tensor
     ) -> None:
-        """Carries out a plan into ``region`` of the PEs it names."""
-        if self.cuda:
-            from . import _moe_kernels as kern
-
-            kern.move_rows(src, self._local[region], src_rows, dst_pes, dst_rows, self._bases, self.me)
-            return
+        """The torch plans' row moves (host backend): indexed copies into the peers' mapped
+        copies of ``region``."""
         go = (src_rows >= 0) & (dst_rows >= 0)
         for q in range(self.n_pes):
             m = go & (dst_pes == q)
@@ -244,13 +251,6 @@ class Buffer:
 
     def _gather_local(self, src: _torch.Tensor, src_rows: _torch.Tensor, out: _torch.Tensor) -> None:
         """``out[r] = src[src_rows[r]]`` where ``src_rows[r] >= 0``; other rows untouched."""
-        if self.cuda:
-            from . import _moe_kernels as kern
-
-            rows = _torch.arange(out.shape[0], device=out.device, dtype=_torch.int64)
-            me = _torch.full_like(rows, self.me)
-            kern.move_rows(src, out, src_rows, me, rows, self._bases, self.me)
-            return
         have = (src_rows >= 0).nonzero().reshape(-1)
         out.index_copy_(0, have, src.index_select(0, src_rows.index_select(0, have)))
 
@@ -298,6 +298,98 @@ class Buffer:
         use_fp8: bool,
         check: bool,
     ) -> List[_torch.Tensor]:
+        """The dispatch behind :meth:`dispatch` and the custom op: the Triton kernels or the
+        torch plans (the same layouts)."""
+        run = self._dispatch_kernels if self._kernels else self._dispatch_torch
+        return run(x, topk_idx, topk_weights, low_latency, use_fp8, check)
+
+    def _raise_bad(self, cnt: _torch.Tensor) -> None:
+        wrong = [q for q, c in enumerate(cnt.tolist()) if c < 0]
+        if wrong:
+            raise SymheapValueError(
+                f"symheap.moe dispatch: PE(s) {wrong} passed expert ids outside [-1, {self.num_experts}); "
+                "no tokens of theirs were sent"
+            )
+
+    def _dispatch_kernels(
+        self,
+        x: _torch.Tensor,
+        topk_idx: _torch.Tensor,
+        topk_weights: _torch.Tensor,
+        low_latency: bool,
+        use_fp8: bool,
+        check: bool,
+    ) -> List[_torch.Tensor]:
+        from . import _moe_kernels as kern
+
+        p, lx, tmax, k, h, me = self.n_pes, self.local_experts, self.max_tokens, self.num_topk, self.hidden, self.me
+        dev, bases, cap = self.device, self._bases, self.rows_per_expert
+        t = x.shape[0]
+        idx = topk_idx.to(_torch.int64).contiguous()
+        w32 = topk_weights.to(_torch.float32).contiguous()
+        par = _torch.empty(1, dtype=_torch.int64, device=dev)
+        dst_row = _torch.empty(t * p, dtype=_torch.int64, device=dev)
+        meta = _torch.empty((t * p, 2 * k + 1), dtype=_torch.int32, device=dev)
+        routed = _torch.empty((t, k), dtype=_torch.int8, device=dev)
+        stage_counts = self._local["counts"]
+        kern.send_plan(
+            idx, w32, self._ctr[0:1], par, dst_row, meta, routed, self.bad_routing, stage_counts, bases, me,
+            self.num_experts, lx, p, k, tmax, check,
+        )  # fmt: skip
+        rows_of = dict(dst_rows=dst_row, src_div=p, pe_mod=p)
+        if use_fp8:
+            q, sc = plan.quantize_fp8(x, FP8_BLOCK)
+            kern.move_rows(q.view(_torch.uint8), self._local["q"], bases, me, **rows_of)
+            kern.move_rows(sc, self._local["s"], bases, me, **rows_of)
+        else:
+            kern.move_rows(x, self._local["x"], bases, me, **rows_of)
+        kern.move_rows(meta, self._local["meta"], bases, me, dst_rows=dst_row, src_div=1, pe_mod=p)
+        self._sync()
+        if check:
+            self._raise_bad(stage_counts.view(2, p).index_select(0, par)[0])
+        num = _torch.empty(lx, dtype=_torch.int32, device=dev)
+        if low_latency:
+            rows, start, length = lx * cap, self._ll_start, self._ll_len
+        else:
+            kern.recv_plan(self._local["meta"], stage_counts, par, num, num, (num,) * 5, num, p, k, tmax, cap, lx, True)
+            length = _torch.div(num.to(_torch.int64) + self.align - 1, self.align, rounding_mode="floor") * self.align
+            start = length.cumsum(0) - length
+            rows = int(length.sum().item())  # the one host synchronisation of the normal mode
+        outs = kern.empty_plan_outputs(rows, k, dev)
+        kern.recv_plan(self._local["meta"], stage_counts, par, start, length, outs, num, p, k, tmax, cap, lx, False)
+        src_row, ridx, rw, cpe, crow = outs
+        make = _torch.empty if low_latency else _torch.zeros
+        if use_fp8:
+            rq = make((rows, h), dtype=_torch.uint8, device=dev)
+            rs = make((rows, h // FP8_BLOCK), dtype=_torch.float32, device=dev)
+            kern.move_rows(self._local["q"], rq, bases, me, src_rows=src_row, gather=True)
+            kern.move_rows(self._local["s"], rs, bases, me, src_rows=src_row, gather=True)
+            first, scales = rq.view(_torch.float8_e4m3fn), rs
+        else:
+            first = make((rows, h), dtype=self.dtype, device=dev)
+            kern.move_rows(self._local["x"], first, bases, me, src_rows=src_row, gather=True)
+            scales = _torch.empty((0,), dtype=_torch.float32, device=dev)
+        return self._outputs(first, scales, ridx, rw, num, cpe, crow, routed.view(_torch.bool), w32, low_latency)
+
+    def _outputs(self, first, scales, ridx, rw, num, cpe, crow, routed, w32, low_latency: bool) -> List[_torch.Tensor]:
+        """The op's output list, the low-latency ones shaped ``[L, cap, ...]``."""
+        lx, cap, k = self.local_experts, self.rows_per_expert, self.num_topk
+        lead = (lx, cap) if low_latency else (first.shape[0],)
+        if low_latency:
+            first = first.view(lx, cap, -1)
+            if scales.numel():
+                scales = scales.view(lx, cap, -1)
+        return [first, scales, ridx.view(*lead, k), rw.view(*lead, k), num, cpe, crow, routed, w32.clone()]
+
+    def _dispatch_torch(
+        self,
+        x: _torch.Tensor,
+        topk_idx: _torch.Tensor,
+        topk_weights: _torch.Tensor,
+        low_latency: bool,
+        use_fp8: bool,
+        check: bool,
+    ) -> List[_torch.Tensor]:
         p, lx, t, k = self.n_pes, self.local_experts, self.max_tokens, self.num_topk
         idx = topk_idx.to(_torch.int64)
         par = self._ctr[0:1] % 2
@@ -322,12 +414,7 @@ class Buffer:
         self._sync()
         cnt = self._local["counts"].view(2, p).index_select(0, par)[0]
         if check:
-            wrong = [q for q, c in enumerate(cnt.tolist()) if c < 0]
-            if wrong:
-                raise SymheapValueError(
-                    f"symheap.moe dispatch: PE(s) {wrong} passed expert ids outside [-1, {self.num_experts}); "
-                    "no tokens of theirs were sent"
-                )
+            self._raise_bad(cnt)
         rp = plan.recv_plan(self._local["meta"], cnt, par, p, lx, t, k, self.align, low_latency)
         rows = int(rp.src_row.shape[0])
         make = _torch.empty if low_latency else _torch.zeros
@@ -341,22 +428,10 @@ class Buffer:
             first = make((rows, self.hidden), dtype=self.dtype, device=self.device)
             self._gather_local(self._local["x"], rp.src_row, first)
             scales = _torch.empty((0,), dtype=_torch.float32, device=self.device)
-        if low_latency:
-            first = first.view(lx, self.rows_per_expert, -1)
-            if use_fp8:
-                scales = scales.view(lx, self.rows_per_expert, -1)
-        shape_rows = (lx, self.rows_per_expert) if low_latency else (rows,)
-        return [
-            first,
-            scales,
-            rp.recv_idx.view(*shape_rows, k),
-            rp.recv_w.view(*shape_rows, k),
-            rp.num_recv,
-            rp.comb_pe,
-            rp.comb_row,
-            sp.routed,
-            topk_weights.to(_torch.float32).clone(),
-        ]
+        w32 = topk_weights.to(_torch.float32)
+        return self._outputs(
+            first, scales, rp.recv_idx, rp.recv_w, rp.num_recv, rp.comb_pe, rp.comb_row, sp.routed, w32, low_latency
+        )
 
     def dispatch(
         self,
@@ -401,9 +476,26 @@ class Buffer:
         weights: _torch.Tensor,
         out_dtype: _torch.dtype,
     ) -> _torch.Tensor:
+        """The combine behind :meth:`combine` and the custom op."""
         slots = self.max_tokens * self.num_topk
-        par = self._ctr[1:2] % 2
         rows = y.reshape(-1, self.hidden)
+        if self._kernels:
+            from . import _moe_kernels as kern
+
+            ctr = self._ctr[1:2]
+            kern.move_rows(
+                rows, self._local["comb"], self._bases, self.me, dst_pes=comb_pe, dst_rows=comb_row, src_div=1,
+                ctr=ctr, par_stride=slots,
+            )  # fmt: skip
+            ctr.add_(1)
+            self._sync()
+            out = _torch.empty((routed.shape[0], self.hidden), dtype=out_dtype, device=self.device)
+            w = weights.to(_torch.float32).contiguous()
+            kern.combine_sum(
+                self._local["comb"], ctr, routed.contiguous().view(_torch.int8), w, out, slots, self.num_topk
+            )
+            return out
+        par = self._ctr[1:2] % 2
         dst = plan.combine_rows(comb_pe, comb_row, par, slots)
         src = _torch.arange(rows.shape[0], device=self.device, dtype=_torch.int64)
         self._move(rows, "comb", src, comb_pe, dst)
