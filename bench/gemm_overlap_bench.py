@@ -35,10 +35,7 @@ code-path check (no communication)."""
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import socket
 import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -58,50 +55,7 @@ NOTES: List[str] = []
 LIGHT = {"on": False}
 
 
-class Boot:
-    """What peer_common's timers need: a barrier and a voice (rank 0)."""
-
-    def __init__(self, dist: Any, rank: int) -> None:
-        self.dist, self.rank = dist, rank
-
-    def barrier(self) -> None:
-        torch.cuda.synchronize()
-        self.dist.barrier()
-
-    def say(self, msg: str) -> None:
-        if self.rank == 0:
-            print(msg, file=sys.stderr, flush=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start() -> tuple:
-    """**Collective**: torch's process group (NCCL when every rank has its own GPU, else gloo),
-    then symheap.init(). Returns (dist, own_gpu)."""
-    import torch.distributed as dist
-
-    if "RANK" not in os.environ:
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
-        os.environ["MASTER_PORT"] = str(_free_port())
-    world = int(os.environ["WORLD_SIZE"])
-    local = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
-    own_gpu = torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    torch.cuda.set_device(local % max(1, torch.cuda.device_count()))
-    timeout = datetime.timedelta(seconds=300)
-    if own_gpu:
-        dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()), timeout=timeout)
-    else:
-        dist.init_process_group("gloo", timeout=timeout)
-    symheap.init()
-    torch.cuda.set_device(st.device())
-    return dist, own_gpu
-
-
-def timed(boot: Boot, rows: List[Dict[str, Any]], key: Dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
+def timed(boot: pc.DistBoot, rows: List[Dict[str, Any]], key: Dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
     """Appends ``key + {name, us, eager_us}``; a failure is printed with its reason."""
     k, trials = (2, 2) if LIGHT["on"] else (5, 5)
     try:
@@ -126,7 +80,7 @@ def _symm_group(dist: Any) -> Optional[str]:
         return None
 
 
-def bench_ag(boot: Boot, rows, peers: bool, group: Optional[str], ms: Sequence[int]) -> None:
+def bench_ag(boot: pc.DistBoot, rows, peers: bool, group: Optional[str], ms: Sequence[int]) -> None:
     n = symheap.n_pes()
     dev, dist = st.device(), boot.dist
     k = 8192
@@ -155,7 +109,7 @@ def bench_ag(boot: Boot, rows, peers: bool, group: Optional[str], ms: Sequence[i
                 timed(boot, rows, key, "comm", lambda: symheap.all_gather(sf, ss))
 
 
-def bench_rs(boot: Boot, rows, peers: bool, group: Optional[str], ms: Sequence[int]) -> None:
+def bench_rs(boot: pc.DistBoot, rows, peers: bool, group: Optional[str], ms: Sequence[int]) -> None:
     n = symheap.n_pes()
     dev, dist = st.device(), boot.dist
     k, nn = 3584 * 8 // n, 8192
@@ -221,8 +175,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--symheap-only", action="store_true", help="no peers (automatic when ranks share a GPU)")
     p.add_argument("--quick", action="store_true", help="M in {2048, 8192} only")
     args = p.parse_args(argv)
-    dist, own_gpu = start()
-    boot = Boot(dist, symheap.my_pe())
+    dist, own_gpu = pc.start_symheap_job()
+    boot = pc.DistBoot(dist, symheap.my_pe())
     n = symheap.n_pes()
     if st.device().type != "cuda":
         boot.say("gemm_overlap_bench: needs the CUDA backend (SYMHEAP_BACKEND=cuda on a GPU machine)")

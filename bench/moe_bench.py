@@ -46,10 +46,8 @@ NCCL path's all_to_all).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -72,52 +70,6 @@ CASES = {
     "prefill": dict(t=4096, h=7168, e=256, k=8, ll=False, fp8=False),
 }
 NOTES: List[str] = []
-
-
-class Boot:
-    """What peer_common's timers need: a barrier and a voice (rank 0)."""
-
-    def __init__(self, dist: Any, rank: int, cuda: bool) -> None:
-        self.dist, self.rank, self.cuda = dist, rank, cuda
-
-    def barrier(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-        self.dist.barrier()
-
-    def say(self, msg: str) -> None:
-        if self.rank == 0:
-            print(msg, file=sys.stderr, flush=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start(cpu: bool) -> Tuple[Any, bool]:
-    """**Collective**: torch's process group (NCCL when every rank has its own GPU, else gloo),
-    then symheap.init(). Returns (dist, own_gpu)."""
-    import torch.distributed as dist
-
-    if "RANK" not in os.environ:
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
-        os.environ["MASTER_PORT"] = str(_free_port())
-    world = int(os.environ["WORLD_SIZE"])
-    local = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
-    own_gpu = not cpu and torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    if not cpu:
-        torch.cuda.set_device(local % max(1, torch.cuda.device_count()))
-    timeout = datetime.timedelta(seconds=300)
-    if own_gpu:
-        dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()), timeout=timeout)
-    else:
-        dist.init_process_group("gloo", timeout=timeout)
-    symheap.init()
-    if not cpu:
-        torch.cuda.set_device(st.device())
-    return dist, own_gpu
 
 
 def routing(seed: int, t: int, e: int, k: int, dev: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -187,7 +139,7 @@ class NcclA2A:
 # ---- timing ------------------------------------------------------------------------------------
 
 
-def cpu_us(boot: Boot, fn: Callable[[], Any], k: int, trials: int) -> float:
+def cpu_us(boot: pc.DistBoot, fn: Callable[[], Any], k: int, trials: int) -> float:
     for _ in range(2):
         fn()
     ts = []
@@ -201,7 +153,7 @@ def cpu_us(boot: Boot, fn: Callable[[], Any], k: int, trials: int) -> float:
 
 
 def timed(
-    boot: Boot, rows: List[Dict[str, Any]], key: Dict[str, Any], name: str, fn: Callable[[], Any], graph: bool
+    boot: pc.DistBoot, rows: List[Dict[str, Any]], key: Dict[str, Any], name: str, fn: Callable[[], Any], graph: bool
 ) -> None:
     """Appends ``key + {name, us, eager_us}``; a failure is printed with its reason."""
     k, trials = (5, 5) if boot.cuda else (2, 3)
@@ -236,7 +188,9 @@ def sent_bytes(idx: torch.Tensor, n: int, lx: int, me: int, row_bytes: int) -> i
 # ---- one case ----------------------------------------------------------------------------------
 
 
-def run_case(boot: Boot, dist: Any, name: str, c: Dict[str, Any], peers: bool, rows: List[Dict[str, Any]]) -> None:
+def run_case(
+    boot: pc.DistBoot, dist: Any, name: str, c: Dict[str, Any], peers: bool, rows: List[Dict[str, Any]]
+) -> None:
     n, me = symheap.n_pes(), symheap.my_pe()
     dev = st.device()
     t, h, e, k, ll, fp8 = c["t"], c["h"], c["e"], c["k"], c["ll"], c["fp8"]
@@ -290,7 +244,7 @@ def run_case(boot: Boot, dist: Any, name: str, c: Dict[str, Any], peers: bool, r
     buf.destroy()
 
 
-def deepep(boot: Boot, dist: Any, name: str, c: Dict[str, Any], x, idx, w, want, key, rows) -> None:
+def deepep(boot: pc.DistBoot, dist: Any, name: str, c: Dict[str, Any], x, idx, w, want, key, rows) -> None:
     """DeepEP's low-latency kernels, when the package loads and runs here; else the reason."""
     try:
         flags = sys.getdlopenflags()
@@ -335,7 +289,7 @@ def _deepep_scales(s: torch.Tensor) -> torch.Tensor:
     return s.repeat_interleave(128, dim=-1)
 
 
-def a2av_2d(boot: Boot, dist: Any, name: str, c: Dict[str, Any], x, idx, key, rows) -> None:
+def a2av_2d(boot: pc.DistBoot, dist: Any, name: str, c: Dict[str, Any], x, idx, key, rows) -> None:
     """torch's all_to_all_vdev_2d (NVSHMEM-backed SymmetricMemory) for the dispatch rows."""
     try:
         import torch.distributed._symmetric_memory as symm
@@ -369,7 +323,7 @@ def a2av_2d(boot: Boot, dist: Any, name: str, c: Dict[str, Any], x, idx, key, ro
         torch.cuda.synchronize()
 
 
-def sm_store_floor(boot: Boot, nbytes: int, key: Dict[str, Any], rows: List[Dict[str, Any]]) -> None:
+def sm_store_floor(boot: pc.DistBoot, nbytes: int, key: Dict[str, Any], rows: List[Dict[str, Any]]) -> None:
     """One copy of ``nbytes`` into the next rank's memory with SM stores (the floor)."""
     n, me = symheap.n_pes(), symheap.my_pe()
     nb = max(1 << 20, nbytes)
@@ -422,8 +376,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--small", action="store_true", help="CI sizes (host backend when there is no GPU)")
     a = ap.parse_args(argv)
     cpu = not torch.cuda.is_available()
-    dist, own_gpu = start(cpu)
-    boot = Boot(dist, symheap.my_pe(), not cpu)
+    dist, own_gpu = pc.start_symheap_job(cpu)
+    boot = pc.DistBoot(dist, symheap.my_pe(), not cpu)
     peers = own_gpu and not a.symheap_only and not cpu
     if not own_gpu and not cpu:
         boot.say("moe_bench: ranks share a GPU: symheap and the NCCL path's logic only, not a speed comparison")

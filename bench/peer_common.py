@@ -10,8 +10,10 @@ and receive buffers of one rank. `symheap bench --peer-json FILE` (repeatable) m
 Ranks come from torchrun's environment; the peers are bootstrapped over gloo (no NCCL inside
 torch), so each program loads only the library it measures."""
 
+import datetime
 import json
 import os
+import socket
 import statistics
 import sys
 
@@ -42,7 +44,25 @@ def shape(op, nbytes, n):
     }[op]
 
 
-class Boot:
+class DistBoot:
+    """What the timers below need from a job that already has torch.distributed (and symheap)
+    up: a barrier (draining this GPU's work first when ``cuda``) and a voice (rank 0)."""
+
+    def __init__(self, dist, rank, cuda=True):
+        self.dist, self.rank, self.cuda = dist, rank, cuda
+
+    def barrier(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+        if self.dist is not None:
+            self.dist.barrier()
+
+    def say(self, msg):
+        if self.rank == 0:
+            print(msg, file=sys.stderr, flush=True)
+
+
+class Boot(DistBoot):
     """Rank, world and local rank from torchrun; a gloo group (or `backend`'s) for barriers and the
     unique id, made at one rank too when `always`."""
 
@@ -51,18 +71,13 @@ class Boot:
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.local = int(os.environ.get("LOCAL_RANK", str(self.rank)))
         torch.cuda.set_device(self.local)
-        self.dist = None
+        self.dist, self.cuda = None, True
         if self.world > 1 or always:
             import torch.distributed as dist
 
             kw = {"device_id": torch.device("cuda", self.local)} if backend == "nccl" else {}
             dist.init_process_group(backend, **kw)
             self.dist = dist
-
-    def barrier(self):
-        torch.cuda.synchronize()
-        if self.dist is not None:
-            self.dist.barrier()
 
     def bcast_bytes(self, data):
         """Rank 0's `data` (bytes) on every rank."""
@@ -76,10 +91,6 @@ class Boot:
         if self.dist is not None:
             self.dist.barrier()
             self.dist.destroy_process_group()
-
-    def say(self, msg):
-        if self.rank == 0:
-            print(msg, file=sys.stderr, flush=True)
 
 
 def _events():
@@ -176,3 +187,36 @@ def parse(argv, doc):
         else:
             extra[a[2:]] = v
     return out, ops, sizes, extra
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_symheap_job(cpu=False):
+    """**Collective**: torch's process group (NCCL when every rank has its own GPU, gloo when
+    ranks share one or there is none: ``cpu``), then ``symheap.init()``; a lone process gets a
+    one-rank environment. Returns (torch.distributed, own_gpu)."""
+    import symheap
+    import symheap.torch as st
+    import torch.distributed as dist
+
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+        os.environ["MASTER_PORT"] = str(free_port())
+    world = int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
+    own_gpu = not cpu and torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if not cpu:
+        torch.cuda.set_device(local % max(1, torch.cuda.device_count()))
+    timeout = datetime.timedelta(seconds=300)
+    if own_gpu:
+        dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()), timeout=timeout)
+    else:
+        dist.init_process_group("gloo", timeout=timeout)
+    symheap.init()
+    if not cpu:
+        torch.cuda.set_device(st.device())
+    return dist, own_gpu

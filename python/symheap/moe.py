@@ -183,6 +183,8 @@ class Buffer:
         # The Triton kernels on CUDA; on the host backend the torch plans, or the same kernels
         # under Triton's interpreter when SYMHEAP_MOE_TRITON=1 (how CI checks the CUDA path).
         self._kernels = self.cuda or os.environ.get("SYMHEAP_MOE_TRITON") == "1"
+        # The dispatch behind dispatch() and the custom op (the same layouts either way).
+        self._dispatch_impl = self._dispatch_kernels if self._kernels else self._dispatch_torch
         cap = self.rows_per_expert
         self._ll_start = _torch.arange(self.local_experts, dtype=_torch.int64, device=self.device) * cap
         self._ll_len = _torch.full((self.local_experts,), cap, dtype=_torch.int64, device=self.device)
@@ -288,20 +290,6 @@ class Buffer:
         if use_fp8 and not self.fp8:
             raise SymheapValueError(f"{what}: use_fp8 needs a buffer made with fp8=True")
         return x.contiguous()
-
-    def _dispatch_impl(
-        self,
-        x: _torch.Tensor,
-        topk_idx: _torch.Tensor,
-        topk_weights: _torch.Tensor,
-        low_latency: bool,
-        use_fp8: bool,
-        check: bool,
-    ) -> List[_torch.Tensor]:
-        """The dispatch behind :meth:`dispatch` and the custom op: the Triton kernels or the
-        torch plans (the same layouts)."""
-        run = self._dispatch_kernels if self._kernels else self._dispatch_torch
-        return run(x, topk_idx, topk_weights, low_latency, use_fp8, check)
 
     def _raise_bad(self, cnt: _torch.Tensor) -> None:
         wrong = [q for q, c in enumerate(cnt.tolist()) if c < 0]

@@ -249,16 +249,22 @@ def case_moe_fp8() -> None:
         _one("fp8", 256, 2 * n, 3, 9, 1, "random", ll, fp8=True)
 
 
+def _setup(per_pe: int, k: int, h: int, tmax: int):
+    """``(torch, st, moe, me, npes, device, experts, local experts, buffer)`` of a case with
+    ``per_pe`` experts on each PE."""
+    torch, st, moe = _mods()
+    me, npes = symheap.my_pe(), symheap.n_pes()
+    e = per_pe * npes
+    buf = moe.Buffer(h, num_experts=e, num_topk=k, max_tokens_per_pe=tmax)
+    return torch, st, moe, me, npes, st.device(), e, per_pe, buf
+
+
 @case
 def case_moe_repeat() -> None:
     """Back-to-back calls reuse the double-buffered staging: three dispatches in a row (each
     checked), then combines of the last and of the first handle's shapes."""
-    torch, st, moe = _mods()
-    me, npes = symheap.my_pe(), symheap.n_pes()
-    dev = st.device()
-    e, k, h, tmax = 2 * npes, 2, 32, 6
-    lx = e // npes
-    buf = moe.Buffer(h, num_experts=e, num_topk=k, max_tokens_per_pe=tmax)
+    k, h, tmax = 2, 32, 6
+    torch, st, moe, me, npes, dev, e, lx, buf = _setup(2, k, h, tmax)
     outs = []
     for r in range(3):
         key = f"rep{r}/{me}"
@@ -330,11 +336,8 @@ def case_moe_op() -> None:
     """The custom ops: opcheck (schema, fake kernel, AOT dispatch) of both, and a
     torch.compile(fullgraph=True) MoE layer (dispatch, per-expert scale, combine) with no graph
     break, equal to eager."""
-    torch, st, moe = _mods()
-    me, npes = symheap.my_pe(), symheap.n_pes()
-    dev = st.device()
-    e, k, h, tmax = 2 * npes, 2, 16, 8
-    buf = moe.Buffer(h, num_experts=e, num_topk=k, max_tokens_per_pe=tmax)
+    k, h, tmax = 2, 16, 8
+    torch, st, moe, me, npes, dev, e, _, buf = _setup(2, k, h, tmax)
     x = torch.randn(tmax, h, generator=_gen(f"op/{me}")).to(torch.bfloat16).to(dev)
     idx, w = _routing(f"op/{me}", tmax, e, k, "random")
     idx, w = idx.to(dev), w.to(dev)
@@ -368,12 +371,8 @@ def case_moe_op() -> None:
 def case_moe_cuda_graph() -> None:
     """CUDA only: a low-latency dispatch + expert + combine captured in one CUDA graph and
     replayed with new tokens and routings copied in between, each replay exact; eager after."""
-    torch, st, moe = _mods()
-    me, npes = symheap.my_pe(), symheap.n_pes()
-    dev = st.device()
-    e, k, h, tmax = 4 * npes, 4, 128, 16
-    lx = e // npes
-    buf = moe.Buffer(h, num_experts=e, num_topk=k, max_tokens_per_pe=tmax)
+    k, h, tmax = 4, 128, 16
+    torch, st, moe, me, npes, dev, e, lx, buf = _setup(4, k, h, tmax)
     sx = torch.zeros(tmax, h, dtype=torch.bfloat16, device=dev)
     sidx = torch.full((tmax, k), -1, dtype=torch.int64, device=dev)
     sw = torch.zeros(tmax, k, dtype=torch.float32, device=dev)
