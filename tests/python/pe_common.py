@@ -45,7 +45,10 @@ def poison(a: np.ndarray) -> None:
 
 
 def env_rank():
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    """(rank, world) from the launcher: symheap launch / torchrun, or Open MPI's mpirun."""
+    rank = os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+    world = os.environ.get("WORLD_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+    return int(rank), int(world)
 
 
 def ring_check_tail(put_tail, read_tail, n: int, me: int, name: str) -> None:

@@ -129,6 +129,7 @@ impl ContextBuilder {
             watchdog: Mutex::new(None),
             watchdog_stop: AtomicBool::new(false),
             init_phases: std::sync::OnceLock::new(),
+            mpi: std::sync::OnceLock::new(),
             finalized: AtomicBool::new(false),
         });
         finish(Context { inner }, phases)

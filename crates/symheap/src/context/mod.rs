@@ -83,6 +83,10 @@ pub(crate) struct Inner {
     pub(crate) watchdog_stop: AtomicBool,
     /// Where init's time went, for the banner (set once init is done).
     pub(crate) init_phases: std::sync::OnceLock<crate::util::Phases>,
+    /// Open MPI for host collectives over teams that span nodes, opened at the first one
+    /// (or why it could not be: the same answer for every later call).
+    pub(crate) mpi:
+        std::sync::OnceLock<std::result::Result<crate::backend::host::mpi::Mpi, String>>,
     pub(super) finalized: AtomicBool,
 }
 
@@ -184,6 +188,9 @@ impl Inner {
         self.record("finalize", String::new());
         self.sync_point(&mut st, "finalize", &[])?;
         drop(st);
+        if let Some(Ok(mpi)) = self.mpi.get() {
+            mpi.finish();
+        }
         self.boot.finalize().map_err(|e| e.during("finalize"))
     }
 }

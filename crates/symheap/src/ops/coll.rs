@@ -20,6 +20,7 @@
 
 use std::sync::Arc;
 
+use super::coll_nodes::NodesOp;
 use crate::backend::ReduceOp;
 use crate::context::area::PAYLOAD;
 use crate::context::team::{Team, TeamInner, TeamState};
@@ -273,6 +274,16 @@ impl Context {
             self.inner
                 .coll_args(format!("root {root}, {count} x {dtype}"), dest, src)
         };
+        if self.across_nodes(
+            team,
+            CALL,
+            args,
+            dest,
+            src,
+            NodesOp::Broadcast { bytes, root },
+        )? {
+            return Ok(());
+        }
         if self.one_pass(bytes) {
             // One pass: the root's data rides on its arrival at the entry barrier, which also
             // checks the ledgers; no exit barrier (see `all_reduce_one_pass`).
@@ -329,6 +340,13 @@ impl Context {
             check_len(&self.inner, CALL, "destination", dest, bytes * team.n_pes())?;
             check_len(&self.inner, CALL, "source", src, bytes)?;
         }
+        let args = || {
+            self.inner
+                .coll_args(format!("{count} x {dtype}"), dest, src)
+        };
+        if self.across_nodes(team, CALL, args, dest, src, NodesOp::AllGather { bytes })? {
+            return Ok(());
+        }
         let nums = [count as u64, dtype as u64, 0, 0, 0, 0, dest, src];
         let Some(c) = Coll::begin(&self.inner, team, CALL, nums, || {
             self.inner
@@ -379,6 +397,14 @@ impl Context {
             check_len(&self.inner, CALL, "source", src, bytes * team.n_pes())?;
             check_len(&self.inner, CALL, "destination", dest, bytes)?;
         }
+        let args = || {
+            self.inner
+                .coll_args(format!("{} {count} x {dtype}", op.name()), dest, src)
+        };
+        let what = NodesOp::ReduceScatter { count, dtype, op };
+        if self.across_nodes(team, CALL, args, dest, src, what)? {
+            return Ok(());
+        }
         let nums = [count as u64, dtype as u64, op as u64, 0, 0, 0, dest, src];
         let Some(c) = Coll::begin(&self.inner, team, CALL, nums, || {
             self.inner
@@ -419,6 +445,14 @@ impl Context {
         if team.is_valid() {
             check_len(&self.inner, CALL, "destination", dest, bytes)?;
             check_len(&self.inner, CALL, "source", src, bytes)?;
+        }
+        let nodes_args = || {
+            let args = format!("{} {count} x {dtype}", op.name());
+            self.inner.coll_args(args, dest, src)
+        };
+        let what = NodesOp::AllReduce { count, dtype, op };
+        if self.across_nodes(team, CALL, nodes_args, dest, src, what)? {
+            return Ok(());
         }
         // One-shot reads peers' sources while they write their destinations, so in place it
         // would read half-reduced data; two-shot only ever writes chunks no one else reads.
@@ -554,6 +588,13 @@ impl Context {
             }
             check_len(&self.inner, CALL, "destination", dest, bytes * team.n_pes())?;
             check_len(&self.inner, CALL, "source", src, bytes * team.n_pes())?;
+        }
+        let args = || {
+            self.inner
+                .coll_args(format!("{count} x {dtype}"), dest, src)
+        };
+        if self.across_nodes(team, CALL, args, dest, src, NodesOp::AllToAll { bytes })? {
+            return Ok(());
         }
         let nums = [count as u64, dtype as u64, 0, 0, 0, 0, dest, src];
         let Some(c) = Coll::begin(&self.inner, team, CALL, nums, || {

@@ -4,6 +4,7 @@
 
 pub mod atomics;
 pub mod coll;
+mod coll_nodes;
 mod coll_plan;
 pub mod coll_stream;
 pub mod rma;

@@ -6,6 +6,7 @@
 //! unmapped slots and are not direct.
 
 pub(crate) mod futex;
+pub(crate) mod mpi;
 pub(crate) mod reservation;
 
 use std::os::fd::OwnedFd;
