@@ -124,7 +124,10 @@ def send_plan_kernel(
         tl.store(meta + row + 2 * K, tok, mask=pm)
     cnt = tl.where(live, carry, -1).to(tl.int32)
     dst = tl.broadcast_to(stage_counts + par * P + me, (PP,))
-    sh.store(dst, cnt, me, pes, bases, mask=pes < P)
+    # Lanes past P (P not a power of two) are masked, and their table index clamped so the
+    # translation does not read past the table either.
+    to = tl.where(pes < P, pes, 0)
+    sh.store(dst, cnt, me, to, bases, mask=pes < P)
 
 
 @triton.jit
