@@ -376,6 +376,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--small", action="store_true", help="CI sizes (host backend when there is no GPU)")
     a = ap.parse_args(argv)
     cpu = not torch.cuda.is_available()
+    if cpu:
+        # One process per PE, like MPI ranks: torch's intra-op pool would oversubscribe the cores
+        # the PEs already fill (and make every wait a scheduling lottery).
+        torch.set_num_threads(1)
     dist, own_gpu = pc.start_symheap_job(cpu)
     boot = pc.DistBoot(dist, symheap.my_pe(), not cpu)
     peers = own_gpu and not a.symheap_only and not cpu
