@@ -53,7 +53,8 @@ impl Context {
         what: NodesOp,
     ) -> Result<bool> {
         let inner = &self.inner;
-        if inner.backend.as_cuda().is_some() {
+        // The common case first, in a few loads: the whole job on one node.
+        if inner.area.all_direct() || inner.backend.as_cuda().is_some() {
             return Ok(false);
         }
         let Some(t) = inner.team_inner(team, call)? else {

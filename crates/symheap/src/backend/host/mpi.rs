@@ -171,7 +171,8 @@ impl Mpi {
                         crate::util::libsearch::with_source(&e)
                     )
                 })?;
-                // SAFETY: `Symbol<*mut c_void>` derefs to the symbol's address for data.
+                // SAFETY: the raw value of the platform symbol is what dlsym returned: the object's address
+                // (never dereferenced here; Open MPI reads it as the handle).
                 unsafe { s.into_raw() }.into_raw() as Handle
             }};
         }
