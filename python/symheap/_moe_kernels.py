@@ -70,14 +70,13 @@ def send_plan_kernel(
 ):
     """One program. ``dst_row``: ``[T, P]``; ``meta``: ``[T, P, 2K+1]`` int32; ``routed``:
     ``[T, K]`` int8; ``bad_routing``: 1 int32 (sticky: 1 once an id outside ``[-1, E)`` was
-    passed); ``ctr``: the dispatch counter (read, then advanced); ``par_out``: its parity
+    passed); ``ctr``: the dispatch counter (read first, advanced last); ``par_out``: its parity
     before the advance, for the receive side. The counts go straight to every PE's
     ``stage_counts[par * P + me]`` (the symmetric ``[2*P]`` int32). ``CHECK``: a PE with a bad
     id sends nothing and a count of -1, so that every PE can raise alike."""
     c = tl.load(ctr)
     par = c % 2
     tl.store(par_out, par)
-    tl.store(ctr, c + 1)
     base = (par * P + me) * TMAX
     pes = tl.arange(0, PP)
     ks = tl.arange(0, KP)
@@ -128,6 +127,10 @@ def send_plan_kernel(
     # translation does not read past the table either.
     to = tl.where(pes < P, pes, 0)
     sh.store(dst, cnt, me, to, bases, mask=pes < P)
+    # Every warp read the counter before any advances it (warps run independently: one that
+    # stored early would hand a late one the other parity).
+    tl.debug_barrier()
+    tl.store(ctr, c + 1)
 
 
 @triton.jit

@@ -95,6 +95,11 @@ def test_moe_kernels_compile_for_sm90(torch_module) -> None:
     for check in (False, True):
         ptx = _compile("send_plan_kernel", send, dict(P=8, K=8, TMAX=128, BT=64, KP=8, PP=8, CHECK=check))
         assert "st.global" in ptx
+        # The call counter advances only after a CTA barrier: warps run independently, and one
+        # storing early would hand a late one the other staging parity.
+        tail = ptx[ptx.rfind("bar.sync") :]
+        stores = [ln.strip() for ln in tail.splitlines() if "st.global" in ln]
+        assert len(stores) == 1 and "st.global.b64" in stores[0], f"not only the counter after the barrier: {stores}"
     recv = {
         "meta": "*i32", "counts": "*i32", "par_ptr": "*i64", "start": "*i64", "length": "*i64",
         "src_row": "*i64", "recv_idx": "*i64", "recv_w": "*fp32", "comb_pe": "*i64", "comb_row": "*i64",
