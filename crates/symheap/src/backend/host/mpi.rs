@@ -347,49 +347,34 @@ impl Mpi {
     /// Every PE's `bytes` at `src` into `dst + pe * bytes` (`dst == src`: in place).
     /// The ops layer checked: `src` valid for `bytes`, `dst` for `size * bytes`.
     pub(crate) fn all_gather(&self, dst: u64, src: u64, bytes: usize) -> Result<(), String> {
-        let c = count(bytes, "all_gather")?;
-        let s = if dst == src {
-            MPI_IN_PLACE
-        } else {
-            src as *mut c_void
-        };
-        // SAFETY: the ops layer checked the ranges (see this function's doc).
-        let rc = unsafe {
-            (self.allgather)(
-                s,
-                c,
-                self.byte,
-                dst as *mut c_void,
-                c,
-                self.byte,
-                self.world,
-            )
-        };
-        self.result(rc, "MPI_Allgather")
+        self.exchange(self.allgather, "MPI_Allgather", dst, src, bytes)
     }
 
     /// Block `j` (of `bytes`) of every PE's `src` into block `pe` of PE `j`'s `dst`.
     /// The ops layer checked: `src` and `dst` valid for `size * bytes` (`dst == src`: in place).
     pub(crate) fn alltoall(&self, dst: u64, src: u64, bytes: usize) -> Result<(), String> {
-        let c = count(bytes, "alltoall")?;
+        self.exchange(self.alltoall, "MPI_Alltoall", dst, src, bytes)
+    }
+
+    /// MPI_Allgather or MPI_Alltoall of `bytes` per PE, with the ranges its caller checked.
+    fn exchange(
+        &self,
+        f: Gather,
+        name: &str,
+        dst: u64,
+        src: u64,
+        bytes: usize,
+    ) -> Result<(), String> {
+        let c = count(bytes, name)?;
         let s = if dst == src {
             MPI_IN_PLACE
         } else {
             src as *mut c_void
         };
-        // SAFETY: the ops layer checked the ranges (see this function's doc).
-        let rc = unsafe {
-            (self.alltoall)(
-                s,
-                c,
-                self.byte,
-                dst as *mut c_void,
-                c,
-                self.byte,
-                self.world,
-            )
-        };
-        self.result(rc, "MPI_Alltoall")
+        let (b, w) = (self.byte, self.world);
+        // SAFETY: the calling function's doc says which ranges the ops layer checked.
+        let rc = unsafe { f(s, c, b, dst as *mut c_void, c, b, w) };
+        self.result(rc, name)
     }
 
     /// Block `pe` of the reduction of every PE's `src` (`size * n` elements) into `dst`.
