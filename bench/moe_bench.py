@@ -375,7 +375,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--symheap-only", action="store_true", help="no DeepEP / torch peers")
     ap.add_argument("--small", action="store_true", help="CI sizes (host backend when there is no GPU)")
     a = ap.parse_args(argv)
-    cpu = not torch.cuda.is_available()
+    # The host backend (CI, or SYMHEAP_BACKEND=host on a GPU machine) runs on CPU tensors.
+    cpu = os.environ.get("SYMHEAP_BACKEND") == "host" or not torch.cuda.is_available()
     if cpu:
         # One process per PE, like MPI ranks: torch's intra-op pool would oversubscribe the cores
         # the PEs already fill (and make every wait a scheduling lottery).
