@@ -82,7 +82,8 @@ pub fn broadcast(ctx: &Context, a: PeArgs) -> Outcome {
     // source as soon as the call returns, which a peer still reading it would see.
     for round in 0..3u64 {
         for root in 0..n {
-            for c in [1usize, 7, 512] {
+            // The buffers hold `count` elements, which may be fewer than 512.
+            for c in [1usize, 7, 512].map(|c| c.min(count)) {
                 let tag = 1000 + 10 * round + root as u64;
                 src.write(0, &data::<f64>(a.seed, me, tag, c))
                     .map_err(e2s)?;
@@ -483,8 +484,10 @@ pub fn coll_errors(ctx: &Context, _a: PeArgs) -> Outcome {
 pub fn team_mismatch(ctx: &Context, _a: PeArgs) -> Outcome {
     let (me, n) = (ctx.my_pe(), ctx.n_pes());
     let world = ctx.world_team();
-    let all_but_last = ctx.team_split_strided(&world, 0, 1, n - 1).map_err(e2s)?;
+    // Allocated before the split: the split is the last call the last PE makes, so the
+    // members' divergence (which fails the whole job) cannot overtake a call of its.
     let b = ctx.malloc(64).map_err(e2s)?;
+    let all_but_last = ctx.team_split_strided(&world, 0, 1, n - 1).map_err(e2s)?;
     if !all_but_last.is_valid() {
         // The last PE is not in the team and is not held up.
         std::thread::sleep(Duration::from_millis(50));

@@ -102,6 +102,21 @@ impl SharedArea {
         unsafe { AtomicU64::from_ptr(a as *mut u64) }.store(v, Ordering::Release)
     }
 
+    /// `store64_release` of `vals` into the consecutive words from `addr`, with one range check
+    /// for them all (a barrier's arrival, a published call).
+    #[inline]
+    pub fn store64s_release(&self, addr: u64, vals: &[u64]) {
+        self.check_range(addr, 8 * vals.len());
+        assert!(addr % 8 == 0, "control word {addr:#x} misaligned");
+        let p = addr as *mut u64;
+        for (k, &v) in vals.iter().enumerate() {
+            // SAFETY: `check_range` put every word of the run inside mapped blocks of the
+            // reservation (which lives as long as `self`) and they are aligned; these words are
+            // only ever accessed atomically, as in `load64`.
+            unsafe { AtomicU64::from_ptr(p.add(k)) }.store(v, Ordering::Release)
+        }
+    }
+
     /// Atomic 64-bit compare-and-swap; returns the value found (`current` when it swapped).
     pub fn cas64(&self, addr: u64, current: u64, new: u64) -> u64 {
         let a = self.word::<8>(addr);

@@ -145,7 +145,10 @@ impl Inner {
                 let chunk = align_up(self.cfg.chunk_size, self.backend.granularity())
                     .ok_or_else(|| oom(&st))?;
                 let spare = [u8::from(self.backend.can_spare(chunk))];
-                let votes = self.sync_point(&mut st, call, &spare)?;
+                let votes = {
+                    let mut ts = self.world_team.lock();
+                    self.sync_point(&mut st, &mut ts, call, &spare)?
+                };
                 match st.try_alloc(bytes, span, align) {
                     Some(b) => {
                         // Reclaiming made just enough room: with frees and allocations

@@ -10,8 +10,9 @@
 //!                         they need waking by puts and atomics; barrier waits are woken by
 //!                         the arrivals they wait for
 //! 64     mailbox_len: u64, then MAILBOX bytes: a ledger copy for mismatch diagnostics
-//! ...    per team slot: board[2] of {count, hash, flags, aux} (32 B each, double-buffered by
-//!        barrier parity), then arrivals[world]: u64 epoch written by each member
+//! ...    per team slot, per member `src` of the world, entry[2] (one 64-byte line each,
+//!        double-buffered by barrier parity): what `src` pushed here at its arrival at a
+//!        barrier of the slot's team: {epoch, count, hash, flags, aux, INLINE payload bytes}
 //! ...    the watch (see `ops/watch.rs`): the wait this PE is blocked in (WAIT_WORDS words),
 //!        per team slot a ring of RING recent calls (ENTRY_WORDS words each), and a verdict
 //!        (VERDICT_WORDS words; only PE 0's is used: the first PE to name a divergence
@@ -36,10 +37,16 @@ pub const PAYLOAD: u64 = 4 << 10;
 /// Words of the verdict: owner, ready, length, then the text.
 pub const VERDICT_WORDS: u64 = 3 + 512;
 
+/// Payload bytes an arrival carries in its own entry line (see [`SyncArea::entry`]).
+pub const INLINE: u64 = ENTRY - 8 * ENTRY_HEADER_WORDS;
+/// Words of an entry before its inline payload: epoch, count, hash, flags, aux.
+pub const ENTRY_HEADER_WORDS: u64 = 5;
+
 const HEADER: u64 = 64;
 const MAILBOX_AT: u64 = HEADER;
 const SLOTS_AT: u64 = MAILBOX_AT + 64 + MAILBOX;
-const BOARD: u64 = 32;
+/// One cache line: a waiter finds the arrival and everything it carries in one transfer.
+const ENTRY: u64 = 64;
 
 /// Addresses inside every PE's sync area, given the heap bases.
 #[derive(Debug, Clone)]
@@ -95,7 +102,7 @@ impl SyncArea {
     }
 
     fn stride(world: usize) -> u64 {
-        (2 * BOARD + 8 * world as u64).div_ceil(64) * 64
+        2 * ENTRY * world as u64
     }
 
     /// The area placed at `bases[pe]` on every PE.
@@ -148,15 +155,14 @@ impl SyncArea {
         self.bases[pe] + SLOTS_AT + slot as u64 * self.slot_stride
     }
 
-    /// Word `word` (0 count, 1 hash, 2 flags, 3 aux) of PE `pe`'s board for `slot`, `parity`.
-    pub fn board(&self, pe: usize, slot: usize, parity: u64, word: u64) -> u64 {
-        self.slot(pe, slot) + (parity & 1) * BOARD + 8 * word
-    }
-
-    /// Where member `src` records its arrival epoch for `slot` in PE `pe`'s area.
-    pub fn arrival(&self, pe: usize, slot: usize, src: usize) -> u64 {
+    /// Where member `src` pushes its arrivals at the barriers of team `slot` with parity
+    /// `parity` into PE `pe`'s area: one cache line, word 0 the epoch (stored last, with
+    /// release), words 1-4 the ledger count and hash, flags and aux of that barrier, then
+    /// [`INLINE`] payload bytes. Each line has one writer, so senders never contend for a line
+    /// and a waiter reads what it waits for in the transfer that brings the epoch.
+    pub fn entry(&self, pe: usize, slot: usize, src: usize, parity: u64) -> u64 {
         debug_assert!(src < self.world);
-        self.slot(pe, slot) + 2 * BOARD + 8 * src as u64
+        self.slot(pe, slot) + (2 * src as u64 + (parity & 1)) * ENTRY
     }
 
     /// This slot's whole range on PE `pe` (for clearing on team destroy).
@@ -181,13 +187,14 @@ mod tests {
             a.mailbox_len(0),
         ];
         for slot in 0..MAX_TEAMS {
-            for p in 0..2 {
-                for w in 0..4 {
-                    words.push(a.board(0, slot, p, w));
-                }
-            }
             for s in 0..world {
-                words.push(a.arrival(0, slot, s));
+                for p in 0..2 {
+                    let e = a.entry(0, slot, s, p);
+                    assert_eq!(e % 64, 0, "an entry is one cache line");
+                    for w in 0..ENTRY / 8 {
+                        words.push(e + 8 * w);
+                    }
+                }
             }
         }
         for w in 0..WAIT_WORDS {
@@ -208,7 +215,8 @@ mod tests {
         sorted.dedup();
         assert_eq!(sorted.len(), words.len(), "no two words share an address");
         assert!(words.iter().all(|&w| w + 8 <= end));
-        assert!(a.mailbox(0) + MAILBOX <= a.board(0, 0, 0, 0));
+        assert!(a.mailbox(0) + MAILBOX <= a.entry(0, 0, 0, 0));
+        assert_eq!(INLINE, 24);
         let last = *sorted.last().unwrap();
         for slot in 0..MAX_TEAMS {
             for p in 0..2 {

@@ -105,16 +105,18 @@ impl Inner {
 
     /// A host collective point: exchanges the ledger (failing every PE on divergence) and the
     /// releases (reclaiming what every PE released), plus `payload`. Returns every PE's payload.
+    /// `ts` is the world team's state, locked by the caller after `st`.
     pub(super) fn sync_point(
         &self,
         st: &mut HeapState,
+        ts: &mut team::TeamState,
         call: &'static str,
         payload: &[u8],
     ) -> Result<Vec<Vec<u8>>> {
         // Every PE meets at the shared-memory barrier first, whatever it exchanges next: a PE
         // in a different call meets it there too and the mismatch is named, instead of one PE
         // waiting on the bootstrap while another waits on the barrier.
-        if self.world_fast_sync(call)? && payload.is_empty() {
+        if self.world_fast_sync(ts, call)? && payload.is_empty() {
             return Ok(Vec::new());
         }
         let ledger = self.world_team.ledger().encode();
@@ -167,8 +169,15 @@ impl Inner {
     ) -> Result<Vec<Vec<u8>>> {
         self.check(call)?;
         let mut st = self.lock_heap();
-        self.record(call, args);
-        self.sync_point(&mut st, call, payload)
+        let mut ts = self.world_team.lock();
+        if args.is_empty() {
+            // A call without arguments (barrier_all in a loop) is recorded from its cached text.
+            let key = watch::CallKey { call, nums: [0; 8] };
+            self.record_keyed(&self.world_team, &mut ts, key, String::new);
+        } else {
+            self.record_on(&self.world_team, call, args);
+        }
+        self.sync_point(&mut st, &mut ts, call, payload)
     }
 
     fn finalize(&self) -> Result<()> {
@@ -185,9 +194,10 @@ impl Inner {
             }
         }
         let mut st = self.lock_heap();
-        self.record("finalize", String::new());
-        self.sync_point(&mut st, "finalize", &[])?;
-        drop(st);
+        let mut ts = self.world_team.lock();
+        self.record_on(&self.world_team, "finalize", String::new());
+        self.sync_point(&mut st, &mut ts, "finalize", &[])?;
+        drop((ts, st));
         if let Some(Ok(mpi)) = self.mpi.get() {
             mpi.finish();
         }

@@ -2,16 +2,18 @@
 //! doorbells and waits (spin, yield, then sleep on the doorbell), the team barrier with its
 //! ledger check, and the world's fast path.
 //!
-//! A barrier on a team publishes this PE's ledger digest on its board, stores its arrival epoch
-//! into every member's sync area, rings their doorbells and waits for every member's arrival.
-//! Boards are double-buffered by epoch parity: a PE can be at most one barrier ahead of the
-//! slowest member, so the board being read is never the one being rewritten.
+//! A barrier on a team pushes this PE's arrival (epoch, ledger digest, flags, aux and up to
+//! [`INLINE`] payload bytes, one cache line) into every member's sync area, rings their
+//! doorbells and waits for every member's arrival in its own area: what it waits for and what
+//! it then reads arrive in one line transfer per member, and no two members write one line.
+//! Entries are double-buffered by epoch parity: a PE can be at most one barrier ahead of the
+//! slowest member, so the entry being read is never the one being rewritten.
 
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::area::{SyncArea, MAILBOX};
+use super::area::{SyncArea, INLINE, MAILBOX};
 use super::team::{Team, TeamInner, TeamState};
 use super::watch::{ScanState, Watching};
 use super::Inner;
@@ -79,16 +81,18 @@ const YIELDS: u32 = 16;
 /// Longest single sleep: waits re-check failure and deadline at least this often.
 const NAP: Duration = Duration::from_millis(10);
 
-/// One member's published state at a barrier.
+/// What the members' arrivals at a barrier carried, folded over the members (this PE too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Board {
-    pub count: u64,
-    pub hash: u64,
+pub(crate) struct Met {
+    /// Every member's ledger digest (calls recorded, running hash) equals this PE's.
+    pub agreed: bool,
+    /// The members' flags, OR-ed.
     pub flags: u64,
+    /// The members' aux words, AND-ed.
     pub aux: u64,
 }
 
-/// Board flag: this PE has releases the world has not heard of yet.
+/// Arrival flag: this PE has releases the world has not heard of yet.
 pub(crate) const FLAG_RELEASES: u64 = 1;
 
 impl Inner {
@@ -100,7 +104,14 @@ impl Inner {
         self.control.load64(addr)
     }
 
-    /// Tells PE `pe` that something it may wait for changed (a barrier arrival).
+    /// Rings PE `pe` after stores into its heap (puts, atomics): only sleepers waiting for
+    /// heap data (`signal_wait_until`) need it, not a PE asleep in a barrier.
+    pub(crate) fn ring_data(&self, pe: usize) {
+        self.ring_if(pe, |a| a.data_sleepers(pe));
+    }
+
+    /// How a PE tells PE `pe` that something it may wait for changed (a barrier arrival, a
+    /// store into its heap), in `ring_if` and `ring_fenced`.
     ///
     /// Only a sleeping waiter needs the doorbell; spinning ones see the change themselves. The
     /// check is the two-sided fence handshake of `sleep_until`: this PE stores (the change),
@@ -110,22 +121,20 @@ impl Inner {
     /// sleeper and bumps the doorbell it sleeps on (it read the doorbell before counting
     /// itself, so the futex returns at once). That spares every put and arrival a
     /// read-modify-write of a line the other PE owns.
-    pub(crate) fn ring(&self, pe: usize) {
-        self.ring_if(pe, |a| a.sleepers(pe));
-    }
-
-    /// `ring` for stores into PE `pe`'s heap (puts, atomics): only sleepers waiting for heap
-    /// data (`signal_wait_until`) need them, not a PE asleep in a barrier.
-    pub(crate) fn ring_data(&self, pe: usize) {
-        self.ring_if(pe, |a| a.data_sleepers(pe));
-    }
-
     fn ring_if(&self, pe: usize, count: impl Fn(&SyncArea) -> u64) {
+        if pe != self.rank && self.area().is_direct(pe) {
+            fence(Ordering::SeqCst);
+            self.ring_fenced(pe, count);
+        }
+    }
+
+    /// The check of `ring_if` after the caller's own sequentially consistent fence (one fence
+    /// after stores to several PEs serves them all).
+    fn ring_fenced(&self, pe: usize, count: impl Fn(&SyncArea) -> u64) {
         let a = self.area();
         if pe == self.rank || !a.is_direct(pe) {
             return;
         }
-        fence(Ordering::SeqCst);
         if self.control.load32(count(a)) != 0 {
             let bell = a.doorbell(pe);
             self.control.add32(bell, 1);
@@ -245,8 +254,8 @@ impl Inner {
         }
     }
 
-    /// The barrier among `team`'s members (see the module documentation). Returns every
-    /// member's board, in team order.
+    /// The barrier among `team`'s members (see the module documentation). Returns what the
+    /// members' arrivals carried.
     pub(crate) fn barrier_core(
         &self,
         team: &TeamInner,
@@ -254,31 +263,18 @@ impl Inner {
         call: &'static str,
         flags: u64,
         aux: u64,
-    ) -> Result<Vec<Board>> {
-        self.barrier_raw(team, st, call, flags, aux, true)
+    ) -> Result<Met> {
+        self.barrier_staged(team, st, call, flags, aux, &mut |_| Ok(0))
     }
 
-    /// `barrier_core`; with `read_boards` false the boards are neither read nor returned, so
-    /// once it completes no member reads this PE's boards of the previous barrier any more.
-    pub(crate) fn barrier_raw(
-        &self,
-        team: &TeamInner,
-        st: &mut TeamState,
-        call: &'static str,
-        flags: u64,
-        aux: u64,
-        read_boards: bool,
-    ) -> Result<Vec<Board>> {
-        self.barrier_staged(team, st, call, flags, aux, read_boards, &mut |_| Ok(()))
-    }
-
-    /// `barrier_raw` that first hands `stage` this PE's payload for this barrier (an address
-    /// in its sync area, [`PAYLOAD`](super::area::PAYLOAD) bytes) to fill: the arrival
-    /// publishes it, and the members may read it once the barrier completes, until this PE's
-    /// barrier after next (payloads are double-buffered by parity, as the boards; reaching
-    /// that barrier needs every member's arrival at the next one, which each makes only after
-    /// it is done with this one).
-    #[allow(clippy::too_many_arguments)]
+    /// `barrier_core` that first hands `stage` this PE's payload for this barrier (an address
+    /// in its sync area, [`PAYLOAD`](super::area::PAYLOAD) bytes) to fill; `stage` returns how
+    /// many of the bytes it wrote (at most [`INLINE`]; 0 for none) ride inline in the arrival
+    /// itself. The members may read the payload (at `area().payload`, or inline at
+    /// `area().entry` in their own area) once the barrier completes, until this PE's barrier
+    /// after next (payloads are double-buffered by parity, as the entries; reaching that
+    /// barrier needs every member's arrival at the next one, which each makes only after it
+    /// is done with this one).
     pub(crate) fn barrier_staged(
         &self,
         team: &TeamInner,
@@ -286,33 +282,52 @@ impl Inner {
         call: &'static str,
         flags: u64,
         aux: u64,
-        read_boards: bool,
-        stage: &mut dyn FnMut(u64) -> Result<()>,
-    ) -> Result<Vec<Board>> {
+        stage: &mut dyn FnMut(u64) -> Result<usize>,
+    ) -> Result<Met> {
         let a = self.area();
         let e = st.epoch + 1;
         let parity = e & 1;
-        stage(a.payload(self.rank, team.slot, parity))?;
-        let (count, hash) = team.ledger().digest();
-        // The board is published by the arrival stores below (release; members read it after
-        // seeing the arrival), so its words need no ordering of their own.
-        for (w, v) in [count, hash, flags, aux].into_iter().enumerate() {
-            self.control
-                .store64_release(a.board(self.rank, team.slot, parity, w as u64), v);
+        let staged = a.payload(self.rank, team.slot, parity);
+        let inline_bytes = stage(staged)?;
+        debug_assert!(inline_bytes as u64 <= INLINE);
+        let mut inline = [0u64; INLINE as usize / 8];
+        let inline = &mut inline[..inline_bytes.div_ceil(8).min(INLINE as usize / 8)];
+        for (k, w) in inline.iter_mut().enumerate() {
+            *w = self.load64(staged + 8 * k as u64);
         }
-        self.backend.fence();
+        let (count, hash) = team.ledger().digest();
         let me = team.my_global();
+        let mut words = [0u64; 4 + INLINE as usize / 8];
+        words[..4].copy_from_slice(&[count, hash, flags, aux]);
+        words[4..4 + inline.len()].copy_from_slice(inline);
+        let words = &words[..4 + inline.len()];
+        // The epoch goes last, with release: a member that sees it sees the words before it and
+        // this PE's earlier stores to any memory (its heap data too), which needs no other
+        // fence. The words themselves need no ordering of their own.
         for &m in &team.members {
             if m != me {
-                self.control.store64_release(a.arrival(m, team.slot, me), e);
-                self.ring(m);
+                let at = a.entry(m, team.slot, me, parity);
+                self.control.store64s_release(at + 8, words);
+                self.control.store64_release(at, e);
             }
         }
-        let arrived = |m: usize| m == me || self.load64(a.arrival(me, team.slot, m)) >= e;
+        fence(Ordering::SeqCst);
+        for &m in &team.members {
+            self.ring_fenced(m, |a| a.sleepers(m));
+        }
+        let arrived = |m: usize| m == me || self.load64(a.entry(me, team.slot, m, parity)) >= e;
+        // Members found arrived stay arrived (epochs only grow): each check resumes at the
+        // first member not yet seen.
+        let mut seen = 0;
         self.wait_until(
             call,
             &|| format!("{call} on {}", team.name),
-            &mut || team.members.iter().all(|&m| arrived(m)),
+            &mut || {
+                while seen < team.members.len() && arrived(team.members[seen]) {
+                    seen += 1;
+                }
+                seen == team.members.len()
+            },
             &|| {
                 team.members
                     .iter()
@@ -327,52 +342,51 @@ impl Inner {
             }),
         )?;
         st.epoch = e;
-        if !read_boards {
-            return Ok(Vec::new());
+        let mut met = Met {
+            agreed: true,
+            flags,
+            aux,
+        };
+        for &m in &team.members {
+            if m != me {
+                let at = a.entry(me, team.slot, m, parity);
+                let w = |k: u64| self.load64(at + 8 * k);
+                met.agreed &= w(1) == count && w(2) == hash;
+                met.flags |= w(3);
+                met.aux &= w(4);
+            }
         }
-        Ok(team
-            .members
-            .iter()
-            .map(|&m| Board {
-                count: self.load64(a.board(m, team.slot, parity, 0)),
-                hash: self.load64(a.board(m, team.slot, parity, 1)),
-                flags: self.load64(a.board(m, team.slot, parity, 2)),
-                aux: self.load64(a.board(m, team.slot, parity, 3)),
-            })
-            .collect())
+        Ok(met)
     }
 
     /// A team collective point: barrier plus ledger check. On divergence every member fails
     /// with the first differing call named (the members exchange ledgers through their
-    /// mailboxes). Returns the boards.
+    /// mailboxes). Returns what the arrivals carried.
     pub(crate) fn team_sync_point(
         &self,
         team: &TeamInner,
         st: &mut TeamState,
         call: &'static str,
         aux: u64,
-    ) -> Result<Vec<Board>> {
-        self.team_sync_staged(team, st, call, aux, &mut |_| Ok(()))
+    ) -> Result<Met> {
+        self.team_sync_staged(team, st, call, aux, &mut |_| Ok(0))
     }
 
     /// `team_sync_point` whose barrier publishes a payload (see `barrier_staged`); the members'
-    /// payloads of it are at `area().payload(member, team.slot, st.epoch)` once it returns,
-    /// and only then: a PE reads them after the ledgers were found to agree.
+    /// payloads of it are readable once it returns, and only then: a PE reads them after the
+    /// ledgers were found to agree.
     pub(crate) fn team_sync_staged(
         &self,
         team: &TeamInner,
         st: &mut TeamState,
         call: &'static str,
         aux: u64,
-        stage: &mut dyn FnMut(u64) -> Result<()>,
-    ) -> Result<Vec<Board>> {
-        let boards = self.barrier_staged(team, st, call, 0, aux, true, stage)?;
-        if boards
-            .iter()
-            .all(|b| b.count == boards[0].count && b.hash == boards[0].hash)
-        {
+        stage: &mut dyn FnMut(u64) -> Result<usize>,
+    ) -> Result<Met> {
+        let met = self.barrier_staged(team, st, call, 0, aux, stage)?;
+        if met.agreed {
             team.ledger().mark_agreed();
-            return Ok(boards);
+            return Ok(met);
         }
         Err(self.diverged(team, st, call))
     }
@@ -418,11 +432,12 @@ impl Inner {
 
     /// The world's collective point fast path: a shared-memory barrier. Returns true when the
     /// ledgers agree and nobody has releases to exchange; false when every PE must take the
-    /// bootstrap path (the same answer on every PE, since all read the same boards); a named
+    /// bootstrap path (the same answer on every PE, since all saw the same arrivals); a named
     /// mismatch on every PE when the ledgers differ (whatever call each PE is in, they all met
     /// at this barrier, so they all take the mailbox exchange: none is left waiting on the
     /// bootstrap for the others).
-    pub(crate) fn world_fast_sync(&self, call: &'static str) -> Result<bool> {
+    /// `ts` is the world team's state, locked by the caller.
+    pub(crate) fn world_fast_sync(&self, ts: &mut TeamState, call: &'static str) -> Result<bool> {
         if !self.area.all_direct() {
             return Ok(false);
         }
@@ -433,17 +448,12 @@ impl Inner {
             0
         };
         let team = &self.world_team;
-        let mut st = team.lock();
-        let boards = self.barrier_core(team, &mut st, call, flags, 0)?;
-        let agreed = boards
-            .iter()
-            .all(|b| b.count == boards[0].count && b.hash == boards[0].hash);
-        if !agreed {
-            return Err(self.diverged(team, &mut st, call));
+        let met = self.barrier_core(team, ts, call, flags, 0)?;
+        if !met.agreed {
+            return Err(self.diverged(team, ts, call));
         }
         team.ledger().mark_agreed();
-        let releases = boards.iter().any(|b| b.flags & FLAG_RELEASES != 0);
-        Ok(!releases)
+        Ok(met.flags & FLAG_RELEASES == 0)
     }
 
     pub(crate) fn team_inner<'t>(

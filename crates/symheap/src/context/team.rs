@@ -1,6 +1,6 @@
 //! Teams: ordered subsets of the PEs with their own barrier state and their own ledger.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::ledger::Ledger;
@@ -35,6 +35,9 @@ pub(crate) struct TeamInner {
     /// team (epochs, flags) admits one launch at a time, so a launch on another stream first
     /// waits for that stream's work (see `Context::order_team`).
     pub last_stream: Mutex<Option<u64>>,
+    /// The text hash of the call this PE last published in each entry of its ring of recent
+    /// calls for the team (see `Inner::publish`): an unchanged text is not rewritten.
+    pub ring_text: [AtomicU64; super::area::RING as usize],
 }
 
 impl TeamInner {
@@ -49,6 +52,7 @@ impl TeamInner {
             ledger: Mutex::new(Ledger::new()),
             destroyed: AtomicBool::new(false),
             last_stream: Mutex::new(None),
+            ring_text: Default::default(),
         }
     }
 

@@ -225,12 +225,18 @@ impl Inner {
     /// Records `call(args)` in `team`'s ledger and publishes it in this PE's ring for the team.
     pub(crate) fn record_on(&self, team: &TeamInner, call: &'static str, args: String) {
         let (len, words) = call_words(call, &args);
+        let text = crate::ledger::call_hash(call, &args);
+        let args = if args.is_empty() {
+            crate::ledger::no_args()
+        } else {
+            Arc::from(args)
+        };
         let (pos, hash) = {
             let mut l = team.ledger();
-            l.record(call, args);
+            l.record_hashed(call, args, text);
             l.digest()
         };
-        self.publish(team, pos, hash, len, &words);
+        self.publish(team, pos, hash, text, len, &words);
     }
 
     /// `record_on` for a call that repeats: `key` says everything its argument text does
@@ -269,10 +275,12 @@ impl Inner {
             l.record_hashed(key.call, r.args.clone(), r.hash);
             l.digest()
         };
-        self.publish(team, pos, hash, r.len, &r.words);
+        self.publish(team, pos, hash, r.hash, r.len, &r.words);
     }
 
-    fn publish(&self, team: &TeamInner, pos: u64, hash: u64, len: u64, words: &[u64]) {
+    /// Publishes call `pos` (running ledger hash `hash`; `text` the hash of its text, `len`
+    /// bytes in `words`) in this PE's ring for `team`.
+    fn publish(&self, team: &TeamInner, pos: u64, hash: u64, text: u64, len: u64, words: &[u64]) {
         if !self.area.is_direct(self.rank) {
             return;
         }
@@ -280,17 +288,20 @@ impl Inner {
         let (me, slot, i) = (self.rank, team.slot, pos % RING);
         let w = |k: u64| a.ring_word(me, slot, i, k);
         let words = &words[..(len as usize).div_ceil(8)];
+        // A call in a loop lands on ring entries that already hold its text: only the header
+        // changes then (most of a small collective's publishing cost was rewriting the text).
+        let cached = &team.ring_text[i as usize];
+        let same_text = cached.load(Ordering::Relaxed) == text;
         // A seqlock: odd while written. Readers (`entry`) load the sequence, the words, and the
         // sequence again; the release fence keeps the words from being seen before the odd
         // sequence, the final release store keeps them before the even one.
         self.control.store64_release(w(0), 2 * pos + 1);
-        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
-        self.control.store64_release(w(1), pos);
-        self.control.store64_release(w(2), hash);
-        self.control.store64_release(w(3), team.id);
-        self.control.store64_release(w(4), len);
-        for (k, v) in words.iter().enumerate() {
-            self.control.store64_release(w(5 + k as u64), *v);
+        std::sync::atomic::fence(Ordering::Release);
+        self.control
+            .store64s_release(w(1), &[pos, hash, team.id, len]);
+        if !same_text {
+            self.control.store64s_release(w(5), words);
+            cached.store(text, Ordering::Relaxed);
         }
         self.control.store64_release(w(0), 2 * pos + 2);
     }

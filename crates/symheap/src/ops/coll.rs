@@ -8,10 +8,11 @@
 //! (reduce-scatter, then all-gather of the reduced chunks) for large ones, the same structure
 //! the GPU kernels use.
 //!
-//! Up to [`PAYLOAD`] bytes on the host backend, broadcast and all_reduce take one pass instead: the data rides
-//! on each member's arrival at the entry barrier (in its sync area, double-buffered like the
-//! barrier boards), and every member, once the ledgers are known to agree, reads it from
-//! there into its own destination; there is no exit barrier. On return this PE's destination
+//! Up to [`PAYLOAD`] bytes on the host backend, broadcast and all_reduce take one pass instead:
+//! the data rides on each member's arrival at the entry barrier (in its sync area,
+//! double-buffered like the arrivals; up to [`INLINE`] bytes inside the arrival's own cache
+//! line, pushed to every member), and every member, once the ledgers are known to agree,
+//! reads it from there into its own destination; there is no exit barrier. On return this PE's destination
 //! is complete and its source reusable (what MPI and OpenSHMEM promise); other PEs' accesses
 //! to it are ordered by a barrier, as for any heap data.
 //!
@@ -22,7 +23,7 @@ use std::sync::Arc;
 
 use super::coll_nodes::NodesOp;
 use crate::backend::ReduceOp;
-use crate::context::area::PAYLOAD;
+use crate::context::area::{ENTRY_HEADER_WORDS, INLINE, PAYLOAD};
 use crate::context::team::{Team, TeamInner, TeamState};
 use crate::context::watch::CallKey;
 use crate::context::{Context, Inner};
@@ -62,6 +63,8 @@ struct Coll<'a> {
     team: &'a TeamInner,
     st: std::sync::MutexGuard<'a, TeamState>,
     call: &'static str,
+    /// The entry barrier's payloads rode inline in the arrivals (see `Coll::payload`).
+    inline: bool,
 }
 
 /// Calls `f` with the addresses `at(0..n)`: on the stack for small teams (the common case, which
@@ -89,18 +92,21 @@ impl<'a> Coll<'a> {
         nums: [u64; 8],
         args: impl FnOnce() -> String,
     ) -> Result<Option<Coll<'a>>> {
-        Self::begin_staged(inner, team, call, nums, args, &mut |_| Ok(()))
+        Self::begin_staged(inner, team, call, nums, args, false, &mut |_| Ok(0))
     }
 
-    /// `begin` whose entry barrier also publishes a payload that `stage` writes (see
-    /// `Inner::barrier_staged`); the members' payloads are then at [`Coll::payload`].
+    /// `begin` whose entry barrier also publishes a payload that `stage` writes and sizes (see
+    /// `Inner::barrier_staged`); the members' payloads are then at [`Coll::payload`]. `inline`
+    /// says, alike on every member, that the payloads ride inline (`stage` then returns their
+    /// size, at most [`INLINE`]).
     fn begin_staged(
         inner: &'a Inner,
         team: &'a Team,
         call: &'static str,
         nums: [u64; 8],
         args: impl FnOnce() -> String,
-        stage: &mut dyn FnMut(u64) -> Result<()>,
+        inline: bool,
+        stage: &mut dyn FnMut(u64) -> Result<usize>,
     ) -> Result<Option<Coll<'a>>> {
         let Some(t) = inner.team_inner(team, call)? else {
             return Ok(None);
@@ -128,6 +134,7 @@ impl<'a> Coll<'a> {
             team: t,
             st,
             call,
+            inline,
         }))
     }
 
@@ -154,11 +161,15 @@ impl<'a> Coll<'a> {
         theirs + (addr - own)
     }
 
-    /// Member `j`'s payload of the entry barrier (see `begin_staged`).
+    /// Member `j`'s payload of the entry barrier (see `begin_staged`): inline in its arrival
+    /// in this PE's area, or in its own area.
     fn payload(&self, j: usize) -> u64 {
-        self.inner
-            .area()
-            .payload(self.team.members[j], self.team.slot, self.st.epoch)
+        let (a, slot, m) = (self.inner.area(), self.team.slot, self.team.members[j]);
+        if self.inline && j != self.me() {
+            a.entry(self.inner.rank, slot, m, self.st.epoch) + 8 * ENTRY_HEADER_WORDS
+        } else {
+            a.payload(m, slot, self.st.epoch)
+        }
     }
 
     fn barrier(&mut self) -> Result<()> {
@@ -289,14 +300,16 @@ impl Context {
             // checks the ledgers; no exit barrier (see `all_reduce_one_pass`).
             let be = &self.inner.backend;
             let is_root = team.my_pe() == Some(root);
+            let inline = bytes as u64 <= INLINE;
             let mut stage = |at: u64| {
-                if is_root {
-                    be.copy(at, src, bytes)
-                } else {
-                    Ok(())
+                if !is_root {
+                    return Ok(0);
                 }
+                be.copy(at, src, bytes)?;
+                Ok(if inline { bytes } else { 0 })
             };
-            let Some(c) = Coll::begin_staged(&self.inner, team, CALL, nums, args, &mut stage)?
+            let Some(c) =
+                Coll::begin_staged(&self.inner, team, CALL, nums, args, inline, &mut stage)?
             else {
                 return Ok(());
             };
@@ -542,8 +555,20 @@ impl Context {
     ) -> Result<()> {
         let bytes = count * dtype.size();
         let be = &self.inner.backend;
-        let mut stage = |at: u64| be.copy(at, src, bytes);
-        let Some(c) = Coll::begin_staged(&self.inner, team, "all_reduce", nums, args, &mut stage)?
+        let inline = bytes as u64 <= INLINE;
+        let mut stage = |at: u64| {
+            be.copy(at, src, bytes)?;
+            Ok(if inline { bytes } else { 0 })
+        };
+        let Some(c) = Coll::begin_staged(
+            &self.inner,
+            team,
+            "all_reduce",
+            nums,
+            args,
+            inline,
+            &mut stage,
+        )?
         else {
             return Ok(());
         };

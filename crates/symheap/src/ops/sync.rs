@@ -79,8 +79,8 @@ impl Context {
             .slots_used
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let boards = self.inner.team_sync_point(p, &mut st, CALL, free)?;
-        let common = boards.iter().fold(u64::MAX, |acc, b| acc & b.aux) & ((1u64 << MAX_TEAMS) - 1);
+        let met = self.inner.team_sync_point(p, &mut st, CALL, free)?;
+        let common = met.aux & ((1u64 << MAX_TEAMS) - 1);
         if common == 0 {
             return Err(Error::new(
                 Some(self.inner.rank),
@@ -132,9 +132,10 @@ impl Context {
         let mut st = t.lock();
         self.inner.record_on(t, CALL, String::new());
         self.inner.team_sync_point(t, &mut st, CALL, 0)?;
-        // Once a second barrier completes, every member has finished reading the first one's
-        // boards and has made its last write into this slot, so clearing our copy is safe.
-        self.inner.barrier_raw(t, &mut st, CALL, 0, 0, false)?;
+        // Once a second barrier completes, every member has made its last write into this
+        // PE's entries of the slot (its arrival at this barrier, seen here) and read the last
+        // payload of ours it will, so clearing our copy is safe.
+        self.inner.barrier_core(t, &mut st, CALL, 0, 0)?;
         let (at, len) = self.inner.area().slot_range(self.inner.rank, t.slot);
         self.inner.control.write(at, &vec![0u8; len as usize]);
         self.inner.clear_device_team(t.slot)?;
