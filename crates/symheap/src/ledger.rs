@@ -51,6 +51,16 @@ fn fnv1a_parts(parts: &[&[u8]]) -> u64 {
     h
 }
 
+/// The running hash after a call of hash `h`: order-sensitive (the rotation), with a full
+/// 64-bit mix (splitmix64's finaliser). Two multiplies instead of FNV's sixteen dependent
+/// ones over the two words: the chaining was a tenth of a small collective's own cost.
+fn chain(hash: u64, h: u64) -> u64 {
+    let mut z = hash.rotate_left(23) ^ h;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// The empty argument text, shared (an `Arc<str>` of its own would allocate per call).
 pub(crate) fn no_args() -> Arc<str> {
     static EMPTY: OnceLock<Arc<str>> = OnceLock::new();
@@ -81,7 +91,7 @@ impl Ledger {
     /// Records a call whose [`call_hash`] the caller already knows (a repeated call: no text
     /// is formatted, hashed or copied again).
     pub fn record_hashed(&mut self, call: &'static str, args: Arc<str>, h: u64) {
-        self.hash = fnv1a_parts(&[&self.hash.to_le_bytes(), &h.to_le_bytes()]);
+        self.hash = chain(self.hash, h);
         self.count += 1;
         if self.since.len() < KEPT {
             self.since.push(Entry {
@@ -286,6 +296,35 @@ mod tests {
             msgs[0],
             "collective call #2 differs between PEs: PEs 0, 2 called allocate(1 MiB); PE 1 called allocate(2 MiB)"
         );
+    }
+
+    #[test]
+    fn the_running_hash_tells_call_sequences_apart() {
+        // Every sequence of three of four calls (order matters, repeats allowed): 64 digests,
+        // all different, and the same sequence twice gives the same digest.
+        let calls = [
+            ("barrier_all", ""),
+            ("allocate", "1 MiB"),
+            ("allocate", "2 MiB"),
+            ("broadcast", "root 0"),
+        ];
+        let mut seen = std::collections::HashMap::new();
+        for code in 0..64usize {
+            let digest = |_: ()| {
+                let mut l = Ledger::new();
+                for k in 0..3 {
+                    let (c, a) = calls[code >> (2 * k) & 3];
+                    l.record(c, a.to_string());
+                }
+                l.digest()
+            };
+            assert_eq!(digest(()), digest(()));
+            assert_eq!(
+                seen.insert(digest(()), code),
+                None,
+                "sequence {code} collides"
+            );
+        }
     }
 
     #[test]

@@ -111,6 +111,7 @@ impl ContextBuilder {
             world,
             boot: met.boot,
             node,
+            bases: (0..world).map(|pe| backend.slot_base(pe)).collect(),
             backend,
             heap: Heap::new(world),
             world_team: Arc::new(TeamInner::new(

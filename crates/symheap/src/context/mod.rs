@@ -62,6 +62,10 @@ pub(crate) struct Inner {
     pub(crate) boot: Arc<dyn Bootstrap>,
     pub(crate) node: NodeInfo,
     pub(crate) backend: Arc<dyn Backend>,
+    /// Every PE's heap slot base as the backend maps it (None: on another node), fixed for the
+    /// context's life: the hot paths (every put, get and collective) read it here instead of
+    /// through a dynamic call.
+    pub(crate) bases: Box<[Option<u64>]>,
     pub(crate) heap: Heap,
     /// The world team; its ledger records allocation, growth, reclaim, barriers and finalize.
     pub(crate) world_team: Arc<TeamInner>,
@@ -95,6 +99,13 @@ impl Inner {
         self.heap.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// PE `pe`'s heap slot base here (None: on another node, or no such PE).
+    #[inline]
+    pub(crate) fn slot_base(&self, pe: usize) -> Option<u64> {
+        self.bases.get(pe).copied().flatten()
+    }
+
+    #[inline]
     pub(crate) fn check(&self, call: &'static str) -> Result<()> {
         self.boot.health().check(self.rank, call)
     }

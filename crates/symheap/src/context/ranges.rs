@@ -21,7 +21,7 @@ impl Inner {
     ) -> Result<usize> {
         let mapped = self.backend.mapped();
         for pe in 0..self.world {
-            if let Some(base) = self.backend.slot_base(pe) {
+            if let Some(base) = self.slot_base(pe) {
                 if addr >= base && addr < base + mapped {
                     let off = addr - base;
                     return match self.user_range(pe, off, len, call) {
@@ -62,7 +62,7 @@ impl Inner {
         bytes: u64,
         call: &'static str,
     ) -> Result<Block> {
-        let base = self.backend.slot_base(pe).unwrap_or(0);
+        let base = self.slot_base(pe).unwrap_or(0);
         let addr = base + off;
         let g = self.heap.generation();
         let st = self.lock_heap();
@@ -125,7 +125,7 @@ impl Inner {
     pub(crate) fn in_any_heap(&self, addr: u64) -> bool {
         let mapped = self.backend.mapped();
         (0..self.world)
-            .filter_map(|pe| self.backend.slot_base(pe))
+            .filter_map(|pe| self.slot_base(pe))
             .any(|b| addr >= b && addr < b + mapped)
     }
 
@@ -144,7 +144,6 @@ impl Inner {
     /// returns its heap offset.
     pub(crate) fn own_offset(&self, addr: u64, bytes: u64, call: &'static str) -> Result<u64> {
         let base = self
-            .backend
             .slot_base(self.rank)
             .expect("own heap is always mapped");
         // The common case, the block this thread used last: no lock, no lookup.
@@ -171,7 +170,7 @@ impl Inner {
     /// symmetric buffer is at the same offset on every PE, so a PE that passes a different
     /// buffer of the same size is a named mismatch instead of a silent wrong result.
     pub(crate) fn coll_args(&self, args: String, dest: u64, src: u64) -> String {
-        let base = self.backend.slot_base(self.rank).unwrap_or(0);
+        let base = self.slot_base(self.rank).unwrap_or(0);
         let end = base + self.backend.mapped();
         // An address outside the heap (a PE's own device memory, which the one-shot and
         // exchange kernels take, or one refused later) has no meaning on another PE: it is
@@ -200,7 +199,7 @@ impl Inner {
     ) -> Result<u64> {
         self.pe_in_range(pe, call)?;
         let off = self.own_offset(addr, bytes, call)?;
-        match self.backend.slot_base(pe) {
+        match self.slot_base(pe) {
             Some(b) => Ok(b + off),
             None => Err(Error::new(
                 Some(self.rank),

@@ -54,6 +54,9 @@ impl AllReduceAlgo {
     }
 }
 
+/// Most members whose inline payloads a one-pass all_reduce reduces on the stack.
+const INLINE_MEMBERS: usize = 16;
+
 /// Largest message `Auto` sends one-shot on the host backend.
 pub const ONE_SHOT_MAX_BYTES: usize = 64 << 10;
 
@@ -111,11 +114,7 @@ impl<'a> Coll<'a> {
         let Some(t) = inner.team_inner(team, call)? else {
             return Ok(None);
         };
-        if let Some(&m) = t
-            .members
-            .iter()
-            .find(|&&m| inner.backend.slot_base(m).is_none())
-        {
+        if let Some(&m) = t.members.iter().find(|&&m| inner.slot_base(m).is_none()) {
             return Err(Error::new(
                 Some(inner.rank),
                 call,
@@ -148,14 +147,9 @@ impl<'a> Coll<'a> {
 
     /// Member `j`'s copy of the byte at own-heap address `addr`.
     fn at(&self, j: usize, addr: u64) -> u64 {
-        let own = self
-            .inner
-            .backend
-            .slot_base(self.inner.rank)
-            .expect("own heap");
+        let own = self.inner.slot_base(self.inner.rank).expect("own heap");
         let theirs = self
             .inner
-            .backend
             .slot_base(self.team.members[j])
             .expect("checked direct");
         theirs + (addr - own)
@@ -187,6 +181,32 @@ impl<'a> Coll<'a> {
             return Ok(());
         }
         self.inner.backend.copy(dst, src, bytes)
+    }
+
+    /// The reduction of a one-pass all_reduce whose payloads rode inline (`mine` is this PE's,
+    /// at most [`INLINE`] bytes; at most [`INLINE_MEMBERS`] members): every input copied onto
+    /// the stack (8-byte aligned, so the reduction reads them in place), one store into
+    /// `dest`. The general path's per-source reads and scratch buffers cost more than the data.
+    fn reduce_inline(&self, dest: u64, mine: &[u8], dtype: DType, op: ReduceOp) -> Result<()> {
+        const WORDS: usize = INLINE as usize / 8;
+        let (n, bytes) = (self.n(), mine.len());
+        let mut bufs = [[0u64; WORDS]; INLINE_MEMBERS];
+        for (j, b) in bufs.iter_mut().enumerate().take(n) {
+            let b = &mut bytemuck::cast_slice_mut(b)[..bytes];
+            if j == self.me() {
+                b.copy_from_slice(mine);
+            } else {
+                self.inner.control.read(self.payload(j), b);
+            }
+        }
+        let mut views = [&[][..]; INLINE_MEMBERS];
+        for (v, b) in views.iter_mut().zip(bufs.iter()).take(n) {
+            *v = &bytemuck::cast_slice(b)[..bytes];
+        }
+        let mut out = [0u64; WORDS];
+        let out = &mut bytemuck::cast_slice_mut(&mut out)[..bytes];
+        crate::backend::reduce::reduce_bytes(out, &views[..n], dtype, op);
+        self.inner.backend.write_bytes(dest, out)
     }
 
     fn reduce_from_all(
@@ -555,10 +575,17 @@ impl Context {
     ) -> Result<()> {
         let bytes = count * dtype.size();
         let be = &self.inner.backend;
-        let inline = bytes as u64 <= INLINE;
+        let inline = bytes as u64 <= INLINE && team.n_pes() <= INLINE_MEMBERS;
+        // Inline, this PE's source is read once, onto the stack, and reduced from there.
+        let mut mine = [0u64; INLINE as usize / 8];
         let mut stage = |at: u64| {
-            be.copy(at, src, bytes)?;
-            Ok(if inline { bytes } else { 0 })
+            if inline {
+                let m = &mut bytemuck::cast_slice_mut(&mut mine)[..bytes];
+                be.read_bytes(src, m)?;
+                self.inner.control.write(at, m);
+                return Ok(bytes);
+            }
+            be.copy(at, src, bytes).map(|_| 0)
         };
         let Some(c) = Coll::begin_staged(
             &self.inner,
@@ -574,6 +601,9 @@ impl Context {
         };
         if count == 0 {
             return Ok(());
+        }
+        if inline {
+            return c.reduce_inline(dest, &bytemuck::cast_slice(&mine)[..bytes], dtype, op);
         }
         with_sources(
             c.n(),
