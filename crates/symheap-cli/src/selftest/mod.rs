@@ -14,6 +14,7 @@ macro_rules! ensure {
 
 mod coll_scenarios;
 mod diverge_scenarios;
+mod eager_scenarios;
 mod gpu_scenarios;
 mod ops_scenarios;
 mod provider_scenarios;
@@ -239,6 +240,26 @@ pub const SCENARIOS: &[Scenario] = &[
         victims: false,
         gpu: false,
         run: team_scenarios::team_mismatch,
+    },
+    Scenario {
+        name: "eager",
+        about: "small broadcasts whose root does not wait: bursts past the slot limit, rotating roots, sub-teams, in place: exact",
+        min_pes: 1,
+        env: &[],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: false,
+        run: eager_scenarios::eager,
+    },
+    Scenario {
+        name: "eager-diverge",
+        about: "two PEs each the root of one small broadcast, then finalize: a named mismatch on every PE within 1 s",
+        min_pes: 2,
+        env: &[("SYMHEAP_TIMEOUT", "30")],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: false,
+        run: eager_scenarios::eager_diverge,
     },
     Scenario {
         name: "stream-ring",

@@ -494,7 +494,10 @@ pub fn team_mismatch(ctx: &Context, _a: PeArgs) -> Outcome {
         return Ok(());
     }
     let r = if me == 0 {
+        // A broadcast this small is eager: its root returns without meeting the others and
+        // learns of the divergence at its next call on the team.
         ctx.broadcast::<u32>(&all_but_last, &b, &b, 4, 0)
+            .and_then(|()| ctx.barrier(&all_but_last))
     } else {
         ctx.all_gather::<u32>(&all_but_last, &b, &b, 1)
     };

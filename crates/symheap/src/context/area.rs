@@ -13,6 +13,9 @@
 //! ...    per team slot, per member `src` of the world, entry[2] (one 64-byte line each,
 //!        double-buffered by barrier parity): what `src` pushed here at its arrival at a
 //!        barrier of the slot's team: {epoch, count, hash, flags, aux, INLINE payload bytes}
+//!        then, per member `root` of the world, EAGER_SLOTS eager-broadcast slots (EAGER_SLOT
+//!        bytes each: {sequence, count, hash, bytes, EAGER_INLINE data bytes}) that `root`
+//!        writes here, then one line: how many eager broadcasts of the team this PE consumed
 //! ...    the watch (see `ops/watch.rs`): the wait this PE is blocked in (WAIT_WORDS words),
 //!        per team slot a ring of RING recent calls (ENTRY_WORDS words each), and a verdict
 //!        (VERDICT_WORDS words; only PE 0's is used: the first PE to name a divergence
@@ -29,7 +32,7 @@ pub const MAILBOX: u64 = 16 << 10;
 /// Words of the wait record.
 pub const WAIT_WORDS: u64 = 8;
 /// Recent calls kept per team slot.
-pub const RING: u64 = 8;
+pub const RING: u64 = 16;
 /// Words of one ring entry: seq, position, hash, text length, then the text.
 pub const ENTRY_WORDS: u64 = 32;
 /// Bytes a one-pass collective publishes per member, team and barrier parity.
@@ -41,6 +44,18 @@ pub const VERDICT_WORDS: u64 = 3 + 512;
 pub const INLINE: u64 = ENTRY - 8 * ENTRY_HEADER_WORDS;
 /// Words of an entry before its inline payload: epoch, count, hash, flags, aux.
 pub const ENTRY_HEADER_WORDS: u64 = 5;
+
+/// Eager-broadcast slots per (receiver, root, team): how far a root may run ahead of the
+/// slowest receiver (see `context/eager.rs`). Fewer than [`RING`] - 1, so a receiver that finds
+/// the root diverged still finds the root's call in the root's ring of recent calls.
+pub const EAGER_SLOTS: u64 = 8;
+const _: () = assert!(EAGER_SLOTS < RING - 1);
+/// Bytes of one eager-broadcast slot (two cache lines).
+pub const EAGER_SLOT: u64 = 128;
+/// Words of an eager slot before its data: sequence, count, hash, bytes.
+pub const EAGER_HEADER_WORDS: u64 = 4;
+/// Data bytes an eager broadcast carries in its slot.
+pub const EAGER_INLINE: u64 = EAGER_SLOT - 8 * EAGER_HEADER_WORDS;
 
 const HEADER: u64 = 64;
 const MAILBOX_AT: u64 = HEADER;
@@ -102,6 +117,11 @@ impl SyncArea {
     }
 
     fn stride(world: usize) -> u64 {
+        Self::eager_at(world) + EAGER_SLOTS * EAGER_SLOT * world as u64 + 64
+    }
+
+    /// Where a slot's eager-broadcast slots start, after its entries.
+    fn eager_at(world: usize) -> u64 {
         2 * ENTRY * world as u64
     }
 
@@ -165,6 +185,21 @@ impl SyncArea {
         self.slot(pe, slot) + (2 * src as u64 + (parity & 1)) * ENTRY
     }
 
+    /// Eager slot `j % EAGER_SLOTS` that member `root` writes for its eager broadcast `j` on
+    /// team `slot` into PE `pe`'s area.
+    pub fn eager_slot(&self, pe: usize, slot: usize, root: usize, j: u64) -> u64 {
+        debug_assert!(root < self.world);
+        let i = root as u64 * EAGER_SLOTS + j % EAGER_SLOTS;
+        self.slot(pe, slot) + Self::eager_at(self.world) + i * EAGER_SLOT
+    }
+
+    /// How many eager broadcasts of team `slot` PE `pe` has consumed, then the ledger hash after
+    /// consuming broadcast `b` in word `1 + b % 2` (written by `pe` only, read by roots deciding
+    /// whether a slot is free again or that their last broadcast was taken); a line of its own.
+    pub fn eager_consumed(&self, pe: usize, slot: usize) -> u64 {
+        self.slot(pe, slot) + self.slot_stride - 64
+    }
+
     /// This slot's whole range on PE `pe` (for clearing on team destroy).
     pub fn slot_range(&self, pe: usize, slot: usize) -> (u64, u64) {
         (self.slot(pe, slot), self.slot_stride)
@@ -196,6 +231,23 @@ mod tests {
                     }
                 }
             }
+        }
+        for slot in 0..MAX_TEAMS {
+            for root in 0..world {
+                for j in 0..EAGER_SLOTS {
+                    let e = a.eager_slot(0, slot, root, j);
+                    assert_eq!(e % 64, 0);
+                    assert_eq!(e, a.eager_slot(0, slot, root, j + EAGER_SLOTS));
+                    for w in 0..EAGER_SLOT / 8 {
+                        words.push(e + 8 * w);
+                    }
+                }
+            }
+            let c = a.eager_consumed(0, slot);
+            assert_eq!(c % 64, 0);
+            words.push(c);
+            let (at, len) = a.slot_range(0, slot);
+            assert!(c + 64 <= at + len && a.entry(0, slot, 0, 0) >= at);
         }
         for w in 0..WAIT_WORDS {
             words.push(a.wait_word(0, w));

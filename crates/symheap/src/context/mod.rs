@@ -6,6 +6,7 @@ pub(crate) mod area;
 mod banner;
 mod buffer;
 pub(crate) mod device_state;
+mod eager;
 mod init;
 mod ranges;
 mod sync;
@@ -110,8 +111,10 @@ impl Inner {
         self.boot.health().check(self.rank, call)
     }
 
+    /// Records `call(args)` in the world team's ledger (locking the world team: the caller
+    /// must not hold it).
     pub(super) fn record(&self, call: &'static str, args: String) {
-        self.record_on(&self.world_team, call, args);
+        self.record_on(&self.world_team, &mut self.world_team.lock(), call, args);
     }
 
     /// A host collective point: exchanges the ledger (failing every PE on divergence) and the
@@ -130,7 +133,7 @@ impl Inner {
         if self.world_fast_sync(ts, call)? && payload.is_empty() {
             return Ok(Vec::new());
         }
-        let ledger = self.world_team.ledger().encode();
+        let ledger = ts.ledger.encode();
         self.poll_releases();
         let releases = self.heap.take_releases();
         let mut msg = Vec::with_capacity(ledger.len() + releases.len() + payload.len() + 8);
@@ -155,7 +158,7 @@ impl Inner {
             rels.push(rl);
             payloads.push(rest.to_vec());
         }
-        let verdict = self.world_team.ledger().compare(&ledgers);
+        let verdict = ts.ledger.compare(&ledgers);
         if let Err(msg) = verdict {
             let kind = ErrorKind::CollectiveMismatch(msg);
             // Every PE computes the same verdict from the same bytes, so nobody needs telling;
@@ -186,7 +189,7 @@ impl Inner {
             let key = watch::CallKey { call, nums: [0; 8] };
             self.record_keyed(&self.world_team, &mut ts, key, String::new);
         } else {
-            self.record_on(&self.world_team, call, args);
+            self.record_on(&self.world_team, &mut ts, call, args);
         }
         self.sync_point(&mut st, &mut ts, call, payload)
     }
@@ -204,9 +207,18 @@ impl Inner {
                 return Err(e.during("finalize").with_pe(self.rank));
             }
         }
+        // A root's last eager broadcasts on each team are checked before the job ends: every
+        // PE publishes how many it consumed, then waits until its own were taken.
+        let teams = self.live_teams();
+        for t in &teams {
+            self.publish_consumed(t, &t.lock());
+        }
+        for t in &teams {
+            self.eager_settle(t, &mut t.lock(), "finalize")?;
+        }
         let mut st = self.lock_heap();
         let mut ts = self.world_team.lock();
-        self.record_on(&self.world_team, "finalize", String::new());
+        self.record_on(&self.world_team, &mut ts, "finalize", String::new());
         self.sync_point(&mut st, &mut ts, "finalize", &[])?;
         drop((ts, st));
         if let Some(Ok(mpi)) = self.mpi.get() {

@@ -130,7 +130,7 @@ impl Inner {
 
     /// The check of `ring_if` after the caller's own sequentially consistent fence (one fence
     /// after stores to several PEs serves them all).
-    fn ring_fenced(&self, pe: usize, count: impl Fn(&SyncArea) -> u64) {
+    pub(super) fn ring_fenced(&self, pe: usize, count: impl Fn(&SyncArea) -> u64) {
         let a = self.area();
         if pe == self.rank || !a.is_direct(pe) {
             return;
@@ -295,7 +295,7 @@ impl Inner {
         for (k, w) in inline.iter_mut().enumerate() {
             *w = self.load64(staged + 8 * k as u64);
         }
-        let (count, hash) = team.ledger().digest();
+        let (count, hash) = st.ledger.digest();
         let me = team.my_global();
         let mut words = [0u64; 4 + INLINE as usize / 8];
         words[..4].copy_from_slice(&[count, hash, flags, aux]);
@@ -385,7 +385,7 @@ impl Inner {
     ) -> Result<Met> {
         let met = self.barrier_staged(team, st, call, 0, aux, stage)?;
         if met.agreed {
-            team.ledger().mark_agreed();
+            st.ledger.mark_agreed();
             return Ok(met);
         }
         Err(self.diverged(team, st, call))
@@ -395,7 +395,7 @@ impl Inner {
     /// the same message on every member.
     fn diverged(&self, team: &TeamInner, st: &mut TeamState, call: &'static str) -> Error {
         let a = self.area();
-        let mine = team.ledger().encode_limited(MAILBOX as usize);
+        let mine = st.ledger.encode_limited(MAILBOX as usize);
         self.control.write(a.mailbox(self.rank), &mine);
         self.control
             .store64(a.mailbox_len(self.rank), mine.len() as u64);
@@ -413,7 +413,7 @@ impl Inner {
                     parts.push(buf);
                 }
                 let refs: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
-                let msg = match team.ledger().compare_named(&refs, &team.members) {
+                let msg = match st.ledger.compare_named(&refs, &team.members) {
                     Err(m) => format!("on {}: {m}", team.name),
                     Ok(()) => format!("the ledgers of {} differ", team.name),
                 };
@@ -452,7 +452,7 @@ impl Inner {
         if !met.agreed {
             return Err(self.diverged(team, ts, call));
         }
-        team.ledger().mark_agreed();
+        ts.ledger.mark_agreed();
         Ok(met.flags & FLAG_RELEASES == 0)
     }
 

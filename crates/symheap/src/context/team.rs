@@ -11,8 +11,21 @@ use crate::ledger::Ledger;
 pub(crate) struct TeamState {
     /// Barriers completed on this team.
     pub epoch: u64,
+    /// The team's collective ledger on this PE (under the same lock as the rest: every call
+    /// records and checks it while holding the team).
+    pub ledger: Ledger,
     /// The last calls recorded with `Inner::record_keyed`, newest first.
     pub recent: Vec<super::watch::Recorded>,
+    /// Eager broadcasts on this team so far (every member counts them alike).
+    pub eager: u64,
+    /// A lower bound of the eager broadcasts every other member has consumed (refreshed from
+    /// their counters only when this PE, as a root, needs more).
+    pub eager_acked: u64,
+    /// This PE's last eager broadcast as root, until every receiver is known to have taken it.
+    pub eager_unsettled: Option<super::eager::Unsettled>,
+    /// The ledger hash after the last eager broadcast this PE consumed (published with the
+    /// count, see `Inner::publish_consumed`).
+    pub eager_hash: u64,
 }
 
 #[derive(Debug)]
@@ -29,7 +42,6 @@ pub(crate) struct TeamInner {
     /// so published calls of a destroyed team are never taken for this one's.
     pub id: u64,
     pub state: Mutex<TeamState>,
-    pub ledger: Mutex<Ledger>,
     pub destroyed: AtomicBool,
     /// CUDA: the stream of this team's last stream collective or barrier. The device state of a
     /// team (epochs, flags) admits one launch at a time, so a launch on another stream first
@@ -48,8 +60,10 @@ impl TeamInner {
             me,
             name,
             id,
-            state: Mutex::new(TeamState::default()),
-            ledger: Mutex::new(Ledger::new()),
+            state: Mutex::new(TeamState {
+                ledger: Ledger::new(),
+                ..TeamState::default()
+            }),
             destroyed: AtomicBool::new(false),
             last_stream: Mutex::new(None),
             ring_text: Default::default(),
@@ -58,10 +72,6 @@ impl TeamInner {
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, TeamState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(crate) fn ledger(&self) -> MutexGuard<'_, Ledger> {
-        self.ledger.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn my_global(&self) -> usize {

@@ -223,7 +223,13 @@ impl Inner {
     }
 
     /// Records `call(args)` in `team`'s ledger and publishes it in this PE's ring for the team.
-    pub(crate) fn record_on(&self, team: &TeamInner, call: &'static str, args: String) {
+    pub(crate) fn record_on(
+        &self,
+        team: &TeamInner,
+        st: &mut TeamState,
+        call: &'static str,
+        args: String,
+    ) {
         let (len, words) = call_words(call, &args);
         let text = crate::ledger::call_hash(call, &args);
         let args = if args.is_empty() {
@@ -231,11 +237,8 @@ impl Inner {
         } else {
             Arc::from(args)
         };
-        let (pos, hash) = {
-            let mut l = team.ledger();
-            l.record_hashed(call, args, text);
-            l.digest()
-        };
+        st.ledger.record_hashed(call, args, text);
+        let (pos, hash) = st.ledger.digest();
         self.publish(team, pos, hash, text, len, &words);
     }
 
@@ -270,11 +273,8 @@ impl Inner {
             }
         };
         let r = &st.recent[i];
-        let (pos, hash) = {
-            let mut l = team.ledger();
-            l.record_hashed(key.call, r.args.clone(), r.hash);
-            l.digest()
-        };
+        st.ledger.record_hashed(key.call, r.args.clone(), r.hash);
+        let (pos, hash) = st.ledger.digest();
         self.publish(team, pos, hash, r.hash, r.len, &r.words);
     }
 
@@ -426,7 +426,7 @@ impl Inner {
     /// The first position (among those both rings still hold) where members of `team` made
     /// different calls, up to `pos`, as the message every PE will report, and whether every
     /// member had published its call there.
-    fn mismatch_on(&self, team: &TeamInner, pos: u64) -> Option<(String, bool)> {
+    pub(crate) fn mismatch_on(&self, team: &TeamInner, pos: u64) -> Option<(String, bool)> {
         let first = pos.saturating_sub(RING - 1).max(1);
         for p in first..=pos {
             let at: Vec<Option<Entry>> = team
@@ -579,6 +579,15 @@ impl Inner {
 const WATCHDOG_PERIOD: Duration = Duration::from_millis(20);
 
 impl Inner {
+    /// The teams this PE belongs to that are still alive (the world first).
+    pub(crate) fn live_teams(&self) -> Vec<Arc<TeamInner>> {
+        let t = self.teams.lock().unwrap_or_else(|p| p.into_inner());
+        t.iter()
+            .filter_map(|w| w.upgrade())
+            .filter(|t| !t.is_destroyed())
+            .collect()
+    }
+
     /// Adds `team` to the teams the watchdog looks at.
     pub(crate) fn register_team(&self, team: &Arc<TeamInner>) {
         let mut t = self.teams.lock().unwrap_or_else(|p| p.into_inner());

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use super::coll_nodes::NodesOp;
 use crate::backend::ReduceOp;
-use crate::context::area::{ENTRY_HEADER_WORDS, INLINE, PAYLOAD};
+use crate::context::area::{EAGER_INLINE, ENTRY_HEADER_WORDS, INLINE, PAYLOAD};
 use crate::context::team::{Team, TeamInner, TeamState};
 use crate::context::watch::CallKey;
 use crate::context::{Context, Inner};
@@ -98,18 +98,16 @@ impl<'a> Coll<'a> {
         Self::begin_staged(inner, team, call, nums, args, false, &mut |_| Ok(0))
     }
 
-    /// `begin` whose entry barrier also publishes a payload that `stage` writes and sizes (see
-    /// `Inner::barrier_staged`); the members' payloads are then at [`Coll::payload`]. `inline`
-    /// says, alike on every member, that the payloads ride inline (`stage` then returns their
-    /// size, at most [`INLINE`]).
-    fn begin_staged(
+    /// Validates, locks the team and records the call in its ledger. None on INVALID.
+    /// `inline` says, alike on every member, that the entry barrier's payloads ride inline (see
+    /// `begin_staged`).
+    fn begin_recorded(
         inner: &'a Inner,
         team: &'a Team,
         call: &'static str,
         nums: [u64; 8],
         args: impl FnOnce() -> String,
         inline: bool,
-        stage: &mut dyn FnMut(u64) -> Result<usize>,
     ) -> Result<Option<Coll<'a>>> {
         let Some(t) = inner.team_inner(team, call)? else {
             return Ok(None);
@@ -127,7 +125,6 @@ impl<'a> Coll<'a> {
         let t: &'a Arc<TeamInner> = t;
         let mut st = t.lock();
         inner.record_keyed(t, &mut st, CallKey { call, nums }, args);
-        inner.team_sync_staged(t, &mut st, call, 0, stage)?;
         Ok(Some(Coll {
             inner,
             team: t,
@@ -135,6 +132,27 @@ impl<'a> Coll<'a> {
             call,
             inline,
         }))
+    }
+
+    /// `begin` whose entry barrier also publishes a payload that `stage` writes and sizes (see
+    /// `Inner::barrier_staged`); the members' payloads are then at [`Coll::payload`]. `inline`
+    /// says, alike on every member, that the payloads ride inline (`stage` then returns their
+    /// size, at most [`INLINE`]).
+    #[allow(clippy::too_many_arguments)]
+    fn begin_staged(
+        inner: &'a Inner,
+        team: &'a Team,
+        call: &'static str,
+        nums: [u64; 8],
+        args: impl FnOnce() -> String,
+        inline: bool,
+        stage: &mut dyn FnMut(u64) -> Result<usize>,
+    ) -> Result<Option<Coll<'a>>> {
+        let Some(mut c) = Self::begin_recorded(inner, team, call, nums, args, inline)? else {
+            return Ok(None);
+        };
+        inner.team_sync_staged(c.team, &mut c.st, call, 0, stage)?;
+        Ok(Some(c))
     }
 
     fn n(&self) -> usize {
@@ -258,7 +276,7 @@ impl Context {
         };
         {
             let mut st = t.lock();
-            self.inner.record_on(t, call, args);
+            self.inner.record_on(t, &mut st, call, args);
             self.inner.team_sync_point(t, &mut st, call, 0)?;
         }
         let s = cu.internal_stream();
@@ -315,6 +333,9 @@ impl Context {
         )? {
             return Ok(());
         }
+        if self.one_pass(bytes) && self.inner.eager_fits(bytes) {
+            return self.broadcast_eager(team, dest, src, bytes, root, nums, args);
+        }
         if self.one_pass(bytes) {
             // One pass: the root's data rides on its arrival at the entry barrier, which also
             // checks the ledgers; no exit barrier (see `all_reduce_one_pass`).
@@ -340,6 +361,41 @@ impl Context {
         };
         c.copy(dest, c.at(root, src), bytes)?;
         c.end()
+    }
+
+    /// A broadcast small enough for the eager channel (see `context/eager.rs`): the root pushes
+    /// its data into every receiver's sync area and returns without waiting for them (unless
+    /// it is `EAGER_SLOTS` broadcasts ahead of one); a receiver waits for it, checks the root
+    /// made the same call, and copies it out. On return this PE's destination is complete and
+    /// its source reusable, as for the one-pass broadcast.
+    #[allow(clippy::too_many_arguments)]
+    fn broadcast_eager(
+        &self,
+        team: &Team,
+        dest: u64,
+        src: u64,
+        bytes: usize,
+        root: usize,
+        nums: [u64; 8],
+        args: impl FnOnce() -> String,
+    ) -> Result<()> {
+        const CALL: &str = "broadcast";
+        let Some(mut c) = Coll::begin_recorded(&self.inner, team, CALL, nums, args, false)? else {
+            return Ok(());
+        };
+        let be = &self.inner.backend;
+        let mut buf = [0u8; EAGER_INLINE as usize];
+        let data = &mut buf[..bytes];
+        if c.me() == root {
+            be.read_bytes(src, data)?;
+            self.inner.eager_send(c.team, &mut c.st, CALL, data)?;
+            if dest == src {
+                return Ok(());
+            }
+        } else {
+            self.inner.eager_recv(c.team, &mut c.st, CALL, root, data)?;
+        }
+        be.write_bytes(dest, data)
     }
 
     /// Collective over `team`: member j's `count` elements at `src` land at

@@ -223,7 +223,7 @@ impl Context {
         let dt = *self.inner.dteams.get().expect("device teams exist on CUDA");
         cu.bind()?;
         order_team(t, stream)?;
-        self.inner.record_on(t, call, args);
+        self.inner.record_on(t, &mut t.lock(), call, args);
         let own = self
             .inner
             .backend

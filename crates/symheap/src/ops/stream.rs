@@ -219,8 +219,9 @@ impl Context {
             .expect("own heap");
         cu.bind()?;
         crate::ops::coll_stream::order_team(&self.inner.world_team, stream)?;
+        let world = &self.inner.world_team;
         self.inner
-            .record_on(&self.inner.world_team, CALL, String::new());
+            .record_on(world, &mut world.lock(), CALL, String::new());
         cu.barrier_on_stream(
             own + ds.flags(0),
             own + ds.peer_flags(0),

@@ -40,7 +40,7 @@ impl Context {
             return self.barrier_all();
         }
         let mut st = t.lock();
-        self.inner.record_on(t, call, String::new());
+        self.inner.record_on(t, &mut st, call, String::new());
         self.inner.backend.fence();
         self.inner.team_sync_point(t, &mut st, call, 0).map(|_| ())
     }
@@ -70,10 +70,11 @@ impl Context {
         let mut st = p.lock();
         self.inner.record_on(
             p,
+            &mut st,
             CALL,
             format!("start {start}, stride {stride}, size {size}"),
         );
-        let split_at = p.ledger().digest();
+        let split_at = st.ledger.digest();
         let free = !*self
             .inner
             .slots_used
@@ -130,7 +131,7 @@ impl Context {
             );
         }
         let mut st = t.lock();
-        self.inner.record_on(t, CALL, String::new());
+        self.inner.record_on(t, &mut st, CALL, String::new());
         self.inner.team_sync_point(t, &mut st, CALL, 0)?;
         // Once a second barrier completes, every member has made its last write into this
         // PE's entries of the slot (its arrival at this barrier, seen here) and read the last

@@ -1,0 +1,273 @@
+//! The eager channel: small broadcasts whose root does not wait for its receivers.
+//!
+//! A synchronous broadcast costs its root a meeting with every receiver per call; MPI's eager
+//! protocol costs it one push into a queue the receivers drain. Here the root of a team's eager
+//! broadcast `j` (the team's `j`-th, counted alike by every member) writes the data, its ledger
+//! digest and the sequence `j + 1` into slot `j % EAGER_SLOTS` of its slots in every receiver's
+//! area, and returns. A receiver waits for that sequence in its own area, checks the digest
+//! against its own (the ledger check a barrier makes), copies the data and counts the broadcast
+//! consumed. A root reuses a slot only once every receiver has consumed the broadcast that last
+//! used it, so it runs at most `EAGER_SLOTS` broadcasts ahead of the slowest receiver.
+//!
+//! Slots are per root, so no two PEs write one line even when they diverged over who is the
+//! root. A divergence a receiver sees is named from the published rings of recent calls (as the
+//! watch names one: nobody has to meet anybody) and fails the whole job. A root learns of one at
+//! its next call that waits, or at finalize, which waits until every receiver has consumed its
+//! last eager broadcast on each team with the same ledger hash (a receiver that made another
+//! call never does, and the watch names it).
+
+use std::sync::atomic::{fence, Ordering};
+
+use super::area::{EAGER_HEADER_WORDS, EAGER_INLINE, EAGER_SLOT, EAGER_SLOTS};
+use super::team::{TeamInner, TeamState};
+use super::watch::Watching;
+use super::Inner;
+use crate::error::{Error, Result};
+
+/// This PE's last eager broadcast as root on a team, until every receiver is known to have
+/// consumed it: its number on the team and the ledger digest it carried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Unsettled {
+    pub j: u64,
+    pub count: u64,
+    pub hash: u64,
+}
+
+impl Inner {
+    /// Whether a broadcast of `bytes` may go eager: it fits a slot, and every PE of the job is
+    /// on this node (a divergence is then named from the rings, without a meeting).
+    pub(crate) fn eager_fits(&self, bytes: usize) -> bool {
+        bytes as u64 <= EAGER_INLINE && self.area.all_direct()
+    }
+
+    /// Member `m`'s count of consumed eager broadcasts on `team`, and its ledger hash after the
+    /// last of them (consistent: read between two loads of the count that agree).
+    fn consumed(&self, team: &TeamInner, m: usize) -> (u64, u64) {
+        let at = self.area.eager_consumed(m, team.slot);
+        loop {
+            let c = self.control.load64(at);
+            let h = self.control.load64(at + 8 * (1 + (c.wrapping_sub(1) % 2)));
+            if self.control.load64(at) == c {
+                return (c, h);
+            }
+        }
+    }
+
+    /// Counts eager broadcast `j` consumed by this PE, its ledger hash then being `hash`. The
+    /// count is published every `EAGER_SLOTS / 2` broadcasts only: a root waiting for slots
+    /// polls the counter's line, and every store into it would then cost its writer a line
+    /// transfer. That granularity never holds a root up for good: a receiver that consumed
+    /// everything before broadcast `j` has published at least `j - EAGER_SLOTS / 2`, which frees
+    /// the slot of `j` (it needs `j + 1 - EAGER_SLOTS`). Finalize publishes the exact count.
+    fn mark_consumed(&self, team: &TeamInner, st: &mut TeamState, j: u64, hash: u64) {
+        st.eager = j + 1;
+        st.eager_hash = hash;
+        if st.eager % (EAGER_SLOTS / 2) == 0 {
+            self.publish_consumed(team, st);
+        }
+    }
+
+    /// Publishes this PE's exact count of consumed eager broadcasts on `team`, and the ledger
+    /// hash after the last (in word `1 + b % 2` for broadcast `b`, so a reader that sees the
+    /// count unchanged around its load of the hash read the matching one).
+    pub(crate) fn publish_consumed(&self, team: &TeamInner, st: &TeamState) {
+        if st.eager == 0 {
+            return;
+        }
+        let at = self.area.eager_consumed(self.rank, team.slot);
+        let b = st.eager - 1;
+        self.control
+            .store64_release(at + 8 * (1 + b % 2), st.eager_hash);
+        self.control.store64_release(at, st.eager);
+    }
+
+    /// Root of the team's next eager broadcast: `data` (at most `EAGER_INLINE` bytes) to every
+    /// other member, without waiting for them unless the slot is still unconsumed. The call is
+    /// already recorded in the team's ledger.
+    pub(crate) fn eager_send(
+        &self,
+        team: &TeamInner,
+        st: &mut TeamState,
+        call: &'static str,
+        data: &[u8],
+    ) -> Result<()> {
+        debug_assert!(data.len() as u64 <= EAGER_INLINE);
+        let j = st.eager;
+        let (count, hash) = st.ledger.digest();
+        let me = team.my_global();
+        let a = &self.area;
+        // The slot was last used by broadcast j - EAGER_SLOTS: every receiver must be past it.
+        let need = (j + 1).saturating_sub(EAGER_SLOTS);
+        if st.eager_acked < need {
+            let least = || {
+                team.members
+                    .iter()
+                    .filter(|&&m| m != me)
+                    .map(|&m| self.consumed(team, m).0)
+                    .min()
+                    .unwrap_or(u64::MAX)
+            };
+            let mut seen = least();
+            if seen < need {
+                self.wait_until(
+                    call,
+                    &|| {
+                        format!(
+                            "{call} on {}: a slot for eager broadcast #{}",
+                            team.name,
+                            j + 1
+                        )
+                    },
+                    &mut || {
+                        seen = least();
+                        seen >= need
+                    },
+                    &|| {
+                        team.members
+                            .iter()
+                            .copied()
+                            .filter(|&m| m != me && self.consumed(team, m).0 < need)
+                            .collect()
+                    },
+                    Some(Watching {
+                        team,
+                        pos: count,
+                        hash,
+                    }),
+                )?;
+            }
+            st.eager_acked = seen;
+        }
+        let mut words = [0u64; (EAGER_SLOT / 8) as usize];
+        words[1..EAGER_HEADER_WORDS as usize].copy_from_slice(&[count, hash, data.len() as u64]);
+        let body = &mut words[EAGER_HEADER_WORDS as usize..];
+        bytemuck::cast_slice_mut::<u64, u8>(body)[..data.len()].copy_from_slice(data);
+        let used = EAGER_HEADER_WORDS as usize + data.len().div_ceil(8);
+        // The sequence goes last, with release: a receiver that sees it sees the rest.
+        for &m in &team.members {
+            if m != me {
+                let at = a.eager_slot(m, team.slot, me, j);
+                self.control.store64s_release(at + 8, &words[1..used]);
+                self.control.store64_release(at, j + 1);
+            }
+        }
+        fence(Ordering::SeqCst);
+        for &m in &team.members {
+            self.ring_fenced(m, |a| a.sleepers(m));
+        }
+        self.mark_consumed(team, st, j, hash);
+        st.eager_unsettled = Some(Unsettled { j, count, hash });
+        Ok(())
+    }
+
+    /// Receiver of the team's next eager broadcast, from member `root` (an index in the team):
+    /// waits for it, checks the root made this same call, and copies its data into `out`.
+    pub(crate) fn eager_recv(
+        &self,
+        team: &TeamInner,
+        st: &mut TeamState,
+        call: &'static str,
+        root: usize,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let j = st.eager;
+        let (count, hash) = st.ledger.digest();
+        let r = team.members[root];
+        let at = self.area.eager_slot(self.rank, team.slot, r, j);
+        self.wait_until(
+            call,
+            &|| {
+                format!(
+                    "{call} on {}: eager broadcast #{} from PE {r}",
+                    team.name,
+                    j + 1
+                )
+            },
+            &mut || self.control.load64(at) == j + 1,
+            &|| vec![r],
+            Some(Watching {
+                team,
+                pos: count,
+                hash,
+            }),
+        )?;
+        let w = |k: u64| self.control.load64(at + 8 * k);
+        if (w(1), w(2), w(3)) != (count, hash, out.len() as u64) {
+            return Err(self.eager_diverged(team, call, count, r));
+        }
+        let mut body = [0u64; (EAGER_INLINE / 8) as usize];
+        for (k, v) in body.iter_mut().enumerate().take(out.len().div_ceil(8)) {
+            *v = w(EAGER_HEADER_WORDS + k as u64);
+        }
+        out.copy_from_slice(&bytemuck::cast_slice::<u64, u8>(&body)[..out.len()]);
+        self.mark_consumed(team, st, j, hash);
+        Ok(())
+    }
+
+    /// Waits until every other member of `team` has consumed this PE's last eager broadcast
+    /// there, with the ledger hash it carried (finalize: a root's last broadcasts are checked
+    /// like any collective before the job ends).
+    pub(crate) fn eager_settle(
+        &self,
+        team: &TeamInner,
+        st: &mut TeamState,
+        call: &'static str,
+    ) -> Result<()> {
+        let Some(u) = st.eager_unsettled else {
+            return Ok(());
+        };
+        let me = team.my_global();
+        let others = || team.members.iter().copied().filter(move |&m| m != me);
+        self.wait_until(
+            call,
+            &|| {
+                format!(
+                    "{call}: eager broadcast #{} on {} to be consumed",
+                    u.j + 1,
+                    team.name
+                )
+            },
+            &mut || others().all(|m| self.consumed(team, m).0 > u.j),
+            &|| {
+                others()
+                    .filter(|&m| self.consumed(team, m).0 <= u.j)
+                    .collect()
+            },
+            Some(Watching {
+                team,
+                pos: u.count,
+                hash: u.hash,
+            }),
+        )?;
+        // A member that counted the broadcast with another hash made another call there (it
+        // took itself for the root): it consumed nothing of ours.
+        if let Some(m) = others().find(|&m| {
+            let (c, h) = self.consumed(team, m);
+            c == u.j + 1 && h != u.hash
+        }) {
+            return Err(self.eager_diverged(team, call, u.count, m));
+        }
+        st.eager_unsettled = None;
+        Ok(())
+    }
+
+    /// A divergence over an eager broadcast at ledger position `pos` of `team`, seen against PE
+    /// `other`: named from the rings and reported to every PE.
+    fn eager_diverged(
+        &self,
+        team: &TeamInner,
+        call: &'static str,
+        pos: u64,
+        other: usize,
+    ) -> Error {
+        let msg = match self.mismatch_on(team, pos) {
+            Some((m, _)) => m,
+            None => format!(
+                "collective call #{pos} on {} differs between PEs: PE {other} made another call \
+                 there than PE {} (an eager broadcast)",
+                team.name, self.rank
+            ),
+        };
+        Error::new(Some(self.rank), call, self.diverged_for_good(msg))
+    }
+}
