@@ -437,10 +437,27 @@ def case_mismatch() -> None:
     me, n = symheap.my_pe(), symheap.n_pes()
     if n < 2:
         return
-    x = sn.zeros(4, dtype=np.int32)
+    x = sn.zeros(1024, dtype=np.int32)  # 4 KiB: a broadcast that meets at its entry barrier
     symheap.barrier_all()
     e = raises(SymheapMismatchError, symheap.broadcast, x, root=me)  # roots differ
     assert e.kind == "collective_mismatch" and "broadcast" in str(e), str(e)
+    raises(SymheapError, symheap.barrier_all)  # the context is poisoned
+
+
+@case
+def case_mismatch_eager() -> None:
+    """Every PE takes itself for the root of a 16-byte broadcast: eager on the host backend,
+    so each root returns at once; the divergence is named at the next call that waits."""
+    me, n = symheap.my_pe(), symheap.n_pes()
+    if n < 2:
+        return
+    x = sn.zeros(4, dtype=np.int32)
+    symheap.barrier_all()
+    symheap.broadcast(x, root=me)
+    e = raises(SymheapMismatchError, symheap.barrier_all)
+    text = str(e)
+    assert e.kind == "collective_mismatch", text
+    assert "broadcast(root 0" in text and "broadcast(root 1" in text, text
     raises(SymheapError, symheap.barrier_all)  # the context is poisoned
 
 

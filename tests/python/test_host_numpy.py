@@ -47,6 +47,13 @@ def test_collective_mismatch_is_detected(n: int) -> None:
     run_cases(n, "mismatch")
 
 
+@pytest.mark.parametrize("n", [2, 4])
+def test_eager_broadcast_mismatch_is_named_at_the_next_call(n: int) -> None:
+    """Every PE the root of one small (eager) broadcast: each returns, and every PE gets
+    SymheapMismatchError naming the roots at its next barrier."""
+    run_cases(n, "mismatch_eager")
+
+
 @pytest.mark.parametrize("n", [1, 2])
 def test_timeout(n: int) -> None:
     """A wait nobody satisfies raises SymheapTimeoutError after SYMHEAP_TIMEOUT; the others

@@ -258,6 +258,16 @@ fn broadcast_from_every_root_and_all_gather() {
 }
 
 #[test]
+fn eager_broadcasts_stay_exact_past_the_slot_limit() {
+    selftest("eager");
+}
+
+#[test]
+fn two_eager_roots_are_named_on_every_pe_at_finalize() {
+    selftest("eager-diverge");
+}
+
+#[test]
 fn all_reduce_and_reduce_scatter_against_reference() {
     selftest("all-reduce");
 }

@@ -16,7 +16,7 @@
 //!        then, per member `root` of the world, EAGER_SLOTS eager-broadcast slots (EAGER_SLOT
 //!        bytes each: {sequence, count, hash, bytes, EAGER_INLINE data bytes}) that `root`
 //!        writes here, then one line: how many eager broadcasts of the team this PE consumed
-//! ...    the watch (see `ops/watch.rs`): the wait this PE is blocked in (WAIT_WORDS words),
+//! ...    the watch (see `context/watch.rs`): the wait this PE is blocked in (WAIT_WORDS words),
 //!        per team slot a ring of RING recent calls (ENTRY_WORDS words each), and a verdict
 //!        (VERDICT_WORDS words; only PE 0's is used: the first PE to name a divergence
 //!        writes its message there, so every PE reports the same text)

@@ -145,7 +145,7 @@ impl Inner {
     /// Waits until `cond()` holds: spins briefly, then yields, then sleeps on this PE's doorbell.
     /// Fails when the job fails or after the timeout, naming `missing()`. A collective wait
     /// (`watch`) is published while it sleeps and watches the other PEs, failing at once with a
-    /// named mismatch when they diverged (see `ops/watch.rs`).
+    /// named mismatch when they diverged (see `context/watch.rs`).
     pub(crate) fn wait_until(
         &self,
         call: &'static str,

@@ -14,10 +14,13 @@
 //! line, pushed to every member), and every member, once the ledgers are known to agree,
 //! reads it from there into its own destination; there is no exit barrier. On return this PE's destination
 //! is complete and its source reusable (what MPI and OpenSHMEM promise); other PEs' accesses
-//! to it are ordered by a barrier, as for any heap data.
+//! to it are ordered by a barrier, as for any heap data. A broadcast of at most
+//! [`EAGER_INLINE`] bytes, with every PE of the job on this node, does not even meet: its root
+//! pushes the data to every receiver and returns (see `context/eager.rs`).
 //!
 //! Collective-order rule: every member of the team calls each collective in the same order with
-//! the same arguments (root, count, dtype, op); symheap checks it at the entry barrier.
+//! the same arguments (root, count, dtype, op); symheap checks it at the entry barrier (the
+//! root of an eager broadcast: at its next call that waits, or at finalize).
 
 use std::sync::Arc;
 
@@ -286,6 +289,9 @@ impl Context {
 
     /// Collective over `team`: every member's `dest` gets `count` elements of `dtype` from
     /// team member `root`'s `src`. Addresses are in this PE's heap; `dest == src` is allowed.
+    /// On the host backend a broadcast of at most 96 bytes is eager: the root returns without
+    /// waiting for the receivers, and learns of a divergence (a member making another call)
+    /// at its next call that waits, or at finalize, instead of in this call.
     pub fn broadcast_raw(
         &self,
         team: &Team,
