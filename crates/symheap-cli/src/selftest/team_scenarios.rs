@@ -171,7 +171,8 @@ fn reduce_case<T: TestElem>(
 pub fn all_reduce(ctx: &Context, a: PeArgs) -> Outcome {
     let world = ctx.world_team();
     let mut r = rng(a.seed, 11, 11);
-    let sizes = [1, 7, r.usize(100..3000), 70_001];
+    // 10 and 20 elements: at and past the 80 inline bytes an arrival carries (f32, f64).
+    let sizes = [1, 7, 10, 20, r.usize(100..3000), 70_001];
     let mut tag = 0;
     for &count in &sizes {
         for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Prod] {

@@ -12,7 +12,8 @@
 //! 64     mailbox_len: u64, then MAILBOX bytes: a ledger copy for mismatch diagnostics
 //! ...    per team slot, per member `src` of the world, entry[2] (one 64-byte line each,
 //!        double-buffered by barrier parity): what `src` pushed here at its arrival at a
-//!        barrier of the slot's team: {epoch, count, hash, flags, aux, INLINE payload bytes}
+//!        barrier of the slot's team, two cache lines: {epoch, count, hash, flags, aux, NARROW
+//!        payload bytes} and {epoch, the rest of INLINE payload bytes}
 //!        then, per member `root` of the world, EAGER_SLOTS eager-broadcast slots (EAGER_SLOT
 //!        bytes each: {sequence, count, hash, bytes, EAGER_INLINE data bytes}) that `root`
 //!        writes here, then one line: how many eager broadcasts of the team this PE consumed
@@ -40,10 +41,11 @@ pub const PAYLOAD: u64 = 4 << 10;
 /// Words of the verdict: owner, ready, length, then the text.
 pub const VERDICT_WORDS: u64 = 3 + 512;
 
-/// Payload bytes an arrival carries in its own entry line (see [`SyncArea::entry`]).
-pub const INLINE: u64 = ENTRY - 8 * ENTRY_HEADER_WORDS;
-/// Words of an entry before its inline payload: epoch, count, hash, flags, aux.
-pub const ENTRY_HEADER_WORDS: u64 = 5;
+/// Payload bytes an arrival carries in its entry (see [`SyncArea::entry`]): [`NARROW`] in the
+/// line with the header, the rest in the second line.
+pub const INLINE: u64 = NARROW + 64 - 8;
+/// Payload bytes that fit in an entry's first line, after epoch, count, hash, flags and aux.
+pub const NARROW: u64 = 64 - 8 * 5;
 
 /// Eager-broadcast slots per (receiver, root, team): how far a root may run ahead of the
 /// slowest receiver (see `context/eager.rs`). Fewer than [`RING`] - 1, so a receiver that finds
@@ -60,8 +62,9 @@ pub const EAGER_INLINE: u64 = EAGER_SLOT - 8 * EAGER_HEADER_WORDS;
 const HEADER: u64 = 64;
 const MAILBOX_AT: u64 = HEADER;
 const SLOTS_AT: u64 = MAILBOX_AT + 64 + MAILBOX;
-/// One cache line: a waiter finds the arrival and everything it carries in one transfer.
-const ENTRY: u64 = 64;
+/// Two cache lines, each with the epoch: a waiter polls both, so what it waits for and what it
+/// then reads arrive in transfers that overlap (the second only for payloads over [`NARROW`]).
+const ENTRY: u64 = 128;
 
 /// Addresses inside every PE's sync area, given the heap bases.
 #[derive(Debug, Clone)]
@@ -176,13 +179,24 @@ impl SyncArea {
     }
 
     /// Where member `src` pushes its arrivals at the barriers of team `slot` with parity
-    /// `parity` into PE `pe`'s area: one cache line, word 0 the epoch (stored last, with
-    /// release), words 1-4 the ledger count and hash, flags and aux of that barrier, then
-    /// [`INLINE`] payload bytes. Each line has one writer, so senders never contend for a line
-    /// and a waiter reads what it waits for in the transfer that brings the epoch.
+    /// `parity` into PE `pe`'s area: two cache lines, word 0 the epoch (stored last, with
+    /// release), words 1-4 the ledger count and hash, flags and aux of that barrier, words 5-7
+    /// the first [`NARROW`] payload bytes; word 8 the epoch again (a wide arrival's, stored
+    /// last in its line), words 9-15 the rest of [`INLINE`] payload bytes. Each line has one
+    /// writer, so senders never contend for a line.
     pub fn entry(&self, pe: usize, slot: usize, src: usize, parity: u64) -> u64 {
         debug_assert!(src < self.world);
         self.slot(pe, slot) + (2 * src as u64 + (parity & 1)) * ENTRY
+    }
+
+    /// Byte offset, inside an entry, of inline payload word `k` (of `INLINE / 8`).
+    pub fn inline_word(k: u64) -> u64 {
+        debug_assert!(k < INLINE / 8);
+        if k < NARROW / 8 {
+            8 * (5 + k)
+        } else {
+            8 * (9 + k - NARROW / 8)
+        }
     }
 
     /// Eager slot `j % EAGER_SLOTS` that member `root` writes for its eager broadcast `j` on
@@ -268,7 +282,9 @@ mod tests {
         assert_eq!(sorted.len(), words.len(), "no two words share an address");
         assert!(words.iter().all(|&w| w + 8 <= end));
         assert!(a.mailbox(0) + MAILBOX <= a.entry(0, 0, 0, 0));
-        assert_eq!(INLINE, 24);
+        assert_eq!((NARROW, INLINE), (24, 80));
+        let offs: Vec<u64> = (0..INLINE / 8).map(SyncArea::inline_word).collect();
+        assert_eq!(offs, [40, 48, 56, 72, 80, 88, 96, 104, 112, 120]);
         let last = *sorted.last().unwrap();
         for slot in 0..MAX_TEAMS {
             for p in 0..2 {

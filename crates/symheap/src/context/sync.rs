@@ -3,9 +3,10 @@
 //! ledger check, and the world's fast path.
 //!
 //! A barrier on a team pushes this PE's arrival (epoch, ledger digest, flags, aux and up to
-//! [`INLINE`] payload bytes, one cache line) into every member's sync area, rings their
-//! doorbells and waits for every member's arrival in its own area: what it waits for and what
-//! it then reads arrive in one line transfer per member, and no two members write one line.
+//! [`NARROW`] payload bytes in one cache line; up to [`INLINE`] with a second line when the
+//! barrier is wide) into every member's sync area, rings their doorbells and waits for every
+//! member's arrival in its own area: what it waits for and what it then reads arrive in one
+//! line transfer per member and line (overlapping), and no two members write one line.
 //! Entries are double-buffered by epoch parity: a PE can be at most one barrier ahead of the
 //! slowest member, so the entry being read is never the one being rewritten.
 
@@ -13,7 +14,7 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::area::{SyncArea, INLINE, MAILBOX};
+use super::area::{SyncArea, INLINE, MAILBOX, NARROW};
 use super::team::{Team, TeamInner, TeamState};
 use super::watch::{ScanState, Watching};
 use super::Inner;
@@ -90,6 +91,19 @@ pub(crate) struct Met {
     pub flags: u64,
     /// The members' aux words, AND-ed.
     pub aux: u64,
+}
+
+impl Inner {
+    /// Member `src`'s inline payload of this PE's last barrier on team slot `slot` with
+    /// parity `parity` (see `barrier_staged`), into `out` (at most [`INLINE`] bytes).
+    pub(crate) fn read_inline(&self, slot: usize, src: usize, parity: u64, out: &mut [u8]) {
+        let at = self.area.entry(self.rank, slot, src, parity);
+        let mut words = [0u64; INLINE as usize / 8];
+        for (k, w) in words.iter_mut().enumerate().take(out.len().div_ceil(8)) {
+            *w = self.load64(at + SyncArea::inline_word(k as u64));
+        }
+        out.copy_from_slice(&bytemuck::cast_slice::<u64, u8>(&words)[..out.len()]);
+    }
 }
 
 /// Arrival flag: this PE has releases the world has not heard of yet.
@@ -264,17 +278,19 @@ impl Inner {
         flags: u64,
         aux: u64,
     ) -> Result<Met> {
-        self.barrier_staged(team, st, call, flags, aux, &mut |_| Ok(0))
+        self.barrier_staged(team, st, call, flags, aux, false, &mut |_| Ok(0))
     }
 
     /// `barrier_core` that first hands `stage` this PE's payload for this barrier (an address
     /// in its sync area, [`PAYLOAD`](super::area::PAYLOAD) bytes) to fill; `stage` returns how
-    /// many of the bytes it wrote (at most [`INLINE`]; 0 for none) ride inline in the arrival
-    /// itself. The members may read the payload (at `area().payload`, or inline at
-    /// `area().entry` in their own area) once the barrier completes, until this PE's barrier
-    /// after next (payloads are double-buffered by parity, as the entries; reaching that
-    /// barrier needs every member's arrival at the next one, which each makes only after it
-    /// is done with this one).
+    /// many of the bytes it wrote (at most [`NARROW`], or [`INLINE`] when `wide`; 0 for none)
+    /// ride inline in the arrival itself. `wide` (the same on every member) makes every
+    /// arrival fill its entry's second line too, and every member wait for both. The members
+    /// may read the payload (at `area().payload`, or inline in their own area, see
+    /// `read_inline`) once the barrier completes, until this PE's barrier after next (payloads
+    /// are double-buffered by parity, as the entries; reaching that barrier needs every
+    /// member's arrival at the next one, which each makes only after it is done with this one).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn barrier_staged(
         &self,
         team: &TeamInner,
@@ -282,6 +298,7 @@ impl Inner {
         call: &'static str,
         flags: u64,
         aux: u64,
+        wide: bool,
         stage: &mut dyn FnMut(u64) -> Result<usize>,
     ) -> Result<Met> {
         let a = self.area();
@@ -289,25 +306,34 @@ impl Inner {
         let parity = e & 1;
         let staged = a.payload(self.rank, team.slot, parity);
         let inline_bytes = stage(staged)?;
-        debug_assert!(inline_bytes as u64 <= INLINE);
-        let mut inline = [0u64; INLINE as usize / 8];
-        let inline = &mut inline[..inline_bytes.div_ceil(8).min(INLINE as usize / 8)];
-        for (k, w) in inline.iter_mut().enumerate() {
-            *w = self.load64(staged + 8 * k as u64);
-        }
+        let max = if wide { INLINE } else { NARROW };
+        debug_assert!(inline_bytes as u64 <= max);
+        let nw = inline_bytes.div_ceil(8).min(max as usize / 8);
+        // Line 0: count, hash, flags, aux and the first payload words; line 1 the rest.
         let (count, hash) = st.ledger.digest();
+        let mut line0 = [count, hash, flags, aux, 0, 0, 0];
+        let mut line1 = [0u64; 7];
+        for k in 0..nw {
+            let w = self.load64(staged + 8 * k as u64);
+            match k.checked_sub(NARROW as usize / 8) {
+                None => line0[4 + k] = w,
+                Some(i) => line1[i] = w,
+            }
+        }
+        let n0 = 4 + nw.min(NARROW as usize / 8);
+        let n1 = nw.saturating_sub(NARROW as usize / 8);
         let me = team.my_global();
-        let mut words = [0u64; 4 + INLINE as usize / 8];
-        words[..4].copy_from_slice(&[count, hash, flags, aux]);
-        words[4..4 + inline.len()].copy_from_slice(inline);
-        let words = &words[..4 + inline.len()];
-        // The epoch goes last, with release: a member that sees it sees the words before it and
-        // this PE's earlier stores to any memory (its heap data too), which needs no other
-        // fence. The words themselves need no ordering of their own.
+        // Each line's epoch goes last, with release: a member that sees it sees the words
+        // before it and this PE's earlier stores to any memory (its heap data too), which needs
+        // no other fence. The words themselves need no ordering of their own.
         for &m in &team.members {
             if m != me {
                 let at = a.entry(m, team.slot, me, parity);
-                self.control.store64s_release(at + 8, words);
+                if wide {
+                    self.control.store64s_release(at + 72, &line1[..n1]);
+                    self.control.store64_release(at + 64, e);
+                }
+                self.control.store64s_release(at + 8, &line0[..n0]);
                 self.control.store64_release(at, e);
             }
         }
@@ -315,7 +341,15 @@ impl Inner {
         for &m in &team.members {
             self.ring_fenced(m, |a| a.sleepers(m));
         }
-        let arrived = |m: usize| m == me || self.load64(a.entry(me, team.slot, m, parity)) >= e;
+        // Both lines are loaded whatever the first shows, so their transfers overlap.
+        let arrived = |m: usize| {
+            if m == me {
+                return true;
+            }
+            let at = a.entry(me, team.slot, m, parity);
+            let (e0, e1) = (self.load64(at), if wide { self.load64(at + 64) } else { e });
+            e0 >= e && e1 >= e
+        };
         // Members found arrived stay arrived (epochs only grow): each check resumes at the
         // first member not yet seen.
         let mut seen = 0;
@@ -369,7 +403,7 @@ impl Inner {
         call: &'static str,
         aux: u64,
     ) -> Result<Met> {
-        self.team_sync_staged(team, st, call, aux, &mut |_| Ok(0))
+        self.team_sync_staged(team, st, call, aux, false, &mut |_| Ok(0))
     }
 
     /// `team_sync_point` whose barrier publishes a payload (see `barrier_staged`); the members'
@@ -381,9 +415,10 @@ impl Inner {
         st: &mut TeamState,
         call: &'static str,
         aux: u64,
+        wide: bool,
         stage: &mut dyn FnMut(u64) -> Result<usize>,
     ) -> Result<Met> {
-        let met = self.barrier_staged(team, st, call, 0, aux, stage)?;
+        let met = self.barrier_staged(team, st, call, 0, aux, wide, stage)?;
         if met.agreed {
             st.ledger.mark_agreed();
             return Ok(met);

@@ -10,8 +10,8 @@
 //!
 //! Up to [`PAYLOAD`] bytes on the host backend, broadcast and all_reduce take one pass instead:
 //! the data rides on each member's arrival at the entry barrier (in its sync area,
-//! double-buffered like the arrivals; up to [`INLINE`] bytes inside the arrival's own cache
-//! line, pushed to every member), and every member, once the ledgers are known to agree,
+//! double-buffered like the arrivals; up to [`INLINE`] bytes inside the arrival itself,
+//! pushed to every member), and every member, once the ledgers are known to agree,
 //! reads it from there into its own destination; there is no exit barrier. On return this PE's destination
 //! is complete and its source reusable (what MPI and OpenSHMEM promise); other PEs' accesses
 //! to it are ordered by a barrier, as for any heap data. A broadcast of at most
@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use super::coll_nodes::NodesOp;
 use crate::backend::ReduceOp;
-use crate::context::area::{EAGER_INLINE, ENTRY_HEADER_WORDS, INLINE, PAYLOAD};
+use crate::context::area::{EAGER_INLINE, INLINE, NARROW, PAYLOAD};
 use crate::context::team::{Team, TeamInner, TeamState};
 use crate::context::watch::CallKey;
 use crate::context::{Context, Inner};
@@ -98,7 +98,7 @@ impl<'a> Coll<'a> {
         nums: [u64; 8],
         args: impl FnOnce() -> String,
     ) -> Result<Option<Coll<'a>>> {
-        Self::begin_staged(inner, team, call, nums, args, false, &mut |_| Ok(0))
+        Self::begin_staged(inner, team, call, nums, args, 0, &mut |_| Ok(0))
     }
 
     /// Validates, locks the team and records the call in its ledger. None on INVALID.
@@ -138,9 +138,10 @@ impl<'a> Coll<'a> {
     }
 
     /// `begin` whose entry barrier also publishes a payload that `stage` writes and sizes (see
-    /// `Inner::barrier_staged`); the members' payloads are then at [`Coll::payload`]. `inline`
-    /// says, alike on every member, that the payloads ride inline (`stage` then returns their
-    /// size, at most [`INLINE`]).
+    /// `Inner::barrier_staged`); the members' payloads are then at [`Coll::payload`], or read
+    /// with [`Coll::read_inline`]. `inline` is, alike on every member, the payload size that
+    /// rides inline in the arrivals (at most [`INLINE`]; 0: none; `stage` then returns the
+    /// size of its own).
     #[allow(clippy::too_many_arguments)]
     fn begin_staged(
         inner: &'a Inner,
@@ -148,13 +149,14 @@ impl<'a> Coll<'a> {
         call: &'static str,
         nums: [u64; 8],
         args: impl FnOnce() -> String,
-        inline: bool,
+        inline: usize,
         stage: &mut dyn FnMut(u64) -> Result<usize>,
     ) -> Result<Option<Coll<'a>>> {
-        let Some(mut c) = Self::begin_recorded(inner, team, call, nums, args, inline)? else {
+        let Some(mut c) = Self::begin_recorded(inner, team, call, nums, args, inline > 0)? else {
             return Ok(None);
         };
-        inner.team_sync_staged(c.team, &mut c.st, call, 0, stage)?;
+        let wide = inline as u64 > NARROW;
+        inner.team_sync_staged(c.team, &mut c.st, call, 0, wide, stage)?;
         Ok(Some(c))
     }
 
@@ -176,14 +178,23 @@ impl<'a> Coll<'a> {
         theirs + (addr - own)
     }
 
-    /// Member `j`'s payload of the entry barrier (see `begin_staged`): inline in its arrival
-    /// in this PE's area, or in its own area.
+    /// Member `j`'s payload of the entry barrier in its own area (see `begin_staged`; this
+    /// PE's own, also when the payloads rode inline).
     fn payload(&self, j: usize) -> u64 {
-        let (a, slot, m) = (self.inner.area(), self.team.slot, self.team.members[j]);
-        if self.inline && j != self.me() {
-            a.entry(self.inner.rank, slot, m, self.st.epoch) + 8 * ENTRY_HEADER_WORDS
+        let m = self.team.members[j];
+        self.inner.area().payload(m, self.team.slot, self.st.epoch)
+    }
+
+    /// Member `j`'s inline payload of the entry barrier into `out` (from its arrival in this
+    /// PE's area; this PE's own from its payload).
+    fn read_inline(&self, j: usize, out: &mut [u8]) {
+        debug_assert!(self.inline);
+        if j == self.me() {
+            self.inner.control.read(self.payload(j), out);
         } else {
-            a.payload(m, slot, self.st.epoch)
+            let m = self.team.members[j];
+            self.inner
+                .read_inline(self.team.slot, m, self.st.epoch, out);
         }
     }
 
@@ -217,7 +228,7 @@ impl<'a> Coll<'a> {
             if j == self.me() {
                 b.copy_from_slice(mine);
             } else {
-                self.inner.control.read(self.payload(j), b);
+                self.read_inline(j, b);
             }
         }
         let mut views = [&[][..]; INLINE_MEMBERS];
@@ -347,20 +358,25 @@ impl Context {
             // checks the ledgers; no exit barrier (see `all_reduce_one_pass`).
             let be = &self.inner.backend;
             let is_root = team.my_pe() == Some(root);
-            let inline = bytes as u64 <= INLINE;
+            let inline = if bytes as u64 <= INLINE { bytes } else { 0 };
             let mut stage = |at: u64| {
                 if !is_root {
                     return Ok(0);
                 }
                 be.copy(at, src, bytes)?;
-                Ok(if inline { bytes } else { 0 })
+                Ok(inline)
             };
             let Some(c) =
                 Coll::begin_staged(&self.inner, team, CALL, nums, args, inline, &mut stage)?
             else {
                 return Ok(());
             };
-            return c.copy(dest, c.payload(root), bytes);
+            if inline == 0 {
+                return c.copy(dest, c.payload(root), bytes);
+            }
+            let mut buf = [0u8; INLINE as usize];
+            c.read_inline(root, &mut buf[..bytes]);
+            return be.write_bytes(dest, &buf[..bytes]);
         }
         let Some(c) = Coll::begin(&self.inner, team, CALL, nums, args)? else {
             return Ok(());
@@ -637,11 +653,15 @@ impl Context {
     ) -> Result<()> {
         let bytes = count * dtype.size();
         let be = &self.inner.backend;
-        let inline = bytes as u64 <= INLINE && team.n_pes() <= INLINE_MEMBERS;
+        let inline = if bytes as u64 <= INLINE && team.n_pes() <= INLINE_MEMBERS {
+            bytes
+        } else {
+            0
+        };
         // Inline, this PE's source is read once, onto the stack, and reduced from there.
         let mut mine = [0u64; INLINE as usize / 8];
         let mut stage = |at: u64| {
-            if inline {
+            if inline > 0 {
                 let m = &mut bytemuck::cast_slice_mut(&mut mine)[..bytes];
                 be.read_bytes(src, m)?;
                 self.inner.control.write(at, m);
@@ -664,7 +684,7 @@ impl Context {
         if count == 0 {
             return Ok(());
         }
-        if inline {
+        if inline > 0 {
             return c.reduce_inline(dest, &bytemuck::cast_slice(&mine)[..bytes], dtype, op);
         }
         with_sources(
