@@ -20,6 +20,7 @@ from ._native import (
     SymheapError,
     SymheapValueError,
     SymmetricBuffer,
+    Team,
 )
 
 _ctx: Optional["Context"] = None
@@ -503,15 +504,26 @@ def is_ndarray(x: Any) -> bool:
     return np is not None and isinstance(x, np.ndarray)
 
 
+# torch.dtype -> symheap's name for it (a dict lookup instead of formatting and a native call
+# on every collective).
+_torch_name_of: Dict[Any, str] = {}
+
+
 def torch_dtype_name(dt: Any) -> str:
     """``torch.float32`` -> ``float32``; raises for dtypes symheap does not move."""
+    try:
+        return _torch_name_of[dt]
+    except (KeyError, TypeError):
+        pass
     name = str(dt).replace("torch.", "")
     try:
-        return _native.dtype_name(name)
+        name = _native.dtype_name(name)
     except SymheapValueError:
         raise SymheapValueError(
             f"dtype {dt} is not supported by symheap (supported: {', '.join(_native.DTYPES)})"
         ) from None
+    _torch_name_of[dt] = name
+    return name
 
 
 # numpy.dtype -> its name, for the dtypes symheap moves: numpy computes ``dtype.name`` in Python
@@ -543,6 +555,26 @@ def describe(x: Any, what: str = "argument") -> Arr:
 
 
 def _describe(x: Any, what: str) -> Arr:
+    if is_tensor(x):
+        # The cheapest accessors (this runs on every collective): is_cuda and get_device()
+        # instead of building a torch.device, the Size and stride tuples as they come.
+        dtype = torch_dtype_name(x.dtype)
+        numel = x.numel()
+        cuda = x.is_cuda
+        return Arr(
+            obj=x,
+            kind="torch",
+            ptr=x.data_ptr(),
+            nbytes=numel * x.element_size(),
+            numel=numel,
+            dtype=dtype,
+            shape=x.shape,
+            strides=x.stride(),
+            device="cuda" if cuda else ("cpu" if x.is_cpu else x.device.type),
+            device_index=x.get_device() if cuda else None,
+            contiguous=x.is_contiguous(),
+            writable=True,
+        )
     if is_ndarray(x):
         dtype = numpy_dtype_name(x.dtype)
         item = x.dtype.itemsize
@@ -561,22 +593,6 @@ def _describe(x: Any, what: str) -> Arr:
             device_index=None,
             contiguous=bool(x.flags.c_contiguous),
             writable=bool(x.flags.writeable),
-        )
-    if is_tensor(x):
-        dtype = torch_dtype_name(x.dtype)
-        return Arr(
-            obj=x,
-            kind="torch",
-            ptr=int(x.data_ptr()),
-            nbytes=int(x.numel() * x.element_size()),
-            numel=int(x.numel()),
-            dtype=dtype,
-            shape=tuple(x.shape),
-            strides=tuple(x.stride()),
-            device=x.device.type,
-            device_index=x.device.index,
-            contiguous=bool(x.is_contiguous()),
-            writable=True,
         )
     if isinstance(x, SymmetricBuffer):
         shape = tuple(x.shape)
@@ -618,12 +634,16 @@ def symmetric_arr(a: Arr, what: str) -> Arr:
     ctx = native()
     if a.device == "cpu" and ctx.backend == "cuda" and a.kind != "buffer":
         raise SymheapValueError(f"{what} is host memory, but symmetric memory is on cuda:{ctx.device_ordinal}")
-    if not ctx.is_symmetric(a.ptr, max(a.nbytes, 1)):
-        raise SymheapValueError(
-            f"{what} (at {a.ptr:#x}, {a.nbytes} bytes) is not in this PE's symmetric heap; "
-            "allocate it with symheap (empty/zeros/... or as_symmetric)"
-        )
-    ctx.check_symmetric(a.ptr, max(a.nbytes, 1), what)
+    try:
+        ctx.check_symmetric(a.ptr, max(a.nbytes, 1), what)
+    except SymheapError:
+        # The common mistake gets the message that says what to do.
+        if not ctx.is_symmetric(a.ptr, max(a.nbytes, 1)):
+            raise SymheapValueError(
+                f"{what} (at {a.ptr:#x}, {a.nbytes} bytes) is not in this PE's symmetric heap; "
+                "allocate it with symheap (empty/zeros/... or as_symmetric)"
+            ) from None
+        raise
     return a
 
 
@@ -656,8 +676,6 @@ def check_pe(pe: int) -> int:
 def check_team(team: Any, what: str = "team", allow_none: bool = True) -> Any:
     """``team`` if it is a :class:`symheap.Team` (or None when allowed), else
     :class:`SymheapValueError`."""
-    from ._native import Team
-
     if team is None and allow_none:
         return None
     if not isinstance(team, Team):

@@ -31,9 +31,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch as _torch
 
-from . import _core
+from . import _core, _library
 from ._native import SymheapUnsupportedError, SymheapValueError, Team
-from .ops import _dispatch_needed
 
 __all__ = ["all_reduce_residual_rmsnorm", "reserve", "MAX_HIDDEN_CUDA"]
 
@@ -306,9 +305,9 @@ def _fused_impl(
         _host_path(x, residual, weight, eps, out, residual_out, scale_in, scale_out, fp8, team)
 
 
-_fused_op = _torch.library.custom_op(
-    "symheap::fused_all_reduce_rmsnorm", mutates_args=("out", "residual_out", "scale_out")
-)(_fused_impl)
+_fused_op = _library.op("symheap::fused_all_reduce_rmsnorm", mutates_args=("out", "residual_out", "scale_out"))(
+    _fused_impl
+)
 
 
 @_fused_op.register_fake
@@ -419,10 +418,7 @@ def all_reduce_residual_rmsnorm(
     args = (x, residual, weight, float(eps), out, residual_out, scale if mode == 1 else None, scale_out, mode, -1)
     # Eager code skips the dispatcher's per-call cost (the same kernel runs); compilers, fake
     # tensors and dispatch modes go through the op and its fake kernel.
-    if _dispatch_needed(args):
-        _torch.ops.symheap.fused_all_reduce_rmsnorm(*args)
-    else:
-        _fused_impl(*args)
+    _fused_op(*args)
     if mode == 2:
         return out, residual_out, scale_out
     return out, residual_out

@@ -58,7 +58,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch as _torch
 
-from . import _core
+from . import _core, _library
 from ._native import SymheapUnsupportedError, SymheapValueError, Team
 
 __all__ = ["all_gather_matmul", "matmul_reduce_scatter", "reserve"]
@@ -293,7 +293,7 @@ def _cuda_rs(a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor) -> None:
 # ---- the custom ops ---------------------------------------------------------------------------
 
 
-@_torch.library.custom_op("symheap::all_gather_matmul", mutates_args=("out", "gathered"))
+@_library.op("symheap::all_gather_matmul", mutates_args=("out", "gathered"))
 def _ag_op(
     a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor, gathered: _torch.Tensor, want_gathered: bool, team_id: int
 ) -> None:
@@ -316,7 +316,7 @@ def _ag_op_fake(a, b, out, gathered, want_gathered, team_id) -> None:
     return None
 
 
-@_torch.library.custom_op("symheap::matmul_reduce_scatter", mutates_args=("out",))
+@_library.op("symheap::matmul_reduce_scatter", mutates_args=("out",))
 def _rs_op(a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor, team_id: int) -> None:
     """**Collective** over the team: the op behind :func:`matmul_reduce_scatter` (``team_id``
     -1: the world)."""
@@ -415,7 +415,7 @@ def all_gather_matmul(
     g = gathered_out
     if g is None:
         g = _torch.empty((n * m if return_gathered else 0, k), dtype=a_shard.dtype, device=a_shard.device)
-    _torch.ops.symheap.all_gather_matmul(a_shard, b, out, g, bool(return_gathered), -1)
+    _ag_op(a_shard, b, out, g, bool(return_gathered), -1)
     return (out, g) if return_gathered else out
 
 
@@ -453,5 +453,5 @@ def matmul_reduce_scatter(
     _check_out(out, (m // n, b.shape[1]), a, what, "out")
     if out is None:
         out = _torch.empty((m // n, b.shape[1]), dtype=a.dtype, device=a.device)
-    _torch.ops.symheap.matmul_reduce_scatter(a, b, out, -1)
+    _rs_op(a, b, out, -1)
     return out

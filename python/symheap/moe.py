@@ -68,7 +68,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch as _torch
 
-from . import _core
+from . import _core, _library
 from . import _moe_plan as plan
 from ._native import SymheapUnsupportedError, SymheapValueError, Team
 
@@ -441,13 +441,7 @@ class Buffer:
         if check is None:
             check = not low_latency
         x = self._check_dispatch(x, topk_idx, topk_weights, use_fp8)
-        from .ops import _dispatch_needed
-
-        args = (x, topk_idx, topk_weights, self.id, bool(low_latency), bool(use_fp8), bool(check))
-        if _dispatch_needed(args[:3]):
-            out = _torch.ops.symheap.moe_dispatch(*args)
-        else:
-            out = self._dispatch_impl(x, topk_idx, topk_weights, bool(low_latency), bool(use_fp8), bool(check))
+        out = _dispatch_op(x, topk_idx, topk_weights, self.id, bool(low_latency), bool(use_fp8), bool(check))
         first, scales, ridx, rw, num, cpe, crow, routed, w = out
         handle = Handle(cpe, crow, routed, w, tuple(first.shape))
         recv_x = (first, scales) if use_fp8 else first
@@ -517,12 +511,7 @@ class Buffer:
         if od not in (_torch.bfloat16, _torch.float16, _torch.float32):
             raise SymheapValueError(f"{what}: out_dtype must be bfloat16, float16 or float32, not {od}")
         y = y.contiguous()
-        from .ops import _dispatch_needed
-
-        args = (y, handle.comb_pe, handle.comb_row, handle.routed, w)
-        if _dispatch_needed(args):
-            return _torch.ops.symheap.moe_combine(*args, self.id, od)
-        return self._combine_impl(*args, od)
+        return _combine_op(y, handle.comb_pe, handle.comb_row, handle.routed, w, self.id, od)
 
     def destroy(self) -> None:
         """**Collective**: releases the symmetric staging (after a barrier, so no peer still
@@ -556,7 +545,7 @@ def _buffer(bid: int) -> Buffer:
 # ---- the custom ops ---------------------------------------------------------------------------
 
 
-@_torch.library.custom_op("symheap::moe_dispatch", mutates_args=())
+@_library.op("symheap::moe_dispatch", mutates_args=())
 def _dispatch_op(
     x: _torch.Tensor,
     topk_idx: _torch.Tensor,
@@ -602,7 +591,7 @@ def _dispatch_fake(x, topk_idx, topk_weights, buffer, low_latency, use_fp8, chec
     ]
 
 
-@_torch.library.custom_op("symheap::moe_combine", mutates_args=())
+@_library.op("symheap::moe_combine", mutates_args=())
 def _combine_op(
     y: _torch.Tensor,
     comb_pe: _torch.Tensor,

@@ -50,9 +50,8 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch as _torch
-from torch.library import custom_op as _torch_custom_op
 
-from . import _core, _ops, _workspace
+from . import _core, _library, _ops, _workspace
 from ._core import api, torch_dtype_name
 from ._native import SymheapUnsupportedError, SymheapValueError, Team
 
@@ -62,38 +61,25 @@ REDUCE_OPS = ("sum", "avg", "min", "max", "prod")
 
 # ---- registration and the eager fast path -------------------------------------------------
 
-# The Python kernel of each op, by its name in the namespace.
-_IMPL: Dict[str, Callable[..., Any]] = {}
+# Each op by its name in the namespace.
+_IMPL: Dict[str, _library.Op] = {}
 
 
-def _custom_op(name: str, mutates_args: Sequence[str]) -> Callable[[Callable[..., Any]], Any]:
-    """``torch.library.custom_op`` that also keeps the plain kernel for :func:`_call`."""
+def _custom_op(name: str, mutates_args: Sequence[str]) -> Callable[[Callable[..., Any]], _library.Op]:
+    """:func:`symheap._library.op` that also files the op under its name for :func:`_call`."""
 
-    def register(fn: Callable[..., Any]) -> Any:
-        _IMPL[name.split("::", 1)[1]] = fn
-        return _torch_custom_op(name, mutates_args=tuple(mutates_args))(fn)
+    def register(fn: Callable[..., Any]) -> _library.Op:
+        o = _library.op(name, mutates_args)(fn)
+        _IMPL[o.name] = o
+        return o
 
     return register
 
 
-def _dispatch_needed(args: Sequence[Any]) -> bool:
-    """Whether a call must go through the dispatcher: a compiler traces it, a torch dispatch
-    mode is active (fake tensors, tracing, counters), or a tensor argument is a subclass; all
-    of them need the op's fake kernel and mutation annotations."""
-    if _torch.compiler.is_compiling():
-        return True
-    stack = getattr(_torch._C, "_len_torch_dispatch_stack", None)
-    if stack is None or stack() > 0:
-        return True
-    return any(isinstance(a, _torch.Tensor) and type(a) is not _torch.Tensor for a in args)
-
-
 def _call(name: str, *args: Any) -> Any:
-    """Runs op ``name`` on ``args``: through ``torch.ops.symheap.<name>`` when
-    :func:`_dispatch_needed`, otherwise its Python kernel directly, which saves the
-    dispatcher's per-call cost in eager code (the same kernel runs either way)."""
-    if _dispatch_needed(args):
-        return getattr(_torch.ops.symheap, name)(*args)
+    """Runs op ``name`` on ``args``: its kernel directly in eager code, through
+    ``torch.ops.symheap.<name>`` when a compiler or a dispatch mode needs it (see
+    :meth:`symheap._library.Op.__call__`)."""
     return _IMPL[name](*args)
 
 
@@ -211,20 +197,21 @@ def _zero_copy(t: _torch.Tensor) -> bool:
     """Whether ``t`` can be handed to the collective as it is: contiguous symmetric memory of
     this PE's device."""
     n = _core.native()
-    want = "cuda" if n.backend == "cuda" else "cpu"
-    if t.device.type != want or not t.is_contiguous():
+    on_device = t.is_cuda if n.backend == "cuda" else t.is_cpu
+    if not on_device or not t.is_contiguous():
         return False
-    return bool(n.is_symmetric(int(t.data_ptr()), max(t.numel() * t.element_size(), 1)))
+    return bool(n.is_symmetric(t.data_ptr(), max(t.numel() * t.element_size(), 1)))
 
 
 def _record(ts: Sequence[_torch.Tensor]) -> None:
     """Stream-ordered lifetime of ordinary CUDA tensors: like torch's own collectives, note that
     the current stream used them, so the caching allocator does not hand their memory to
     another stream before this work ran."""
-    if not _torch.cuda.is_available() or _torch.cuda.is_current_stream_capturing():
+    cuda = [t for t in ts if t.is_cuda]
+    if not cuda or _torch.cuda.is_current_stream_capturing():
         return
-    for t in ts:
-        if t.is_cuda and not _zero_copy(t):
+    for t in cuda:
+        if not _zero_copy(t):
             t.record_stream(_torch.cuda.current_stream(t.device))
 
 

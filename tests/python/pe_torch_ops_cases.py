@@ -293,7 +293,28 @@ def case_ops_errors() -> None:
         symheap.barrier_all()
         symheap.team_destroy(team)
     assert issubclass(SymheapUnsupportedError, SymheapError)
+    _autograd_rules(so, torch, n)
     so.barrier()
+
+
+def _autograd_rules(so, torch, n: int) -> None:
+    """The ops have no autograd formula: an input that requires grad is refused while grad mode
+    is on (eagerly and through the dispatcher), accepted under no_grad; a mutated tensor's
+    version counter moves as torch's own in-place ops move it."""
+    w = torch.ones(4, requires_grad=True)
+    y = w * 2
+    for call in (lambda: so.all_reduce_(y), lambda: torch.ops.symheap.all_reduce(y, "sum", 0)):
+        e = raises(SymheapUnsupportedError, call)
+        assert "no autograd formula" in str(e) and "symheap::all_reduce" in str(e), e
+    with torch.no_grad():
+        t = so.all_reduce(y)
+    _eq(t, torch.full((4,), 2.0 * n), "all_reduce of a grad tensor under no_grad")
+    t = torch.ones(4)
+    v = t._version
+    so.all_reduce_(t)
+    torch.ops.symheap.all_reduce_(t, "sum", 0)
+    assert t._version >= v + 2, (v, t._version)
+    _eq(t, torch.full((4,), float(n * n)), "two in-place all_reduces")
 
 
 def _init_gloo():
