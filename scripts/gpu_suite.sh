@@ -24,7 +24,8 @@
 #   ONLY_PEERS=1 scripts/gpu_suite.sh run   just the peers and `symheap bench coll` merging them
 # Shorter calls (the device budget is 30 minutes a session): SKIP_COLD (one cold run only),
 # SKIP_SELFTEST, PES (default 1,2,4), SKIP_PES8, PES8_ONLY (scenarios at 8 PEs), SKIP_DIVERGE,
-# SKIP_FAULTS, KILL_TRIALS, SKIP_TORCH, TORCH_TESTS (the pytest files of python-torch), SKIP_PROVIDERS,
+# SKIP_FAULTS, KILL_TRIALS, SKIP_TORCH, TORCH_TESTS (the pytest files of python-torch), GPU_ONLY
+# (default 1: of those files only the tests that need a GPU), SKIP_PROVIDERS,
 # SKIP_EXAMPLES, SKIP_BENCH; each step's limit is a *_LIMIT variable.
 #
 # Outputs land in $OUT (the device tool fetches them) or ./gpu-results.
@@ -212,10 +213,14 @@ run)
   fi
   # The Python package's torch and CUDA tests (CI runs only their CPU part).
   if ls .carry/wheels/symheap-*.whl >/dev/null 2>&1; then
-    [ "${SKIP_TORCH:-0}" = 1 ] || step python-torch "${PYTEST_LIMIT:-600}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs ${TORCH_TESTS:-test_torch.py test_fused.py test_torch_ops_gpu.py test_gemm.py test_moe.py}"
+    # Only the tests that need a GPU (--gpu-only): CI runs the rest with the same torch and
+    # Triton. GPU_ONLY=0 runs every test of those files here.
+    GO="--gpu-only"
+    [ "${GPU_ONLY:-1}" = 0 ] && GO=""
+    [ "${SKIP_TORCH:-0}" = 1 ] || step python-torch "${PYTEST_LIMIT:-600}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs $GO ${TORCH_TESTS:-test_torch.py test_fused.py test_torch_ops_gpu.py test_gemm.py test_moe.py}"
     # Providers (native heap, NVSHMEM, torch SymmetricMemory) under one Triton and one CUDA C++
     # kernel, and the Triton device library's compile and hint checks.
-    [ "${SKIP_PROVIDERS:-0}" = 1 ] || step python-providers "${PROVIDERS_LIMIT:-300}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs test_providers_gpu.py test_providers.py test_triton_compile.py"
+    [ "${SKIP_PROVIDERS:-0}" = 1 ] || step python-providers "${PROVIDERS_LIMIT:-300}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs $GO test_providers_gpu.py test_providers.py test_triton_compile.py"
     step triton-hint 60 python3 scripts/triton_hint_check.py
     cat "$OUTDIR/triton-hint.log"
     # The newcomer examples as their README launches them, 2 PEs (sharing a GPU when there is

@@ -70,6 +70,26 @@ def run_cases(
     return p
 
 
+def pytest_addoption(parser) -> None:
+    parser.addoption(
+        "--gpu-only",
+        action="store_true",
+        help="run only the tests that need a CUDA device (those using the cuda_gpus fixture): "
+        "the GPU suite's choice, since CI runs the rest with the same torch and Triton",
+    )
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """With ``--gpu-only``, deselects every test that does not need a GPU."""
+    if not config.getoption("--gpu-only"):
+        return
+    keep = [i for i in items if "cuda_gpus" in getattr(i, "fixturenames", ())]
+    gone = [i for i in items if "cuda_gpus" not in getattr(i, "fixturenames", ())]
+    if gone:
+        config.hook.pytest_deselected(items=gone)
+    items[:] = keep
+
+
 @pytest.fixture
 def torch_module():
     """torch, or a skip when it is not installed."""

@@ -34,7 +34,7 @@ def _gpu_env() -> dict:
     return {"SYMHEAP_BACKEND": "cuda", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 
 
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [2, 4, 8])
 def test_moe_cuda(cuda_gpus: int, n: int) -> None:
     """The Triton kernel at n PEs (one GPU each when there are enough, else sharing GPU 0)."""
     run_cases(n, *CPU_CASES, "moe_cuda_graph", env=_gpu_env(), timeout=900)

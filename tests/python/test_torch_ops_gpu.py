@@ -10,10 +10,8 @@ from conftest import run_cases
 
 
 @pytest.fixture
-def cuda(torch_module) -> None:
-    """A skip, saying why, when torch sees no CUDA device."""
-    if not torch_module.cuda.is_available():
-        pytest.skip("CUDA is absent (torch.cuda.is_available() is False): GPU-suite test")
+def cuda(cuda_gpus: int) -> None:
+    """A skip, saying why, when torch sees no CUDA device (GPU-suite tests)."""
 
 
 GPU = {"SYMHEAP_BACKEND": "cuda"}
