@@ -122,13 +122,7 @@ impl Inner {
                         seen = least();
                         seen >= need
                     },
-                    &|| {
-                        team.members
-                            .iter()
-                            .copied()
-                            .filter(|&m| m != me && self.consumed(team, m).0 < need)
-                            .collect()
-                    },
+                    &|| team.members_where(|m| m != me && self.consumed(team, m).0 < need),
                     Some(Watching {
                         team,
                         pos: count,
@@ -228,11 +222,7 @@ impl Inner {
                 )
             },
             &mut || others().all(|m| self.consumed(team, m).0 > u.j),
-            &|| {
-                others()
-                    .filter(|&m| self.consumed(team, m).0 <= u.j)
-                    .collect()
-            },
+            &|| team.members_where(|m| m != me && self.consumed(team, m).0 <= u.j),
             Some(Watching {
                 team,
                 pos: u.count,

@@ -362,13 +362,7 @@ impl Inner {
                 }
                 seen == team.members.len()
             },
-            &|| {
-                team.members
-                    .iter()
-                    .copied()
-                    .filter(|&m| !arrived(m))
-                    .collect()
-            },
+            &|| team.members_where(|m| !arrived(m)),
             Some(Watching {
                 team,
                 pos: count,

@@ -78,6 +78,12 @@ impl TeamInner {
         self.members[self.me]
     }
 
+    /// The members (world PEs, in member order) for which `pred` holds: whom a wait that timed
+    /// out names.
+    pub(crate) fn members_where(&self, pred: impl Fn(usize) -> bool) -> Vec<usize> {
+        self.members.iter().copied().filter(|&m| pred(m)).collect()
+    }
+
     pub(crate) fn is_destroyed(&self) -> bool {
         self.destroyed.load(Ordering::Acquire)
     }
