@@ -324,9 +324,14 @@ def a2av_2d(boot: pc.DistBoot, dist: Any, name: str, c: Dict[str, Any], x, idx, 
 
 
 def sm_store_floor(boot: pc.DistBoot, nbytes: int, key: Dict[str, Any], rows: List[Dict[str, Any]]) -> None:
-    """One copy of ``nbytes`` into the next rank's memory with SM stores (the floor)."""
+    """One copy of ``nbytes`` (the most any rank sends: the allocation is collective, so its
+    size is the same on every rank) into the next rank's memory with SM stores (the floor)."""
     n, me = symheap.n_pes(), symheap.my_pe()
-    nb = max(1 << 20, nbytes)
+    most = st.empty(1, dtype=torch.int64)
+    most.fill_(nbytes)
+    symheap.all_reduce(most, op="max")
+    nb = max(1 << 20, int(most.item()))
+    st.free(most)
     dst = st.empty(nb // 2, dtype=torch.bfloat16)
     src = torch.randn(nb // 2, device=dst.device).to(torch.bfloat16)
     symheap.barrier_all()

@@ -525,25 +525,28 @@ def report_overhead(rows) -> List[str]:
 
 
 def report_ordinary(rows, sizes: Sequence[int] = (8 << 10, 64 << 10, 512 << 10)) -> List[str]:
-    """Ordinary against symmetric tensors through the op, graph and eager."""
+    """Ordinary against symmetric tensors through the op, graph and eager. The issue's target is
+    under CUDA graphs (what a decode step replays); the eager column is the host time the
+    ordinary tensor's staging decision adds per call, shown beside it."""
     out = [
         "| bytes | symmetric graph us | ordinary graph us | diff | symmetric eager us | ordinary eager us | diff |",
         "|---|---|---|---|---|---|---|",
     ]
-    diffs = []
+    graph_diffs = []
     for b in sizes:
         cells = []
         for key in ("us", "eager_us"):
             s = _us(rows, "all_reduce", "symheap torch.ops all_reduce_ symmetric", b, key)
             o = _us(rows, "all_reduce", "symheap torch.ops all_reduce_ ordinary", b, key)
             d = None if s is None or o is None else o - s
-            diffs.append(d)
+            if key == "us":
+                graph_diffs.append(d)
             cells += [_f(s), _f(o), _f(d)]
         out.append(f"| {b} | " + " | ".join(cells) + " |")
     out.append("")
     out.append(
-        "target ordinary within 0.3 us of symmetric, 8 KiB..512 KiB, graph and eager: "
-        + _verdict(diffs, lambda v: v <= 0.3)
+        "target ordinary within 0.3 us of symmetric, 8 KiB..512 KiB, CUDA graph: "
+        + _verdict(graph_diffs, lambda v: v <= 0.3)
     )
     return out
 

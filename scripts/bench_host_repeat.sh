@@ -48,7 +48,9 @@ def human(b):
             return f"{b:g} {unit}"
         b /= 1024
 
-def span(v, f="{:.2f}"):
+def span(v, f=None):
+    # Three decimals below 1 us: the small-message rows differ by nanoseconds.
+    f = f or ("{:.3f}" if statistics.median(v) < 1 else "{:.2f}")
     return f"{f.format(statistics.median(v))} [{f.format(min(v))}-{f.format(max(v))}]"
 
 for k, b in enumerate(bins):

@@ -26,7 +26,8 @@
 # SKIP_SELFTEST, PES (default 1,2,4), SKIP_PES8, PES8_ONLY (scenarios at 8 PEs), SKIP_DIVERGE,
 # SKIP_FAULTS, KILL_TRIALS, SKIP_TORCH, TORCH_TESTS (the pytest files of python-torch), GPU_ONLY
 # (default 1: of those files only the tests that need a GPU), SKIP_PROVIDERS,
-# SKIP_EXAMPLES, SKIP_BENCH; each step's limit is a *_LIMIT variable.
+# SKIP_EXAMPLES, SKIP_BENCH, OPS_BENCH_ONLY (of the benchmarks only the fused, GEMM-overlap and
+# MoE ones: no peer programs, no `symheap bench`); each step's limit is a *_LIMIT variable.
 #
 # Outputs land in $OUT (the device tool fetches them) or ./gpu-results.
 set -uo pipefail
@@ -78,6 +79,10 @@ run)
     grep -E "_peer:|not measured|torch_symm_mem:" "$OUTDIR/peer-$name.log" | head -n 30 || true
   }
   run_peers() {
+    if [ "${OPS_BENCH_ONLY:-0}" = 1 ]; then
+      tp_bench; gemm_bench; moe_bench
+      return 0
+    fi
     [ "$NGPU" -lt 2 ] && echo "=== peers: one GPU here, so every peer runs at 1 rank (a code-path check, not a comparison)"
     peer torch-symm-mem "${TORCH_LIMIT:-100}" torch_symm_mem.py
     # NCCL by path: the newest that travelled (SYMHEAP_NCCL_LIB, or .nccl/libnccl.so.2[.xz]),
@@ -247,6 +252,7 @@ run)
     for f in "$OUTDIR"/peer-*.json; do [ -s "$f" ] && PEER+=(--peer-json "$f"); done
     WHAT="${BENCH_WHAT:-all}"
     [ "$ONLY" = 1 ] && WHAT="${BENCH_WHAT:-coll}"
+    [ "${OPS_BENCH_ONLY:-0}" = 1 ] ||
     step bench-gpu "${BENCH_LIMIT:-160}" env SYMHEAP_TIMEOUT=30 "$B" bench "$WHAT" -n "$NGPU" --json "$OUTDIR/bench-gpu.json" --png "$OUTDIR/bench-gpu.png" "${PEER[@]}" ${BENCH_ARGS:-}
     grep -E "^\|" "$OUTDIR/bench-gpu.log" || true
   fi

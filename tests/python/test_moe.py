@@ -40,6 +40,22 @@ def test_moe_cuda(cuda_gpus: int, n: int) -> None:
     run_cases(n, *CPU_CASES, "moe_cuda_graph", env=_gpu_env(), timeout=900)
 
 
+def test_quantize_fp8_same_on_cpu_and_cuda(cuda_gpus: int) -> None:
+    """quantize_fp8 of the same rows gives the same bytes and scales on the CPU and on the GPU,
+    so the host backend and the CUDA path dispatch identical FP8 payloads."""
+    import torch
+
+    from symheap._moe_plan import quantize_fp8
+
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(64, 7168, generator=g) * torch.rand(64, 1, generator=g) * 30).to(torch.bfloat16)
+    x[3, :128] = 0
+    qc, sc = quantize_fp8(x)
+    qg, sg = (t.cpu() for t in quantize_fp8(x.cuda()))
+    assert torch.equal(sc, sg), int((sc != sg).sum())
+    assert torch.equal(qc.view(torch.uint8), qg.view(torch.uint8)), int((qc.view(torch.uint8) != qg.view(torch.uint8)).sum())
+
+
 @pytest.mark.parametrize("n,cases", [(2, CPU_CASES[:5]), (4, ("moe_random", "moe_edges", "moe_repeat"))])
 def test_moe_triton_kernels_interpreted(torch_module, n: int, cases) -> None:
     """The CUDA path's Triton kernels (plans, row moves through translated peer addresses,

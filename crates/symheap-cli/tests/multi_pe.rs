@@ -288,6 +288,11 @@ fn put_signal_producer_consumer() {
 }
 
 #[test]
+fn a_quiet_after_puts_wakes_a_sleeping_waiter() {
+    selftest("put-wake");
+}
+
+#[test]
 fn teams_split_translate_collectives_destroy() {
     selftest("teams");
 }

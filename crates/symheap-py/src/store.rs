@@ -68,7 +68,7 @@ struct Shared {
     rank: usize,
     size: usize,
     timeout: Duration,
-    health: Health,
+    health: Arc<Health>,
     prefix: String,
     seq: AtomicU64,
     has_wait: bool,
@@ -185,7 +185,7 @@ impl PyBootstrap {
             rank,
             size,
             timeout,
-            health: Health::new(),
+            health: Arc::new(Health::new()),
             prefix: format!("symheap/{gen}"),
             seq: AtomicU64::new(0),
         });
@@ -488,7 +488,7 @@ impl Bootstrap for PyBootstrap {
         self.shared.health.check(self.shared.rank, "check")
     }
 
-    fn health(&self) -> &Health {
+    fn health(&self) -> &Arc<Health> {
         &self.shared.health
     }
 

@@ -529,3 +529,68 @@ pub fn signal(ctx: &Context, a: PeArgs) -> Outcome {
     }
     ctx.barrier_all().map_err(e2s)
 }
+
+/// Nanoseconds since the epoch: a clock every process of the machine shares.
+fn wall_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// A plain put wakes a PE asleep in `signal_wait_until` on its bytes: at once after the
+/// putter's `quiet` (the put itself rings no one, so that it costs no fence), and within the
+/// wait's nap when no quiet follows (before the barrier after it, 200 ms later, rings). PE 1 waits; PE 0 puts after PE 1 has had time to fall
+/// asleep; the two clocks are the machine's, compared on PE 0.
+pub fn put_wake(ctx: &Context, _a: PeArgs) -> Outcome {
+    let me = ctx.my_pe();
+    let flag = ctx.calloc(1, 8).map_err(e2s)?;
+    let times = ctx.calloc(16, 8).map_err(e2s)?;
+    let rounds: u64 = 5;
+    for r in 1..=rounds + 1 {
+        ctx.barrier_all().map_err(e2s)?;
+        if me == 1 {
+            ctx.signal_wait_until(&flag, 0, Cmp::Ge, r).map_err(e2s)?;
+            ctx.put::<u64>(&times, r as usize, &[wall_ns()], 0)
+                .map_err(e2s)?;
+            ctx.quiet().map_err(e2s)?;
+        } else if me == 0 {
+            // Asleep by then, and mid-nap: PE 1 naps 10 ms at a time from the barrier on, so
+            // a put at a multiple of 10 ms would meet a nap's end and hide a missing ring.
+            std::thread::sleep(std::time::Duration::from_millis(65));
+            ctx.put::<u64>(&flag, 0, &[r], 1).map_err(e2s)?;
+            // The last round has no quiet before the barrier's wait.
+            if r <= rounds {
+                ctx.quiet().map_err(e2s)?;
+            }
+            let done = wall_ns();
+            ctx.put::<u64>(&times, 8 + r as usize, &[done], 0)
+                .map_err(e2s)?;
+            // Nothing else rings PE 1 for a while: not the next barrier's arrival either.
+            std::thread::sleep(std::time::Duration::from_millis(if r > rounds {
+                200
+            } else {
+                40
+            }));
+        }
+    }
+    ctx.barrier_all().map_err(e2s)?;
+    if me == 0 && ctx.n_pes() > 1 {
+        let t = times.to_vec::<u64>().map_err(e2s)?;
+        // Microseconds from PE 0's quiet (or put) to PE 1's wake.
+        let late = |r: usize| t[r].saturating_sub(t[8 + r]) / 1000;
+        let us: Vec<u64> = (1..=rounds as usize).map(late).collect();
+        // The quickest round: a loaded machine delays some wakes by a scheduling slice, while
+        // without the quiet's ring every round waits for a nap's end, about 5 ms here.
+        let best = us.iter().copied().min().unwrap_or(u64::MAX);
+        ensure!(
+            best < 2500,
+            "PE 1 woke at best {best} us after PE 0's quiet ({us:?} us): the quiet rang no one"
+        );
+        let no_quiet = late(rounds as usize + 1);
+        ensure!(
+            no_quiet < 150_000,
+            "without a quiet PE 1 woke {no_quiet} us after the put (its nap is 10 ms)"
+        );
+    }
+    Ok(())
+}

@@ -156,7 +156,9 @@ pub trait Backend: Send + Sync {
         dtype: DType,
         op: ReduceOp,
     ) -> Result<()>;
-    /// Orders this PE's earlier stores to any PE before its later ones (release semantics).
+    /// Orders this PE's earlier stores to any PE before its later ones, as a sequentially
+    /// consistent fence of the calling thread at least (`quiet` relies on that for the
+    /// doorbell handshake with sleeping waiters, `Inner::ring_data_all`).
     fn fence(&self);
     /// A fence over everything enqueued so far on `streams` (device work that may still use a
     /// block being released), or None when nothing can be pending (the host backend completes

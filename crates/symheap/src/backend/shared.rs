@@ -132,6 +132,7 @@ impl SharedArea {
     }
 
     /// Atomic 32-bit load.
+    #[inline]
     pub fn load32(&self, addr: u64) -> u32 {
         let a = self.word::<4>(addr);
         // SAFETY: as in `load64`, for a 4-byte word.

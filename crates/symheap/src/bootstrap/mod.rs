@@ -21,6 +21,7 @@ pub use node::{NodeChannel, NodeInfo};
 pub use single::SingleBootstrap;
 pub use tcp::TcpBootstrap;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::Result;
@@ -75,8 +76,9 @@ pub trait Bootstrap: Send + Sync {
     fn fail_all(&self, kind: crate::error::ErrorKind);
     /// Cheap. `Err` once this PE knows the job failed (a PE exited, aborted or timed out).
     fn check(&self) -> Result<()>;
-    /// The failure state that data-plane waits poll.
-    fn health(&self) -> &Health;
+    /// The failure state that data-plane waits poll, shared: a context keeps its own handle so
+    /// that the check at the entry of every call is two loads, not a dynamic call.
+    fn health(&self) -> &Arc<Health>;
     /// Collective. Leaves the rendezvous cleanly; later calls fail with `Finalized`.
     fn finalize(&self) -> Result<()>;
 }

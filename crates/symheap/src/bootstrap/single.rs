@@ -1,5 +1,6 @@
 //! The rendezvous of a job with one PE: every collective completes at once.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Bootstrap, Health};
@@ -9,7 +10,7 @@ use crate::error::{ErrorKind, Result};
 #[derive(Debug)]
 pub struct SingleBootstrap {
     timeout: Duration,
-    health: Health,
+    health: Arc<Health>,
 }
 
 impl SingleBootstrap {
@@ -17,7 +18,7 @@ impl SingleBootstrap {
     pub fn new(timeout: Duration) -> Self {
         SingleBootstrap {
             timeout,
-            health: Health::new(),
+            health: Arc::new(Health::new()),
         }
     }
 }
@@ -48,7 +49,7 @@ impl Bootstrap for SingleBootstrap {
     fn check(&self) -> Result<()> {
         self.health.check(0, "check")
     }
-    fn health(&self) -> &Health {
+    fn health(&self) -> &Arc<Health> {
         &self.health
     }
     fn finalize(&self) -> Result<()> {

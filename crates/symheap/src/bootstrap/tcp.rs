@@ -34,7 +34,7 @@ const TELL_GRACE: Duration = Duration::from_secs(1);
 /// State shared between the API thread and the rendezvous threads.
 struct Shared {
     rank: usize,
-    health: Health,
+    health: Arc<Health>,
     results: Mutex<HashMap<u64, Vec<Vec<u8>>>>,
     cv: Condvar,
     finalizing: AtomicBool,
@@ -222,7 +222,7 @@ impl TcpBootstrap {
     pub fn connect(env: &LaunchEnv, timeout: Duration) -> Result<TcpBootstrap> {
         let shared = Arc::new(Shared {
             rank: env.rank,
-            health: Health::new(),
+            health: Arc::new(Health::new()),
             results: Mutex::new(HashMap::new()),
             cv: Condvar::new(),
             finalizing: AtomicBool::new(false),
@@ -447,7 +447,7 @@ impl Bootstrap for TcpBootstrap {
         self.shared.health.check(self.rank, "check")
     }
 
-    fn health(&self) -> &Health {
+    fn health(&self) -> &Arc<Health> {
         &self.shared.health
     }
 

@@ -109,6 +109,7 @@ impl ContextBuilder {
             rendezvous: met.what,
             rank,
             world,
+            health: met.boot.health().clone(),
             boot: met.boot,
             node,
             bases: (0..world).map(|pe| backend.slot_base(pe)).collect(),

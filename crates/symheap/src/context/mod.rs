@@ -61,6 +61,8 @@ pub(crate) struct Inner {
     pub(crate) rank: usize,
     pub(crate) world: usize,
     pub(crate) boot: Arc<dyn Bootstrap>,
+    /// `boot`'s failure state, held here for the check at every call's entry.
+    pub(crate) health: Arc<crate::bootstrap::Health>,
     pub(crate) node: NodeInfo,
     pub(crate) backend: Arc<dyn Backend>,
     /// Every PE's heap slot base as the backend maps it (None: on another node), fixed for the
@@ -108,7 +110,7 @@ impl Inner {
 
     #[inline]
     pub(crate) fn check(&self, call: &'static str) -> Result<()> {
-        self.boot.health().check(self.rank, call)
+        self.health.check(self.rank, call)
     }
 
     /// Records `call(args)` in the world team's ledger (locking the world team: the caller

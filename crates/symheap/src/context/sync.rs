@@ -124,6 +124,17 @@ impl Inner {
         self.ring_if(pe, |a| a.data_sleepers(pe));
     }
 
+    /// Rings every direct PE that has a sleeper waiting for heap data, after the caller's
+    /// sequentially consistent fence (the backend's, in `quiet` and `fence`): what those do for
+    /// the plain puts before them. A put rings no one itself, so that it costs no fence; a
+    /// waiter that still spins sees the bytes at once, and one asleep re-reads every nap even if
+    /// no quiet ever comes.
+    pub(crate) fn ring_data_all(&self) {
+        for pe in 0..self.world {
+            self.ring_fenced(pe, |a| a.data_sleepers(pe));
+        }
+    }
+
     /// How a PE tells PE `pe` that something it may wait for changed (a barrier arrival, a
     /// store into its heap), in `ring_if` and `ring_fenced`.
     ///

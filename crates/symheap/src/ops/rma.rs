@@ -92,14 +92,13 @@ pub(crate) fn elem_range<T: Element>(
 impl Context {
     /// Copies `src` into PE `pe`'s copy of the symmetric range at `dest` (an address in this
     /// PE's heap). Returns when `src` may be reused; the data is delivered by the next
-    /// `quiet`, barrier or signal.
+    /// `quiet`, `fence`, barrier or signal. A PE blocked in `signal_wait_until` on these bytes
+    /// wakes at the next of those (or, with none, within the wait's nap of 10 ms).
     pub fn put_bytes(&self, dest: u64, src: &[u8], pe: usize) -> Result<()> {
         const CALL: &str = "put";
         self.inner.check(CALL)?;
         let remote = self.inner.remote(dest, src.len() as u64, pe, CALL)?;
-        self.inner.backend.write_bytes(remote, src)?;
-        self.inner.ring_data(pe);
-        Ok(())
+        self.inner.backend.write_bytes(remote, src)
     }
 
     /// Copies PE `pe`'s copy of the symmetric range at `src` into `dest`. Returns when the data
@@ -164,6 +163,7 @@ impl Context {
     pub fn quiet(&self) -> Result<()> {
         self.inner.check("quiet")?;
         self.inner.backend.fence();
+        self.inner.ring_data_all();
         Ok(())
     }
 
@@ -172,6 +172,7 @@ impl Context {
     pub fn fence(&self) -> Result<()> {
         self.inner.check("fence")?;
         self.inner.backend.fence();
+        self.inner.ring_data_all();
         Ok(())
     }
 

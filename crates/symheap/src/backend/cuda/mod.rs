@@ -569,7 +569,9 @@ impl Backend for CudaBackend {
     }
 
     fn fence(&self) {
-        // Host-issued operations on this backend complete before they return.
+        // Host-issued operations on this backend complete before they return; what is left is
+        // the ordering of this thread's host stores (the doorbell handshake, see the trait).
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
     }
 
     fn fence_streams(&self, streams: &[u64]) -> Option<Box<dyn crate::backend::Fence>> {
