@@ -7,9 +7,10 @@
 #
 #   scripts/bench_host_repeat.sh [-r RUNS] [-n PES] [-o DIR] [BIN [BIN2]] [-- BENCH ARGS...]
 #
-# With two binaries (e.g. before and after a change) the runs alternate A B A B ..., so drift
-# of a shared machine hits both alike. Defaults: 5 runs, 2 PEs, ./target/release/symheap, JSON
-# of every run kept in a temporary directory (or DIR). Needs python3 for the table.
+# With two binaries (e.g. before and after a change) the runs alternate A B B A A B ..., so
+# drift of a shared machine and the position in a pair hit both alike. Defaults: 5 runs, 2 PEs,
+# ./target/release/symheap, JSON of every run kept in a temporary directory (or DIR). Needs
+# python3 for the table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=5 pes=2 out=""
@@ -31,7 +32,11 @@ done
 [ -n "$out" ] || out="$(mktemp -d /tmp/symheap-repeat.XXXXXX)"
 mkdir -p "$out"
 for i in $(seq 1 "$runs"); do
-  for k in "${!bins[@]}"; do
+  # A B, then B A: a binary that always runs second after the other's Open MPI peer measured
+  # its collectives up to 1.7x slower on the 2-core VM (either binary, 2026-12-02).
+  order=("${!bins[@]}")
+  [ $((i % 2)) = 0 ] && order=($(printf '%s\n' "${order[@]}" | tac))
+  for k in "${order[@]}"; do
     f="$out/bin$k-run$i.json"
     echo "run $i/$runs: ${bins[$k]}" >&2
     "${bins[$k]}" bench all --host -n "$pes" "${extra[@]}" --json "$f" >/dev/null
