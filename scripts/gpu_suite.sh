@@ -62,10 +62,16 @@ run)
     local name="$1" limit="$2"; shift 2
     local t0=$SECONDS
     echo "=== $name: $*"
-    if timeout -k 10 "$limit" "$@" >"$OUTDIR/$name.log" 2>&1; then
-      rows+=("| $name | pass | $((SECONDS - t0)) s |")
+    local ok=1
+    timeout -k 10 "$limit" "$@" >"$OUTDIR/$name.log" 2>&1 || ok=0
+    # What ran, in the table: a step that passes having run nothing must show it.
+    local ran
+    ran=$(grep -hE "[0-9]+ (passed|failed|errors?)|[0-9]+ of [0-9]+ runs passed" "$OUTDIR/$name.log" | tail -n 1 |
+      sed -E 's/=+//g; s/ in [0-9.]+s.*//; s/^ +//; s/ +$//; s/^\[PE [0-9]+\] //')
+    if [ "$ok" = 1 ]; then
+      rows+=("| $name | pass${ran:+: $ran} | $((SECONDS - t0)) s |")
     else
-      rows+=("| $name | FAIL (see $name.log) | $((SECONDS - t0)) s |")
+      rows+=("| $name | FAIL${ran:+: $ran} (see $name.log) | $((SECONDS - t0)) s |")
       tail -n 40 "$OUTDIR/$name.log"
     fi
     case "$name" in

@@ -539,8 +539,9 @@ fn wall_ns() -> u64 {
 
 /// A plain put wakes a PE asleep in `signal_wait_until` on its bytes: at once after the
 /// putter's `quiet` (the put itself rings no one, so that it costs no fence), and within the
-/// wait's nap when no quiet follows (before the barrier after it, 200 ms later, rings). PE 1 waits; PE 0 puts after PE 1 has had time to fall
-/// asleep; the two clocks are the machine's, compared on PE 0.
+/// wait's nap when no quiet follows (before the barrier after it, 200 ms later, rings). PE 1
+/// waits; PE 0 puts after PE 1 has had time to fall asleep; the two clocks are the machine's,
+/// compared on PE 0.
 pub fn put_wake(ctx: &Context, _a: PeArgs) -> Outcome {
     let me = ctx.my_pe();
     let flag = ctx.calloc(1, 8).map_err(e2s)?;
