@@ -37,6 +37,7 @@ from ._core import (
     symmetric_arr,
     world_stream,
 )
+from ._core import _torch as _torch_mod
 from ._native import SymheapValueError, Team
 
 StreamLike = Any
@@ -526,6 +527,22 @@ def all_reduce(
     if d.numel != s.numel:
         raise SymheapValueError(f"all_reduce: destination has {d.numel} elements, source {s.numel}")
     native().all_reduce(team, d.ptr, s.ptr, d.numel, d.dtype, op, algo, _coll_stream(d, stream, True))
+
+
+def all_reduce_symmetric_tensor(t: Any, dtype: str, op: str, team: Optional[Team]) -> None:
+    """In-place :func:`all_reduce` of a tensor its caller knows to be contiguous symmetric
+    memory on this PE's device (``symheap.ops``'s zero-copy case), on torch's current stream:
+    no second description of ``t``. The native call checks the address range itself, so a
+    wrong belief is an error, never a bad access."""
+    ctx = native()
+    stream = None
+    if ctx.backend == "cuda":
+        if dtype not in _DEVICE_REDUCE_DTYPES:
+            _host_sync()
+        idx = t.get_device()
+        stream = int(_torch_mod().cuda.current_stream(idx if idx >= 0 else ctx.device_ordinal).cuda_stream)
+    n = t.numel()
+    ctx.all_reduce(team, t.data_ptr(), t.data_ptr(), n, dtype, op, "auto", stream)
 
 
 @api

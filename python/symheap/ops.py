@@ -269,8 +269,14 @@ def _finish_avg(t: _torch.Tensor, op: str, tid: int) -> None:
 
 @_custom_op("symheap::all_reduce_", mutates_args=("tensor",))
 def _all_reduce_(tensor: _torch.Tensor, op: str = "sum", team: int = 0) -> None:
-    _dtype(tensor, "all_reduce")
+    dtype = _dtype(tensor, "all_reduce")
     _check_op(op, tensor, "all_reduce")
+    if _zero_copy(tensor):
+        # The common case (a symmetric tensor) straight to the native call: half of an eager
+        # op's host time was describing and checking it a second time in the general path.
+        _ops.all_reduce_symmetric_tensor(tensor, dtype, _reduce(op), _team(team))
+        _finish_avg(tensor, op, team)
+        return
     (s,) = _stage(team, [(tensor, True)], ("all_reduce", tensor, 1))
     _ops.all_reduce(s, op=_reduce(op), team=_team(team))
     _finish_avg(s, op, team)
