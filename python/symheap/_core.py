@@ -684,30 +684,29 @@ def check_team(team: Any, what: str = "team", allow_none: bool = True) -> Any:
     return team
 
 
-def default_stream(a: Arr, stream: Optional[int]) -> Optional[int]:
-    """The stream a CUDA operation on ``a`` goes on: ``stream`` if given, else torch's current
-    stream of the tensor's device; None (run on the host) on the host backend."""
+def device_stream(device_index: Optional[int], stream: Optional[int]) -> Optional[int]:
+    """The stream a CUDA operation on device ``device_index`` (None: this PE's) goes on:
+    ``stream`` if given, else torch's current stream of that device; None (run on the host) on
+    the host backend."""
     if native().backend != "cuda":
         return None
     if stream is not None:
         return int(getattr(stream, "cuda_stream", stream))
     t = _torch()
     if t is not None and t.cuda.is_available():
-        dev = a.device_index if a.device_index is not None else native().device_ordinal
+        dev = device_index if device_index is not None else native().device_ordinal
         return int(t.cuda.current_stream(dev).cuda_stream)
     return 0
 
 
+def default_stream(a: Arr, stream: Optional[int]) -> Optional[int]:
+    """:func:`device_stream` of the device ``a`` lives on."""
+    return device_stream(a.device_index, stream)
+
+
 def world_stream(stream: Optional[int]) -> Optional[int]:
     """Like :func:`default_stream` for calls with no tensor (barriers)."""
-    if native().backend != "cuda":
-        return None
-    if stream is not None:
-        return int(getattr(stream, "cuda_stream", stream))
-    t = _torch()
-    if t is not None and t.cuda.is_available():
-        return int(t.cuda.current_stream(native().device_ordinal).cuda_stream)
-    return 0
+    return device_stream(None, stream)
 
 
 @dataclass

@@ -30,6 +30,7 @@ from ._core import (
     check_pe,
     check_team,
     default_stream,
+    device_stream,
     index_arg,
     local,
     native,
@@ -37,7 +38,6 @@ from ._core import (
     symmetric_arr,
     world_stream,
 )
-from ._core import _torch as _torch_mod
 from ._native import SymheapValueError, Team
 
 StreamLike = Any
@@ -535,14 +535,11 @@ def all_reduce_symmetric_tensor(t: Any, dtype: str, op: str, team: Optional[Team
     no second description of ``t``. The native call checks the address range itself, so a
     wrong belief is an error, never a bad access."""
     ctx = native()
-    stream = None
-    if ctx.backend == "cuda":
-        if dtype not in _DEVICE_REDUCE_DTYPES:
-            _host_sync()
-        idx = t.get_device()
-        stream = int(_torch_mod().cuda.current_stream(idx if idx >= 0 else ctx.device_ordinal).cuda_stream)
-    n = t.numel()
-    ctx.all_reduce(team, t.data_ptr(), t.data_ptr(), n, dtype, op, "auto", stream)
+    if ctx.backend == "cuda" and dtype not in _DEVICE_REDUCE_DTYPES:
+        _host_sync()
+    idx = t.get_device()
+    stream = device_stream(idx if idx >= 0 else None, None)
+    ctx.all_reduce(team, t.data_ptr(), t.data_ptr(), t.numel(), dtype, op, "auto", stream)
 
 
 @api
