@@ -145,6 +145,10 @@ run)
   # sharing it: not a speed comparison). A failure is printed; the suite goes on.
   gemm_bench() {
     local pp="${PEER_PATH:-}${PYTHONPATH:+:$PYTHONPATH}"
+    # The kernels' GEMM alone (every tuning candidate) against cuBLAS on one GPU: the floor the
+    # overlapped ops stand on (bench/gemm_tune_bench.py).
+    step gemm-tune-bench "${GEMM_TUNE_LIMIT:-400}" python3 bench/gemm_tune_bench.py "$OUTDIR/gemm-tune.json" \
+      --pes "${GEMM_TUNE_PES:-2}"
     step gemm-overlap-bench "${GEMM_BENCH_LIMIT:-400}" env PYTHONPATH="$pp" SYMHEAP_BACKEND=cuda SYMHEAP_TIMEOUT=60 \
       torchrun --standalone --nproc-per-node "$NGPU" bench/gemm_overlap_bench.py "$OUTDIR/gemm-overlap.json"
     sed -n '/^## gemm_overlap_bench/,$p' "$OUTDIR/gemm-overlap-bench.log"

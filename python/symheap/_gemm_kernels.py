@@ -58,18 +58,21 @@ No deadlock: the persistent grids are at most the SMs of this PE's share of the 
 the push CTAs, so every CTA of every kernel involved is resident together; a CTA only waits for
 work that never waits itself (the push kernel; a peer's non-own tiles, which come first).
 
-Block sizes: chosen by :func:`config` from the shape and the device, cached; not autotuned
-(every launch here is a collective step: an autotuner would time a different number of
-launches on each PE, and different PEs could pick different tiles). See :mod:`symheap.gemm`.
+Block sizes: a :class:`Config` per call, the same on every PE (it fixes the chunks and tiles the
+flags stand for): tuned by :mod:`symheap._gemm_tune` among :func:`candidates`, else the
+heuristic :func:`config`. Loads: TMA descriptors (``TMA``) where A's and B's strides allow them,
+else pointer loads with masks; either way the GEMM visits tiles in groups of ``GM`` M-tiles
+(the CTAs running together share A and B tiles in L2).
 """
 
 # No "from __future__ import annotations": Triton reads the tl.constexpr annotations.
 import functools
-from typing import Any, Tuple
+from typing import Any, List, NamedTuple, Optional, Tuple
 
 import torch as _torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import triton as sh
 
@@ -113,6 +116,55 @@ def _tile_dot(a_base, stride_am, m_rows, b_ptr, stride_bk, stride_bn, N, K, i, j
         a_ptrs += BK
         b_ptrs += BK * stride_bk
     return acc, rm, rn, mmask, nmask
+
+
+@triton.jit
+def _tile_dot_tma(a_desc, row0, b_desc, K, j, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, B_T: tl.constexpr):
+    """fp32 ``A[row0.., :] @ B[:, j*BN..]`` of one tile through TMA: ``a_desc`` ``(rows, K)``
+    with ``(BM, BK)`` blocks, ``b_desc`` ``(K, N)`` with ``(BK, BN)`` blocks or, with ``B_T``,
+    ``(N, K)`` with ``(BN, BK)`` blocks. Out-of-range K and N read as zero; rows past the
+    block's own read whatever lies there (only output rows past it depend on them, and those
+    are never stored)."""
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for kk in range(0, tl.cdiv(K, BK)):
+        a = a_desc.load([row0, kk * BK])
+        if B_T:
+            b = b_desc.load([j * BN, kk * BK]).T
+        else:
+            b = b_desc.load([kk * BK, j * BN])
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def _store_c(c_ptr, acc, row_base, m_rows, i, j, N, stride_cm, BM: tl.constexpr, BN: tl.constexpr):
+    """Tile ``(i, j)`` of a block of ``m_rows`` rows starting at row ``row_base`` of C, masked."""
+    rm = i * BM + tl.arange(0, BM)
+    rn = j * BN + tl.arange(0, BN)
+    c_ptrs = c_ptr + (row_base + rm)[:, None].to(tl.int64) * stride_cm + rn[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm < m_rows)[:, None] & (rn < N)[None, :])
+
+
+@triton.jit
+def _tile_ij(rem, tpp, tn, GM: tl.constexpr):
+    """Tile ``rem`` of a PE block of ``tpp`` M-tiles by ``tn`` N-tiles, in groups of ``GM``
+    M-tiles (all N-tiles of a group before the next group: the CTAs running together share
+    A and B tiles in L2). Every PE maps ``rem`` alike: a tile's flag index is ``rem``."""
+    in_group = GM * tn
+    first = (rem // in_group) * GM
+    rows = tl.minimum(tpp - first, GM)
+    i = first + (rem % in_group) % rows
+    j = (rem % in_group) // rows
+    return i, j
+
+
+@triton.jit
+def _async_proxy_fence():
+    # A peer's SM stores (generic proxy) acquired through a flag are read next by TMA (the
+    # async proxy): PTX orders the two proxies only through a proxy fence.
+    tl.inline_asm_elementwise(
+        "fence.proxy.async.global;\nmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1
+    )
 
 
 # ---- all_gather + GEMM ------------------------------------------------------------------------
@@ -163,6 +215,9 @@ def ag_gemm_kernel(
     b_ptr,
     c_ptr,
     ws_ptr,
+    a_desc,
+    ws_desc,
+    b_desc,
     flags_ptr,
     ctr_ptr,
     me,
@@ -175,12 +230,22 @@ def ag_gemm_kernel(
     stride_bn,
     stride_cm,
     slot_elems,
+    slot_rows,
     flag_stride,
     timeout_ns,
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
+    GM: tl.constexpr,
+    TMA: tl.constexpr,
+    B_T: tl.constexpr,
+    FLAT: tl.constexpr,
 ):
+    """With ``TMA``, A and B come through the descriptors (``a_desc``: this PE's shard;
+    ``ws_desc``: the gathered-A workspace as ``(2 * npes * slot_rows, K)`` rows, slot ``s``
+    at row ``s * slot_rows``); else through the pointers with masks. ``FLAT``: the own-shard
+    loop is flattened with its K loop (the next tile's loads overlap this tile's epilogue; the
+    peers' loop cannot be, it waits per tile)."""
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     epoch = tl.load(ctr_ptr, volatile=True) + 1
@@ -188,21 +253,37 @@ def ag_gemm_kernel(
     tpp = tl.cdiv(m_loc, BM)
     tn = tl.cdiv(N, BN)
     per_pe = tpp * tn
-    for t in range(pid, npes * per_pe, G):
-        k = t // per_pe
-        rem = t % per_pe
-        i = rem // tn
-        j = rem % tn
-        src = (me + k) % npes
-        a_base = a_ptr
-        sam = stride_am
-        if k != 0:
+    if TMA:
+        # Two loops, not one with a branch per tile: each descriptor load site gets its own
+        # pipeline buffers, and sequential loops share them (a branch inside one loop doubled
+        # the shared memory past the SM's). Same tiles per CTA as the pointer loop below.
+        for t in tl.range(pid, per_pe, G, flatten=FLAT):
+            i, j = _tile_ij(t, tpp, tn, GM)
+            acc = _tile_dot_tma(a_desc, i * BM, b_desc, K, j, BM, BN, BK, B_T)
+            _store_c(c_ptr, acc, me * m_loc, m_loc, i, j, N, stride_cm, BM, BN)
+        first_peer = pid + tl.cdiv(tl.maximum(per_pe - pid, 0), G) * G
+        for t in range(first_peer, npes * per_pe, G):
+            k = t // per_pe
+            i, j = _tile_ij(t % per_pe, tpp, tn, GM)
+            src = (me + k) % npes
             _wait(flags_ptr + src * flag_stride + i, epoch, timeout_ns)
-            a_base = ws_ptr + (parity * npes + src).to(tl.int64) * slot_elems
-            sam = K
-        acc, rm, rn, mmask, nmask = _tile_dot(a_base, sam, m_loc, b_ptr, stride_bk, stride_bn, N, K, i, j, BM, BN, BK)
-        c_ptrs = c_ptr + (src * m_loc + rm)[:, None].to(tl.int64) * stride_cm + rn[None, :]
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+            _async_proxy_fence()
+            row0 = ((parity * npes + src) * slot_rows + i * BM).to(tl.int32)
+            acc = _tile_dot_tma(ws_desc, row0, b_desc, K, j, BM, BN, BK, B_T)
+            _store_c(c_ptr, acc, src * m_loc, m_loc, i, j, N, stride_cm, BM, BN)
+    else:
+        for t in range(pid, npes * per_pe, G):
+            k = t // per_pe
+            i, j = _tile_ij(t % per_pe, tpp, tn, GM)
+            src = (me + k) % npes
+            a_base = a_ptr
+            sam = stride_am
+            if k != 0:
+                _wait(flags_ptr + src * flag_stride + i, epoch, timeout_ns)
+                a_base = ws_ptr + (parity * npes + src).to(tl.int64) * slot_elems
+                sam = K
+            acc = _tile_dot(a_base, sam, m_loc, b_ptr, stride_bk, stride_bn, N, K, i, j, BM, BN, BK)[0]
+            _store_c(c_ptr, acc, src * m_loc, m_loc, i, j, N, stride_cm, BM, BN)
     _advance(ctr_ptr, epoch)
 
 
@@ -234,6 +315,8 @@ def rs_gemm_kernel(
     b_ptr,
     c_ptr,
     ws_ptr,
+    a_desc,
+    b_desc,
     flags_ptr,
     ctr_ptr,
     bases_ptr,
@@ -252,8 +335,13 @@ def rs_gemm_kernel(
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
+    GM: tl.constexpr,
+    TMA: tl.constexpr,
+    B_T: tl.constexpr,
     HINT: tl.constexpr,
 ):
+    """With ``TMA``, A (``(M, K)``, block ``d`` at row ``d * m_blk``) and B come through the
+    descriptors; else through the pointers with masks."""
     ESIZE: tl.constexpr = c_ptr.dtype.element_ty.primitive_bitwidth // 8
     pid = tl.program_id(0)
     G = tl.num_programs(0)
@@ -266,13 +354,19 @@ def rs_gemm_kernel(
     for t in range(pid, npes * per_pe, G):
         k = t // per_pe
         rem = t % per_pe
-        i = rem // tn
-        j = rem % tn
+        i, j = _tile_ij(rem, tpp, tn, GM)
         d = (me + 1 + k) % npes
-        a_base = a_ptr + (d * m_blk).to(tl.int64) * stride_am
-        acc, rm, rn, mmask, nmask = _tile_dot(
-            a_base, stride_am, m_blk, b_ptr, stride_bk, stride_bn, N, K, i, j, BM, BN, BK
-        )
+        if TMA:
+            acc = _tile_dot_tma(a_desc, d * m_blk + i * BM, b_desc, K, j, BM, BN, BK, B_T)
+            rm = i * BM + tl.arange(0, BM)
+            rn = j * BN + tl.arange(0, BN)
+            mmask = rm < m_blk
+            nmask = rn < N
+        else:
+            a_base = a_ptr + (d * m_blk).to(tl.int64) * stride_am
+            acc, rm, rn, mmask, nmask = _tile_dot(
+                a_base, stride_am, m_blk, b_ptr, stride_bk, stride_bn, N, K, i, j, BM, BN, BK
+            )
         mask = mmask[:, None] & nmask[None, :]
         part = acc.to(c_ptr.dtype.element_ty)
         offs = rm[:, None] * N + rn[None, :]
@@ -303,16 +397,55 @@ def rs_gemm_kernel(
 # ---- block sizes and launches -----------------------------------------------------------------
 
 
+class Config(NamedTuple):
+    """One kernel configuration: tile ``(bm, bn, bk)``, ``warps``, pipeline ``stages``, the
+    M-tile group ``gm`` of the tile order, and ``tma`` (A and B through TMA descriptors, sm_90
+    and later, when the strides allow it; else pointer loads with masks), ``flat``
+    (all_gather_matmul only: its own-shard tile loop flattened, TMA only)."""
+
+    bm: int
+    bn: int
+    bk: int
+    warps: int
+    stages: int
+    gm: int = 8
+    tma: bool = False
+    flat: bool = False
+
+
 @functools.lru_cache(maxsize=None)
-def config(m_blk: int, n: int, k: int, arch: int) -> Tuple[int, int, int, int, int]:
-    """``(BM, BN, BK, num_warps, num_stages)`` for per-PE blocks of ``m_blk`` rows, by
-    heuristic (the same on every PE: a function of the shape and the device only)."""
+def config(m_blk: int, n: int, k: int, arch: int) -> Config:
+    """The heuristic configuration for per-PE blocks of ``m_blk`` rows (a function of the shape
+    and the device only, so the same on every PE): what runs when nothing was tuned."""
     bm = 128 if m_blk > 64 else 64
     bn = 128 if n > 64 else 64
     if arch >= 90:
         bk = 64 if k >= 64 else 32
-        return bm, bn, bk, 8, 4 if bm == 128 else 3
-    return bm, bn, 32, 8 if bm == 128 else 4, 3
+        return Config(bm, bn, bk, 8, 4 if bm == 128 else 3, 8, arch >= 90 and bk == 64)
+    return Config(bm, bn, 32, 8 if bm == 128 else 4, 3, 8, False)
+
+
+def candidates(op: str, m_blk: int, n: int, k: int, arch: int) -> List[Config]:
+    """The configurations the tuner times for operation ``op`` (``"ag"``/``"rs"``) and this
+    shape (the heuristic's first)."""
+    base = config(m_blk, n, k, arch)
+    out = [base]
+    if arch >= 90 and m_blk > 64 and n > 128 and k >= 64:
+        if op == "ag":
+            out += [Config(128, 256, 64, 8, 3, 8, True, True), Config(128, 128, 64, 8, 4, 8, True, True)]
+        for c in (
+            Config(128, 256, 64, 8, 3, 8, True),
+            Config(128, 256, 64, 8, 4, 8, True),
+            Config(256, 128, 64, 8, 3, 8, True),
+            Config(256, 128, 64, 8, 4, 8, True),
+            Config(128, 128, 64, 8, 5, 8, True),
+            Config(128, 128, 64, 4, 4, 8, True),
+            Config(128, 256, 64, 8, 3, 8, False),
+            Config(128, 128, 64, 8, 4, 8, False),
+        ):
+            if c not in out:
+                out.append(c)
+    return out
 
 
 def _arch(dev: _torch.device) -> int:
@@ -324,13 +457,44 @@ def _hint(*elems: int, esize: int) -> Any:
     return 16 if all((e * esize) % 16 == 0 for e in elems) else None
 
 
-def launch_ag(a, b, c, g, ws, flags, ctrs, bases, me, npes, slot_elems, flag_stride, sms, timeout_ns) -> None:
+def _aligned(t: _torch.Tensor, *strides: int) -> bool:
+    return t.data_ptr() % 16 == 0 and all((s * t.element_size()) % 16 == 0 for s in strides)
+
+
+def _b_desc(b: _torch.Tensor, cfg: Config) -> Optional[Tuple[Any, bool]]:
+    """B's descriptor and whether it reads the transpose of a row-major ``(N, K)`` (``w.t()``),
+    or None when B's strides do not allow TMA."""
+    kdim, n = b.shape
+    if b.stride(1) == 1 and _aligned(b, b.stride(0)):
+        return TensorDescriptor(b, [kdim, n], [b.stride(0), 1], [cfg.bk, cfg.bn]), False
+    if b.stride(0) == 1 and _aligned(b, b.stride(1)):
+        return TensorDescriptor(b, [n, kdim], [b.stride(1), 1], [cfg.bn, cfg.bk]), True
+    return None
+
+
+def tma_descs(a: _torch.Tensor, b: _torch.Tensor, cfg: Config) -> Optional[Tuple[Any, Any, bool]]:
+    """``(a_desc, b_desc, b_t)`` when ``cfg`` asks for TMA and A (``(rows, K)``, row-major) and
+    B allow it (16-byte aligned bases and row strides, K > 0), else None."""
+    if not cfg.tma or a.shape[1] == 0 or not _aligned(a, a.stride(0)):
+        return None
+    bd = _b_desc(b, cfg)
+    if bd is None:
+        return None
+    return TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [cfg.bm, cfg.bk]), bd[0], bd[1]
+
+
+def launch_ag(a, b, c, g, ws, flags, ctrs, bases, me, npes, slot_elems, flag_stride, sms, timeout_ns, cfg) -> None:
     """The push kernel on a side stream (forked from, and joined back into, the current stream)
     and the persistent GEMM on the current stream; then the gathered copy when ``g`` is given.
-    ``ctrs``: int64 ``[push epoch, push arrivals, gemm epoch, gemm arrivals, ...]``."""
+    ``ctrs``: int64 ``[push epoch, push arrivals, gemm epoch, gemm arrivals, ...]``; ``cfg``:
+    the same :class:`Config` on every PE (it fixes the chunks the flags stand for)."""
     m_loc, kdim = a.shape
     n = b.shape[1]
-    bm, bn, bk, warps, stages = config(m_loc, n, kdim, _arch(a.device))
+    bm, bn, bk = cfg.bm, cfg.bn, cfg.bk
+    # Slots start at whole rows of K (the TMA descriptor sees the workspace as rows of K, slot s
+    # from row s * slot_rows): every kernel of the call uses this stride, the same on every PE.
+    slot_rows = slot_elems // kdim if kdim else 0
+    slot_elems = slot_rows * kdim if kdim else slot_elems
     main = _torch.cuda.current_stream(a.device)
     gemm_sms = sms
     if npes > 1:
@@ -344,10 +508,18 @@ def launch_ag(a, b, c, g, ws, flags, ctrs, bases, me, npes, slot_elems, flag_str
                 BM=bm, BLOCK=min(PUSH_BLOCK, triton.next_power_of_2(kdim)),
                 HINT=_hint(kdim, slot_elems, a.stride(0), esize=a.element_size()), num_warps=8,
             )  # fmt: skip
+    descs = tma_descs(a, b, cfg) if (kdim * a.element_size()) % 16 == 0 else None
+    a_desc = ws_desc = b_desc = None
+    b_t = b.stride(0) == 1 and b.stride(1) != 1
+    if descs is not None:
+        a_desc, b_desc, b_t = descs
+        ws_desc = TensorDescriptor(ws, [2 * npes * slot_rows, kdim], [kdim, 1], [bm, bk])
     tiles = npes * triton.cdiv(m_loc, bm) * triton.cdiv(n, bn)
     ag_gemm_kernel[(max(1, min(tiles, gemm_sms)),)](
-        a, b, c, ws, flags, ctrs[2:], me, npes, m_loc, n, kdim, a.stride(0), b.stride(0), b.stride(1), c.stride(0),
-        slot_elems, flag_stride, timeout_ns, BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages,
+        a, b, c, ws, a_desc, ws_desc, b_desc, flags, ctrs[2:], me, npes, m_loc, n, kdim, a.stride(0), b.stride(0),
+        b.stride(1), c.stride(0), slot_elems, slot_rows, flag_stride, timeout_ns, BM=bm, BN=bn, BK=bk, GM=cfg.gm,
+        TMA=descs is not None, B_T=b_t, FLAT=cfg.flat and descs is not None, num_warps=cfg.warps,
+        num_stages=cfg.stages,
     )  # fmt: skip
     if npes > 1:
         main.wait_stream(side)
@@ -358,17 +530,23 @@ def launch_ag(a, b, c, g, ws, flags, ctrs, bases, me, npes, slot_elems, flag_str
         )  # fmt: skip
 
 
-def launch_rs(a, b, c, ws, flags, ctr, bases, me, npes, slot_elems, flag_stride, sms, timeout_ns) -> None:
-    """The persistent GEMM + reduce_scatter kernel on the current stream."""
+def launch_rs(a, b, c, ws, flags, ctr, bases, me, npes, slot_elems, flag_stride, sms, timeout_ns, cfg) -> None:
+    """The persistent GEMM + reduce_scatter kernel on the current stream (``cfg``: the same
+    :class:`Config` on every PE: it fixes the tiles the flags stand for)."""
     m, kdim = a.shape
     n = b.shape[1]
     m_blk = m // npes
-    bm, bn, bk, warps, stages = config(m_blk, n, kdim, _arch(a.device))
-    tiles = npes * triton.cdiv(m_blk, bm) * triton.cdiv(n, bn)
+    descs = tma_descs(a, b, cfg)
+    a_desc = b_desc = None
+    b_t = b.stride(0) == 1 and b.stride(1) != 1
+    if descs is not None:
+        a_desc, b_desc, b_t = descs
+    tiles = npes * triton.cdiv(m_blk, cfg.bm) * triton.cdiv(n, cfg.bn)
     rs_gemm_kernel[(max(1, min(tiles, sms)),)](
-        a, b, c, ws, flags, ctr, bases, me, npes, m_blk, n, kdim, a.stride(0), b.stride(0), b.stride(1), c.stride(0),
-        slot_elems, flag_stride, timeout_ns, BM=bm, BN=bn, BK=bk,
-        HINT=_hint(n, slot_elems, esize=c.element_size()) is not None, num_warps=warps, num_stages=stages,
+        a, b, c, ws, a_desc, b_desc, flags, ctr, bases, me, npes, m_blk, n, kdim, a.stride(0), b.stride(0),
+        b.stride(1), c.stride(0), slot_elems, flag_stride, timeout_ns, BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, GM=cfg.gm,
+        TMA=descs is not None, B_T=b_t, HINT=_hint(n, slot_elems, esize=c.element_size()) is not None,
+        num_warps=cfg.warps, num_stages=cfg.stages,
     )  # fmt: skip
 
 

@@ -39,12 +39,13 @@ host ``reduce_scatter`` in fp32. Same semantics as the kernels:
 ``matmul_reduce_scatter``: each PE's partial rounded once to the dtype, the partials summed in
 fp32, rounded once.
 
-Block sizes: :func:`symheap._gemm_kernels.config` picks ``(BM, BN, BK, warps, stages)`` by a
-heuristic of the per-PE block shape and the device's arch, cached per shape. Not autotuned on
-purpose: an autotuner times a launch several times and picks per process, so PEs would launch
-different numbers of collective kernels and might pick different tiles (different flag
-layouts): a hang. A tuner could time the non-collective GEMM alone (``npes = 1``) and share
-its choice from PE 0; the heuristic is what is there now.
+Block sizes: tuned (:mod:`symheap._gemm_tune`): the first call of a large shape times the
+candidate configurations (tiles, warps, stages, TMA or pointer loads) of the kernel **without
+communication** on every PE's own GPU and every PE launches PE 0's fastest; the choice is kept
+in memory and on disk (``$SYMHEAP_CACHE_DIR/gemm-tune``), so later runs skip the timing. Under
+CUDA graph capture, for small GEMMs and with ``SYMHEAP_GEMM_TUNE=0`` the heuristic
+:func:`symheap._gemm_kernels.config` runs (a function of the shape and device: the same on
+every PE). ``SYMHEAP_GEMM_TUNE=1`` tunes every shape. The setting must be the same on every PE.
 
 Errors: :class:`symheap.SymheapValueError` for shapes, dtypes, devices and a workspace too small
 under capture; :class:`symheap.SymheapUnsupportedError` for a team other than the world, a
@@ -58,7 +59,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch as _torch
 
-from . import _core, _library
+from . import _core, _gemm_tune, _library
 from ._native import SymheapUnsupportedError, SymheapValueError, Team
 
 __all__ = ["all_gather_matmul", "matmul_reduce_scatter", "reserve"]
@@ -178,6 +179,7 @@ def _workspace(kind: str, members: Tuple[int, ...], slot_bytes: int, flag_stride
 
 
 def _forget() -> None:
+    _gemm_tune.forget()
     _spaces.clear()
     _retired.clear()
     _share.clear()
@@ -271,9 +273,11 @@ def _cuda_ag(a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor, gathered: O
     w = _workspace("ag", members, *_ag_needs(a.shape[0], a.shape[1], a.element_size()), "all_gather_matmul")
     slot_elems = w.slot_bytes // a.element_size()
     with _torch.cuda.device(a.device):
+        gemm_sms = w.sms - k.PUSH_CTAS if w.npes > 1 else w.sms
+        cfg = _gemm_tune.choose("ag", a.shape[0], w.npes, b, a.dtype, max(1, gemm_sms), a.device)
         k.launch_ag(
             a, b, out, gathered, w.ws.view(a.dtype), w.flags, w.ctr, w.bases, w.me, w.npes, slot_elems,
-            w.flag_stride, w.sms, _timeout_ns(),
+            w.flag_stride, w.sms, _timeout_ns(), cfg,
         )  # fmt: skip
 
 
@@ -284,9 +288,10 @@ def _cuda_rs(a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor) -> None:
     w = _workspace("rs", members, *_rs_needs(out.shape[0], out.shape[1], out.element_size()), "matmul_reduce_scatter")
     slot_elems = w.slot_bytes // out.element_size()
     with _torch.cuda.device(a.device):
+        cfg = _gemm_tune.choose("rs", out.shape[0], w.npes, b, a.dtype, w.sms, a.device)
         k.launch_rs(
             a, b, out, w.ws.view(out.dtype), w.flags, w.ctr, w.bases, w.me, w.npes, slot_elems, w.flag_stride,
-            w.sms, _timeout_ns(),
+            w.sms, _timeout_ns(), cfg,
         )  # fmt: skip
 
 

@@ -243,7 +243,8 @@ def case_gemm_cuda_graph() -> None:
     me, npes = symheap.my_pe(), symheap.n_pes()
     dev = st.device()
     bf = torch.bfloat16
-    m, n, k = 130, 200, 100
+    # K = 104: 16-byte rows, so on sm_90 the kernels' TMA descriptors are what the graph captures.
+    m, n, k = 130, 200, 104
     a = torch.zeros(m, k, dtype=bf, device=dev)
     b = torch.zeros(k, n, dtype=bf, device=dev)
     a2 = torch.zeros(npes * m, k, dtype=bf, device=dev)
@@ -278,3 +279,95 @@ def case_gemm_cuda_graph() -> None:
     rs_one("gemm_graph_after", m, n, k, bf, True)
     torch.cuda.synchronize()
     symheap.barrier_all()
+
+
+def _tune_dirs(tune, tag: str):
+    """Per-PE disk caches under the test's directory (PEs of one machine would otherwise share
+    one, and the case checks what each PE's own cache holds)."""
+    import os
+
+    me = symheap.my_pe()
+    os.environ["SYMHEAP_CACHE_DIR"] = os.path.join(os.environ["SYMHEAP_TEST_TMP"], tag, f"pe{me}")
+    tune.forget()
+    return tune.cache_dir()
+
+
+@case
+def case_gemm_tune_agree() -> None:
+    """The tuner's agreement step at n PEs (host collectives; no GPU needed): every PE times a
+    different winner, every PE takes PE 0's and writes it to its own disk cache; then, with the
+    in-memory table dropped, PE 0's cache entry is used without timing, also by a PE whose own
+    cache lost it; a bad SYMHEAP_GEMM_TUNE is refused."""
+    import os
+
+    import symheap._gemm_kernels as k
+    import symheap._gemm_tune as tune
+    import symheap._ops as ops
+
+    me, npes = symheap.my_pe(), symheap.n_pes()
+    d = _tune_dirs(tune, "agree")
+    cands = [k.Config(128, 128, 64, 8, 4, 8, True), k.Config(128, 256, 64, 8, 3, 8, True), k.Config(64, 64, 32, 4, 3)]
+    # PE p finds candidate p % 3 fastest: only PE 0's pick may win.
+    times = [(c, 1.0 if i == me % 3 else 2.0 + i) for i, c in enumerate(cands)]
+    key = ("ag", 1000, 512, 512, "torch.bfloat16", False, npes, 90, 132)
+    got = tune._agree(key, "k1", lambda: times, cands[2])
+    assert got == cands[0], f"PE {me} launched {got}, PE 0 timed {cands[0]} fastest"
+    assert (d / "k1.json").is_file(), "the choice was not written to this PE's cache"
+    assert tune.history()[-1]["source"] == "tuned"
+    picks = ops.all_gather_object_bytes(repr(tuple(got)).encode())
+    assert len(set(picks)) == 1, f"PEs disagree: {picks}"
+    tune.forget()
+    if me != 0:
+        (d / "k1.json").unlink()
+
+    def never():
+        raise AssertionError("timed again although PE 0's cache holds the key")
+
+    assert tune._agree(key, "k1", never, cands[2]) == cands[0]
+    assert tune.history()[-1]["source"] == "cache" and (d / "k1.json").is_file()
+    # All PEs time when PE 0's entry is missing or unreadable, even if another PE has one.
+    if me == 0:
+        (d / "k1.json").write_text("{not json")
+    tune.forget()
+    again = [(c, 1.0 if i == 1 else 3.0) for i, c in enumerate(cands)]
+    assert tune._agree(key, "k1", lambda: again, cands[2]) == cands[1]
+    # Every candidate failing on PE 0: the heuristic, on every PE.
+    fails = [(c, float("inf")) for c in cands] if me == 0 else times
+    assert tune._agree(key, "k2", lambda: fails, cands[2]) == cands[2]
+    os.environ["SYMHEAP_GEMM_TUNE"] = "sometimes"
+    assert "SYMHEAP_GEMM_TUNE" in str(raises(SymheapValueError, tune.mode))
+    os.environ["SYMHEAP_GEMM_TUNE"] = "0"
+    assert tune.mode() == "0"
+    del os.environ["SYMHEAP_GEMM_TUNE"]
+    assert tune.mode() == "auto"
+    tune.forget()
+
+
+@case
+def case_gemm_tuned() -> None:
+    """CUDA only, SYMHEAP_GEMM_TUNE=1: the first call of each shape times the candidates on
+    every PE and every PE launches PE 0's choice (exact results, random-data tolerance, B
+    row-major and transposed); after the in-memory table is dropped the same calls take the
+    choice from PE 0's disk cache without timing."""
+    import os
+
+    import symheap._gemm_tune as tune
+    import symheap._ops as ops
+
+    torch = _mods()[0]
+    _tune_dirs(tune, "tuned")
+    os.environ["SYMHEAP_GEMM_TUNE"] = "1"
+    shapes = ((256, 384, 512), (200, 264, 520))
+    for rnd in range(2):
+        for i, (m, n, k) in enumerate(shapes):
+            ag_one("gemm_tuned", m, n, k, torch.bfloat16, True, transposed=i == 1)
+            rs_one("gemm_tuned", m, n, k, torch.bfloat16, False, transposed=i == 0)
+        hist = tune.history()
+        want = "tuned" if rnd == 0 else "cache"
+        assert len(hist) == 4 and all(h["source"] == want for h in hist), [(h["key"], h["source"]) for h in hist]
+        mine = repr([(h["key"][:4], tuple(h["config"])) for h in hist]).encode()
+        assert len(set(ops.all_gather_object_bytes(mine))) == 1, "PEs launched different configs"
+        if rnd == 0:
+            assert all(len(h["times_us"]) >= 2 for h in hist), "fewer than two candidates timed"
+            tune.forget()
+    del os.environ["SYMHEAP_GEMM_TUNE"]

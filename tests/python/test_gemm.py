@@ -29,6 +29,14 @@ def test_gemm_host_backend(torch_module, n: int) -> None:
     run_cases(n, *CPU_CASES, timeout=600)
 
 
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_gemm_tuner_agreement(torch_module, tmp_path, n: int) -> None:
+    """The tuner's collective step at n PEs: PE 0's choice everywhere, its disk cache reused
+    without timing, all inf -> the heuristic, a bad SYMHEAP_GEMM_TUNE refused."""
+    pytest.importorskip("triton")
+    run_cases(n, "gemm_tune_agree", env={"SYMHEAP_TEST_TMP": str(tmp_path)}, timeout=300)
+
+
 def _gpu_env() -> dict:
     return {"SYMHEAP_BACKEND": "cuda", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 
@@ -43,6 +51,12 @@ def test_gemm_cuda_4pe(cuda_gpus: int) -> None:
     run_cases(4, "gemm_exact", "gemm_random", env=_gpu_env(), timeout=600)
 
 
+def test_gemm_cuda_tuned(cuda_gpus: int, tmp_path) -> None:
+    """SYMHEAP_GEMM_TUNE=1 at 2 PEs: tuned on every PE's GPU, PE 0's choice launched by both
+    (exact), then taken from PE 0's disk cache without timing."""
+    run_cases(2, "gemm_tuned", env=dict(_gpu_env(), SYMHEAP_TEST_TMP=str(tmp_path)), timeout=900)
+
+
 def test_gemm_cuda_graph(cuda_gpus: int) -> None:
     """Both ops in one CUDA graph, 10 replays with new inputs, each exact; eager after."""
     run_cases(2, "gemm_cuda_graph", env=_gpu_env(), timeout=600)
@@ -55,14 +69,14 @@ SIGS = {
         m_loc="i32", K="i32", stride_am="i32", slot_elems="i64", flag_stride="i32",
     ),
     "ag_gemm_kernel": dict(
-        a_ptr=P, b_ptr=P, c_ptr=P, ws_ptr=P, flags_ptr="*i64", ctr_ptr="*i64", me="i32", npes="i32",
-        m_loc="i32", N="i32", K="i32", stride_am="i32", stride_bk="i32", stride_bn="i32", stride_cm="i32",
-        slot_elems="i64", flag_stride="i32", timeout_ns="i64",
+        a_ptr=P, b_ptr=P, c_ptr=P, ws_ptr=P, a_desc="A", ws_desc="A", b_desc="B", flags_ptr="*i64",
+        ctr_ptr="*i64", me="i32", npes="i32", m_loc="i32", N="i32", K="i32", stride_am="i32", stride_bk="i32",
+        stride_bn="i32", stride_cm="i32", slot_elems="i64", slot_rows="i32", flag_stride="i32", timeout_ns="i64",
     ),
     "rs_gemm_kernel": dict(
-        a_ptr=P, b_ptr=P, c_ptr=P, ws_ptr=P, flags_ptr="*i64", ctr_ptr="*i64", bases_ptr="*i64", me="i32",
-        npes="i32", m_blk="i32", N="i32", K="i32", stride_am="i32", stride_bk="i32", stride_bn="i32",
-        stride_cm="i32", slot_elems="i64", flag_stride="i32", timeout_ns="i64",
+        a_ptr=P, b_ptr=P, c_ptr=P, ws_ptr=P, a_desc="A", b_desc="B", flags_ptr="*i64", ctr_ptr="*i64",
+        bases_ptr="*i64", me="i32", npes="i32", m_blk="i32", N="i32", K="i32", stride_am="i32", stride_bk="i32",
+        stride_bn="i32", stride_cm="i32", slot_elems="i64", flag_stride="i32", timeout_ns="i64",
     ),
     "ag_gathered_kernel": dict(
         a_ptr=P, ws_ptr=P, g_ptr=P, ctr_ptr="*i64", me="i32", npes="i32", m_loc="i32", K="i32",
@@ -89,7 +103,18 @@ def kernel_ptx() -> Any:
     k = importlib.import_module("symheap._gemm_kernels")
 
     def build(name: str, consts: dict, dtype: str = "bf16", warps: int = 8, stages: int = 4) -> str:
+        """``consts``: the constexprs; with ``TMA`` the descriptors get TMA block types from
+        BM, BN, BK and B_T, else they are None."""
         s = {a: ("*" + dtype if t == P else t) for a, t in SIGS[name].items()}
+        tma = consts.get("TMA", False)
+        descs = [a for a, t in s.items() if t in ("A", "B")]
+        if tma:
+            bm, bn, bk = consts["BM"], consts["BN"], consts["BK"]
+            b_block = f"{bn},{bk}" if consts.get("B_T") else f"{bk},{bn}"
+            blocks = {"A": f"{bm},{bk}", "B": b_block}
+            s.update({a: f"tensordesc<{dtype}[{blocks[s[a]]}]>" for a in descs})
+        else:
+            consts = dict(consts, **{a: None for a in descs})
         s.update({c: "constexpr" for c in consts})
         attrs = {(i,): [["tt.divisibility", 16]] for i, (a, t) in enumerate(s.items()) if t[0] == "*" or a in DIV}
         src = ASTSource(fn=getattr(k, name), signature=s, constexprs=consts, attrs=attrs)
@@ -119,9 +144,20 @@ def test_ag_kernels_compile_with_their_protocol(kernel_ptx: Any, dtype: str) -> 
     rel = [i for i, x in enumerate(push) if re.search(r"atom\.global\.sys\.release\.exch\.b64", x)]
     assert rel and any(x.startswith("bar.sync") for x in push[: rel[0]])
     assert _has(push, r"^st\.global(\.\w+)*\.v4\.b32"), "no 16-byte vector peer stores"
-    gemm = _instructions(kernel_ptx("ag_gemm_kernel", {"BM": 128, "BN": 128, "BK": 64}, dtype))
+    ptr = dict(BM=128, BN=128, BK=64, GM=8, TMA=False, B_T=False, FLAT=False)
+    gemm = _instructions(kernel_ptx("ag_gemm_kernel", ptr, dtype))
     assert _has(gemm, r"^ld\.acquire\.sys\.global\.b64") and _has(gemm, "%globaltimer") and _has(gemm, r"^trap")
     assert _has(gemm, r"^wgmma\.mma_async") and _has(gemm, r"^cp\.async")
+    # The TMA variant: bulk tensor loads, and a proxy fence between a peer's flag and TMA reads.
+    for b_t in (False, True):
+        cfg = dict(ptr, BN=256, TMA=True, B_T=b_t, FLAT=b_t)
+        tma = _instructions(kernel_ptx("ag_gemm_kernel", cfg, dtype, stages=3))
+        assert _has(tma, r"^cp\.async\.bulk\.tensor\.2d") and _has(tma, r"^wgmma\.mma_async")
+        assert _has(tma, r"^ld\.acquire\.sys\.global\.b64") and _has(tma, r"^trap")
+        acq = [i for i, x in enumerate(tma) if x.startswith("ld.acquire.sys")]
+        fence = [i for i, x in enumerate(tma) if x.startswith("fence.proxy.async.global")]
+        bulk = [i for i, x in enumerate(tma) if x.startswith("cp.async.bulk.tensor")]
+        assert any(a < f < b for a in acq for f in fence for b in bulk), "no proxy fence after the peer's flag"
     for lines in (push, gemm):
         assert _has(lines, r"atom\.global\.gpu\.acq_rel\.add"), "no arrival counter"
         assert _has(lines, r"atom\.global\.gpu\.release\.exch\.b64"), "no epoch update"
@@ -132,7 +168,10 @@ def test_rs_kernel_compiles_with_its_protocol(kernel_ptx: Any, dtype: str) -> No
     """Partials go to the owner as 16-byte vector stores, each tile published by a release
     flag at system scope; own tiles wait (bounded acquire, trap) and read the peers' partials
     with volatile vector loads; wgmma for the GEMM."""
-    lines = _instructions(kernel_ptx("rs_gemm_kernel", {"BM": 128, "BN": 128, "BK": 64, "HINT": True}, dtype))
+    cfg = dict(BM=128, BN=128, BK=64, GM=8, TMA=False, B_T=False, HINT=True)
+    tma = _instructions(kernel_ptx("rs_gemm_kernel", dict(cfg, TMA=True, BN=256), dtype, stages=3))
+    assert _has(tma, r"^cp\.async\.bulk\.tensor\.2d") and _has(tma, r"atom\.global\.sys\.release\.exch\.b64")
+    lines = _instructions(kernel_ptx("rs_gemm_kernel", cfg, dtype))
     assert _has(lines, r"atom\.global\.sys\.release\.exch\.b64")
     assert _has(lines, r"^ld\.acquire\.sys\.global\.b64") and _has(lines, r"^trap")
     assert _has(lines, r"^ld\.volatile\.global\.v4"), "peer partials not read volatile"
@@ -143,7 +182,8 @@ def test_rs_kernel_compiles_with_its_protocol(kernel_ptx: Any, dtype: str) -> No
 
 def test_kernels_compile_small_and_unaligned(kernel_ptx: Any) -> None:
     """Small tiles (the configs of small blocks) and no hint (rows not 16-byte aligned)."""
-    assert "st.global" in kernel_ptx("rs_gemm_kernel", {"BM": 64, "BN": 64, "BK": 32, "HINT": False}, "fp16")
+    small = dict(BM=64, BN=64, BK=32, GM=8, TMA=False, B_T=True, HINT=False)
+    assert "st.global" in kernel_ptx("rs_gemm_kernel", small, "fp16")
     assert "st.global" in kernel_ptx("ag_push_kernel", {"BM": 64, "BLOCK": 64, "HINT": None}, "fp16")
     assert "st.global" in kernel_ptx("ag_gathered_kernel", {"BLOCK": 2048}, warps=4)
 
@@ -153,6 +193,14 @@ def test_config_heuristic() -> None:
     pytest.importorskip("triton")
     k = importlib.import_module("symheap._gemm_kernels")
     assert k.config(4096, 1280, 8192, 90) == k.config(4096, 1280, 8192, 90)
-    bm, bn, bk, warps, stages = k.config(16, 8, 8, 90)
-    assert (bm, bn) == (64, 64) and bk == 32
+    c = k.config(16, 8, 8, 90)
+    assert (c.bm, c.bn, c.bk, c.tma) == (64, 64, 32, False)
     assert k.config(8192, 8192, 3584, 90)[:3] == (128, 128, 64)
+    assert k.config(8192, 8192, 3584, 90).tma and not k.config(8192, 8192, 3584, 80).tma
+    # The tuner's candidates: the heuristic's first, all distinct, flags sized for them.
+    for op in ("ag", "rs"):
+        cands = k.candidates(op, 2048, 5120, 8192, 90)
+        assert cands[0] == k.config(2048, 5120, 8192, 90) and len(set(cands)) == len(cands) >= 6
+        assert all(c.bm >= 64 and c.bn >= 64 for c in cands)
+        assert any(c.flat for c in cands) == (op == "ag")
+        assert k.candidates(op, 16, 8, 8, 90) == [k.config(16, 8, 8, 90)]
