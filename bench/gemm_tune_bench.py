@@ -60,11 +60,19 @@ def main() -> int:
     ap.add_argument("--pes", default="2")
     ap.add_argument("--layouts", default="kn,nk")
     ap.add_argument("--ms", default="2048,4096,8192,16384")
+    ap.add_argument(
+        "--extra",
+        default="",
+        help="more configurations to time beside the candidates, 'bm,bn,bk,warps,stages,gm,tma,flat;...' "
+        "(to try a configuration before adding it to _gemm_kernels.candidates)",
+    )
     args = ap.parse_args()
     dev = torch.device("cuda")
     arch = gk._arch(dev)
     all_sms = torch.cuda.get_device_properties(dev).multi_processor_count
     rows: List[Dict[str, Any]] = []
+    extra = [gk.Config(*(int(v) for v in c.split(","))) for c in args.extra.split(";") if c.strip()]
+    extra = [c._replace(tma=bool(c.tma), flat=bool(c.flat)) for c in extra]
     print(f"{torch.cuda.get_device_name(dev)}, sm_{arch}, {all_sms} SMs; torch {torch.__version__}")
     print(f"{'op':3} {'pes':>3} {'M':>6} {'N':>6} {'K':>6} {'B':3} {'cuBLAS TF/s':>11} {'best TF/s':>9} "
           f"{'ratio':>6} {'heur ratio':>10}  best config")  # fmt: skip
@@ -75,7 +83,7 @@ def main() -> int:
                 m, n, k = s["M"], s["N"], s["K"]
                 sms = all_sms - gk.PUSH_CTAS if (s["op"] == "ag" and pes > 1) else all_sms
                 m_blk = m // pes
-                cands = gk.candidates(s["op"], m_blk, n, k, arch)
+                cands = gk.candidates(s["op"], m_blk, n, k, arch) + extra
                 timed = tune.time_candidates(s["op"], cands, m, n, k, torch.bfloat16, b_t, sms, dev)
                 cb = cublas_us(m, n, k, b_t)
                 flops = 2.0 * m * n * k

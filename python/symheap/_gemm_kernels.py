@@ -421,7 +421,10 @@ def config(m_blk: int, n: int, k: int, arch: int) -> Config:
     bn = 128 if n > 64 else 64
     if arch >= 90:
         bk = 64 if k >= 64 else 32
-        return Config(bm, bn, bk, 8, 4 if bm == 128 else 3, 8, arch >= 90 and bk == 64)
+        # sm_120/121 (GeForce and workstation Blackwell) have ~100 KiB of shared memory per
+        # block, not ~227: two stages of 128x128x64 fit there.
+        stages = 2 if arch in (120, 121) else 4 if bm == 128 else 3
+        return Config(bm, bn, bk, 8, stages, 8, bk == 64)
     return Config(bm, bn, 32, 8 if bm == 128 else 4, 3, 8, False)
 
 
@@ -430,18 +433,19 @@ def candidates(op: str, m_blk: int, n: int, k: int, arch: int) -> List[Config]:
     shape (the heuristic's first)."""
     base = config(m_blk, n, k, arch)
     out = [base]
-    if arch >= 90 and m_blk > 64 and n > 128 and k >= 64:
+    if arch in (90, 100, 103) and m_blk > 64 and n > 128 and k >= 64:
+        # What won on an H200 (bench/gemm_tune_bench.py --extra, the issue 22 shapes): 128x256
+        # tiles in groups of 16, 8 or 4 M-tiles first; BK = 128 and pointer loads never won.
         if op == "ag":
-            out += [Config(128, 256, 64, 8, 3, 8, True, True), Config(128, 128, 64, 8, 4, 8, True, True)]
+            out += [Config(128, 256, 64, 8, 4, 8, True, True), Config(128, 256, 64, 8, 3, 16, True, True)]
         for c in (
+            Config(128, 256, 64, 8, 3, 16, True),
             Config(128, 256, 64, 8, 3, 8, True),
+            Config(128, 256, 64, 8, 3, 4, True),
             Config(128, 256, 64, 8, 4, 8, True),
-            Config(256, 128, 64, 8, 3, 8, True),
+            Config(128, 256, 64, 8, 4, 16, True),
             Config(256, 128, 64, 8, 4, 8, True),
             Config(128, 128, 64, 8, 5, 8, True),
-            Config(128, 128, 64, 4, 4, 8, True),
-            Config(128, 256, 64, 8, 3, 8, False),
-            Config(128, 128, 64, 8, 4, 8, False),
         ):
             if c not in out:
                 out.append(c)

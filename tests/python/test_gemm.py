@@ -102,7 +102,7 @@ def kernel_ptx() -> Any:
 
     k = importlib.import_module("symheap._gemm_kernels")
 
-    def build(name: str, consts: dict, dtype: str = "bf16", warps: int = 8, stages: int = 4) -> str:
+    def build(name: str, consts: dict, dtype: str = "bf16", warps: int = 8, stages: int = 4, arch: int = 90) -> Any:
         """``consts``: the constexprs; with ``TMA`` the descriptors get TMA block types from
         BM, BN, BK and B_T, else they are None."""
         s = {a: ("*" + dtype if t == P else t) for a, t in SIGS[name].items()}
@@ -118,9 +118,9 @@ def kernel_ptx() -> Any:
         s.update({c: "constexpr" for c in consts})
         attrs = {(i,): [["tt.divisibility", 16]] for i, (a, t) in enumerate(s.items()) if t[0] == "*" or a in DIV}
         src = ASTSource(fn=getattr(k, name), signature=s, constexprs=consts, attrs=attrs)
-        c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+        c = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "num_stages": stages})
         assert c.asm["cubin"], "no cubin"
-        return c.asm["ptx"]
+        return c.asm["ptx"] if arch == 90 else c.metadata.shared
 
     return build
 
@@ -186,6 +186,18 @@ def test_kernels_compile_small_and_unaligned(kernel_ptx: Any) -> None:
     assert "st.global" in kernel_ptx("rs_gemm_kernel", small, "fp16")
     assert "st.global" in kernel_ptx("ag_push_kernel", {"BM": 64, "BLOCK": 64, "HINT": None}, "fp16")
     assert "st.global" in kernel_ptx("ag_gathered_kernel", {"BLOCK": 2048}, warps=4)
+
+
+@pytest.mark.parametrize("arch", [100, 120])
+def test_heuristic_fits_shared_memory(kernel_ptx: Any, arch: int) -> None:
+    """The heuristic (what runs untuned, and under capture) fits the arch's shared memory per
+    block: ~227 KiB on sm_100, ~99 KiB on sm_120 (a config that does not fit fails at launch)."""
+    limit = {100: 232448, 120: 101376}[arch]
+    c = importlib.import_module("symheap._gemm_kernels").config(4096, 5120, 8192, arch)
+    cfg = dict(BM=c.bm, BN=c.bn, BK=c.bk, GM=c.gm, TMA=c.tma, B_T=False)
+    for name, extra in (("ag_gemm_kernel", {"FLAT": False}), ("rs_gemm_kernel", {"HINT": True})):
+        shared = kernel_ptx(name, dict(cfg, **extra), warps=c.warps, stages=c.stages, arch=arch)
+        assert shared <= limit, f"{name} needs {shared} bytes of shared memory on sm_{arch}"
 
 
 def test_config_heuristic() -> None:
