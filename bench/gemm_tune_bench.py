@@ -81,7 +81,7 @@ def main() -> int:
             for layout in args.layouts.split(","):
                 b_t = layout == "nk"
                 m, n, k = s["M"], s["N"], s["K"]
-                sms = all_sms - gk.PUSH_CTAS if (s["op"] == "ag" and pes > 1) else all_sms
+                sms = gk.ag_gemm_sms(all_sms, pes) if s["op"] == "ag" else all_sms
                 m_blk = m // pes
                 cands = gk.candidates(s["op"], m_blk, n, k, arch) + extra
                 timed = tune.time_candidates(s["op"], cands, m, n, k, torch.bfloat16, b_t, sms, dev)

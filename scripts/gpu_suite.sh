@@ -27,7 +27,8 @@
 # SKIP_FAULTS, KILL_TRIALS, SKIP_TORCH, TORCH_TESTS (the pytest files of python-torch), GPU_ONLY
 # (default 1: of those files only the tests that need a GPU), SKIP_PROVIDERS,
 # SKIP_EXAMPLES, SKIP_BENCH, OPS_BENCH_ONLY (of the benchmarks only the fused, GEMM-overlap and
-# MoE ones: no peer programs, no `symheap bench`); each step's limit is a *_LIMIT variable.
+# MoE ones: no peer programs, no `symheap bench`; OPS_BENCHES picks among "tp gemm moe"); each
+# step's limit is a *_LIMIT variable.
 #
 # Outputs land in $OUT (the device tool fetches them) or ./gpu-results.
 set -uo pipefail
@@ -86,7 +87,7 @@ run)
   }
   run_peers() {
     if [ "${OPS_BENCH_ONLY:-0}" = 1 ]; then
-      tp_bench; gemm_bench; moe_bench
+      for b in ${OPS_BENCHES:-tp gemm moe}; do "${b}_bench"; done
       return 0
     fi
     [ "$NGPU" -lt 2 ] && echo "=== peers: one GPU here, so every peer runs at 1 rank (a code-path check, not a comparison)"

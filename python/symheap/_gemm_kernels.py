@@ -452,6 +452,12 @@ def candidates(op: str, m_blk: int, n: int, k: int, arch: int) -> List[Config]:
     return out
 
 
+def ag_gemm_sms(sms: int, npes: int) -> int:
+    """The SMs all_gather_matmul's GEMM gets of this PE's ``sms``: the push kernel takes
+    ``PUSH_CTAS`` when there are peers to push to."""
+    return max(1, sms - PUSH_CTAS) if npes > 1 else sms
+
+
 def _arch(dev: _torch.device) -> int:
     major, minor = _torch.cuda.get_device_capability(dev)
     return major * 10 + minor
@@ -500,9 +506,8 @@ def launch_ag(a, b, c, g, ws, flags, ctrs, bases, me, npes, slot_elems, flag_str
     slot_rows = slot_elems // kdim if kdim else 0
     slot_elems = slot_rows * kdim if kdim else slot_elems
     main = _torch.cuda.current_stream(a.device)
-    gemm_sms = sms
+    gemm_sms = ag_gemm_sms(sms, npes)
     if npes > 1:
-        gemm_sms = max(1, sms - PUSH_CTAS)
         side = _side_stream(a.device)
         side.wait_stream(main)
         with _torch.cuda.stream(side):

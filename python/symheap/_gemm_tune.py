@@ -34,6 +34,7 @@ latency-bound: the heuristic's tiles do).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -72,6 +73,7 @@ def cache_dir() -> Path:
     return base / "gemm-tune"
 
 
+@functools.lru_cache(maxsize=1)
 def _kernels_hash() -> str:
     from . import _gemm_kernels as k
 

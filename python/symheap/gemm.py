@@ -273,8 +273,7 @@ def _cuda_ag(a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor, gathered: O
     w = _workspace("ag", members, *_ag_needs(a.shape[0], a.shape[1], a.element_size()), "all_gather_matmul")
     slot_elems = w.slot_bytes // a.element_size()
     with _torch.cuda.device(a.device):
-        gemm_sms = w.sms - k.PUSH_CTAS if w.npes > 1 else w.sms
-        cfg = _gemm_tune.choose("ag", a.shape[0], w.npes, b, a.dtype, max(1, gemm_sms), a.device)
+        cfg = _gemm_tune.choose("ag", a.shape[0], w.npes, b, a.dtype, k.ag_gemm_sms(w.sms, w.npes), a.device)
         k.launch_ag(
             a, b, out, gathered, w.ws.view(a.dtype), w.flags, w.ctr, w.bases, w.me, w.npes, slot_elems,
             w.flag_stride, w.sms, _timeout_ns(), cfg,
