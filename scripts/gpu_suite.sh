@@ -22,7 +22,8 @@
 # (MoE dispatch/combine against the NCCL path, DeepEP and torch's all_to_all_vdev_2d). Packages the GPU machine lacks travel as wheels in
 # .whl/ (git-ignored) and are installed into /tmp/site first.
 #   ONLY_PEERS=1 scripts/gpu_suite.sh run   just the peers and `symheap bench coll` merging them
-# Shorter calls (the device budget is 30 minutes a session): SKIP_COLD (one cold run only),
+# Shorter calls (the device budget is 30 minutes a session): SKIP_NODES (the simulated-node
+# scenarios and benchmarks), SKIP_COLD (one cold run only),
 # SKIP_SELFTEST, PES (default 1,2,4), SKIP_PES8, PES8_ONLY (scenarios at 8 PEs), SKIP_DIVERGE,
 # SKIP_FAULTS, KILL_TRIALS, SKIP_TORCH, TORCH_TESTS (the pytest files of python-torch), GPU_ONLY
 # (default 1: of those files only the tests that need a GPU), SKIP_PROVIDERS,
@@ -214,8 +215,12 @@ run)
   # real devices while the 8-GPU machine is not lent. NCCL and NVSHMEM allow one rank per GPU,
   # so their scenarios stay out.
   if [ "${SKIP_PES8:-0}" != 1 ] && [ "$NGPU" -lt 8 ]; then
-    step selftest-gpu-8pe "${SELFTEST8_LIMIT:-200}" env SYMHEAP_TIMEOUT=60 "$B" selftest --gpu --pes 8 --only ${PES8_ONLY:-contract,release,alloc-churn,ring,alltoall,broadcast,all-reduce,atomics,signal,teams,coll-errors,team-mismatch,mismatch,diverge,stream-ring,stream-signal,stream-barrier,release-order,multi-stream,device-divergence,kill-device,internal-state,local-ranges,coll-local,protocols-pcie,kernel-translate,kernel-atomics,example-kernel,coll-stream,coll-graph}
+    step selftest-gpu-8pe "${SELFTEST8_LIMIT:-200}" env SYMHEAP_TIMEOUT=60 "$B" selftest --gpu --pes 8 --only ${PES8_ONLY:-contract,release,alloc-churn,ring,alltoall,broadcast,all-reduce,atomics,signal,teams,coll-errors,team-mismatch,mismatch,diverge,stream-ring,stream-signal,stream-barrier,release-order,multi-stream,device-divergence,kill-device,internal-state,local-ranges,coll-local,protocols-pcie,kernel-translate,kernel-atomics,example-kernel,coll-stream,coll-graph,coll-nodes}
   fi
+  # A world across 2 simulated nodes (--simulate-nodes: no shared memory between them, NCCL
+  # over its socket transport on loopback, a host id per PE so PEs may share a GPU): 3 PEs (2 + 1,
+  # NCCL over the world) here; 2 and 4 PEs (hierarchical) run in selftest-gpu, 8 in -8pe.
+  [ "${SKIP_NODES:-0}" = 1 ] || step selftest-gpu-nodes "${NODES_LIMIT:-300}" env SYMHEAP_TIMEOUT=60 "$B" selftest --gpu --pes 3 --only coll-nodes,coll-nodes-nccl
   # The divergence property test on the CUDA backend: random programs, one PE diverging.
   if [ "${SKIP_DIVERGE:-0}" != 1 ]; then
     step diverge-stats 120 env SYMHEAP_BACKEND=cuda scripts/diverge_stats.sh "${DIVERGE_N:-8}" "$B"
@@ -233,7 +238,7 @@ run)
     # Triton. GPU_ONLY=0 runs every test of those files here.
     GO="--gpu-only"
     [ "${GPU_ONLY:-1}" = 0 ] && GO=""
-    [ "${SKIP_TORCH:-0}" = 1 ] || step python-torch "${PYTEST_LIMIT:-600}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs $GO ${TORCH_TESTS:-test_torch.py test_fused.py test_torch_ops_gpu.py test_gemm.py test_moe.py}"
+    [ "${SKIP_TORCH:-0}" = 1 ] || step python-torch "${PYTEST_LIMIT:-600}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs $GO ${TORCH_TESTS:-test_torch.py test_fused.py test_torch_ops_gpu.py test_nodes_gpu.py test_gemm.py test_moe.py}"
     # Providers (native heap, NVSHMEM, torch SymmetricMemory) under one Triton and one CUDA C++
     # kernel, and the Triton device library's compile and hint checks.
     [ "${SKIP_PROVIDERS:-0}" = 1 ] || step python-providers "${PROVIDERS_LIMIT:-300}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs $GO test_providers_gpu.py test_providers.py test_triton_compile.py"
@@ -266,6 +271,19 @@ run)
     [ "${OPS_BENCH_ONLY:-0}" = 1 ] ||
     step bench-gpu "${BENCH_LIMIT:-160}" env SYMHEAP_TIMEOUT=30 "$B" bench "$WHAT" -n "$NGPU" --json "$OUTDIR/bench-gpu.json" --png "$OUTDIR/bench-gpu.png" "${PEER[@]}" ${BENCH_ARGS:-}
     grep -E "^\|" "$OUTDIR/bench-gpu.log" || true
+  fi
+  # Collectives across 2 simulated nodes, 4 PEs (2 x 2, NODES_PES) on this machine's GPUs:
+  # symheap (hierarchical) against NCCL over the world on the same buffers,
+  # plus the hierarchical all_reduce's stages alone; then symheap's own NCCL-over-the-world path
+  # (SYMHEAP_NODES_ALGO=nccl) against the same NCCL, which must come out even.
+  if [ "${SKIP_NODES:-0}" != 1 ] && [ "${SKIP_BENCH:-0}" != 1 ] && [ "$ONLY" != 1 ]; then
+    NODES_SIZES="${NODES_SIZES:-8K,64K,512K,4M,32M}"
+    step bench-nodes "${NODES_BENCH_LIMIT:-300}" env SYMHEAP_TIMEOUT=60 SYMHEAP_SIMULATE_NODES=2 "$B" bench coll -n "${NODES_PES:-4}" \
+      --sizes "$NODES_SIZES" --json "$OUTDIR/bench-nodes.json"
+    grep -E "^\|" "$OUTDIR/bench-nodes.log" || true
+    step bench-nodes-nccl "${NODES_BENCH_LIMIT:-300}" env SYMHEAP_TIMEOUT=60 SYMHEAP_SIMULATE_NODES=2 SYMHEAP_NODES_ALGO=nccl \
+      "$B" bench coll -n "${NODES_PES:-4}" --op all_reduce,all_gather --sizes "$NODES_SIZES" --json "$OUTDIR/bench-nodes-nccl.json"
+    grep -E "^\|" "$OUTDIR/bench-nodes-nccl.log" || true
   fi
   # What the links carry under SM stores, the copy engines and both (the ceiling behind the SM
   # put and 4 MiB all_reduce numbers). Needs CuPy, which the GPU machine has.

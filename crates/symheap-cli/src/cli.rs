@@ -33,6 +33,12 @@ enum Cmd {
         /// Do not prefix output lines with `[PE r]`.
         #[arg(long)]
         no_prefix: bool,
+        /// Split the PEs into K simulated nodes (consecutive ranks, as even as possible) that
+        /// share no memory, to test what crosses nodes on one machine: sets SYMHEAP_NODE_ID per
+        /// node and NCCL_HOSTID per PE (NCCL over its network transport on loopback). Default:
+        /// SYMHEAP_SIMULATE_NODES, else none.
+        #[arg(long, value_name = "K")]
+        simulate_nodes: Option<usize>,
         /// The program and its arguments.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         program: Vec<OsString>,
@@ -174,8 +180,9 @@ pub fn run(args: Vec<OsString>) -> i32 {
             n,
             grace,
             no_prefix,
+            simulate_nodes,
             program,
-        } => launch_cmd(n, grace, no_prefix, program),
+        } => launch_cmd(n, grace, no_prefix, simulate_nodes, program),
         Cmd::Info { vars } => info(vars),
         Cmd::Selftest {
             pes,
@@ -211,11 +218,18 @@ pub fn run(args: Vec<OsString>) -> i32 {
 }
 
 /// `symheap launch`.
-fn launch_cmd(n: usize, grace: f64, no_prefix: bool, mut program: Vec<OsString>) -> i32 {
+fn launch_cmd(
+    n: usize,
+    grace: f64,
+    no_prefix: bool,
+    simulate_nodes: Option<usize>,
+    mut program: Vec<OsString>,
+) -> i32 {
     let prog = program.remove(0);
     let mut opts = symheap_launch::LaunchOptions::new(n, prog);
     opts.args = program;
     opts.prefix_output = !no_prefix;
+    opts.simulate_nodes = simulate_nodes.unwrap_or(0);
     if !(0.0..=symheap::config::MAX_TIMEOUT_SECS).contains(&grace) {
         eprintln!("symheap launch: --grace {grace} is not accepted: expected 0 to 1e9 seconds");
         return code(2);

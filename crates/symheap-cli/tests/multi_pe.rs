@@ -457,3 +457,12 @@ fn running_as_root() -> bool {
 fn stream_collectives_take_local_buffers_only_where_the_kernel_stays_local() {
     selftest("coll-local");
 }
+
+/// A world across simulated nodes (`symheap launch --simulate-nodes 2`) on the host backend:
+/// teams inside a node run their collectives, a team across nodes is refused on every PE (the
+/// split used to panic reaching shared memory of another node), a put to another node fails
+/// clearly. The GPU suite runs the same scenario on CUDA with every collective across nodes.
+#[test]
+fn teams_inside_simulated_nodes_work_and_across_them_are_refused() {
+    selftest("coll-nodes");
+}

@@ -56,6 +56,47 @@ pub struct LaunchOptions {
     /// Prefix every line the PEs print with `[PE r] `. When false the PEs write straight to the
     /// launcher's stdout and stderr.
     pub prefix_output: bool,
+    /// Split the PEs into this many simulated nodes (0: `SYMHEAP_SIMULATE_NODES`, else none):
+    /// see [`simulated_node`].
+    pub simulate_nodes: usize,
+}
+
+/// `opts` with `simulate_nodes` taken from `SYMHEAP_SIMULATE_NODES` when the options leave it
+/// at 0, and checked (1 to `n` nodes).
+fn with_simulated_nodes(opts: &LaunchOptions) -> Result<LaunchOptions> {
+    let mut o = opts.clone();
+    if o.simulate_nodes == 0 {
+        if let Ok(v) = std::env::var("SYMHEAP_SIMULATE_NODES") {
+            if !v.trim().is_empty() {
+                o.simulate_nodes = v.trim().parse().map_err(|_| {
+                    invalid(
+                        "launch",
+                        format!("SYMHEAP_SIMULATE_NODES={v:?} is not a number of nodes"),
+                    )
+                })?;
+            }
+        }
+    }
+    if o.simulate_nodes > o.n {
+        return Err(invalid(
+            "launch",
+            format!(
+                "{} simulated nodes for {} PEs: expected 1 to {} (the number of PEs)",
+                o.simulate_nodes, o.n, o.n
+            ),
+        ));
+    }
+    Ok(o)
+}
+
+/// The simulated node of PE `rank` of `n` split into `k` nodes: consecutive ranks, as even as
+/// possible (`rank × k / n`). Such a PE gets `SYMHEAP_NODE_ID=simulated-node-<node>`, so it
+/// maps no memory of PEs on other simulated nodes, and `NCCL_HOSTID` of its own, so NCCL takes
+/// every PE for a host of its own and connects them over its network transport (on the
+/// loopback interface, `NCCL_SOCKET_IFNAME=lo`, unless set) even when they share a GPU; NCCL
+/// then uses no NVLink or shared memory between PEs of one simulated node either.
+pub fn simulated_node(rank: usize, n: usize, k: usize) -> usize {
+    rank * k / n.max(1)
 }
 
 impl LaunchOptions {
@@ -68,6 +109,7 @@ impl LaunchOptions {
             env: Vec::new(),
             grace: DEFAULT_GRACE,
             prefix_output: true,
+            simulate_nodes: 0,
         }
     }
 }
@@ -97,6 +139,7 @@ pub(crate) fn launch_with_output(
     if opts.n == 0 {
         return Err(invalid("launch", "the number of PEs must be at least 1"));
     }
+    let opts = &with_simulated_nodes(opts)?;
     let mut signals = Signals::new([SIGINT, SIGTERM])
         .map_err(|e| backend("launch", format!("cannot watch SIGINT and SIGTERM: {e}")))?;
     let handle = signals.handle();

@@ -91,6 +91,19 @@ pub(crate) fn start(opts: &LaunchOptions, rank: usize, port: u16, token: &str) -
             cmd.env(k, v);
         }
     }
+    if opts.simulate_nodes > 0 {
+        let node = crate::simulated_node(rank, opts.n, opts.simulate_nodes);
+        cmd.env("SYMHEAP_NODE_ID", format!("simulated-node-{node}"))
+            .env(
+                "NCCL_HOSTID",
+                format!("symheap-simulated-node-{node}-pe-{rank}"),
+            );
+        for (k, v) in [("NCCL_SOCKET_IFNAME", "lo"), ("NCCL_IB_DISABLE", "1")] {
+            if std::env::var_os(k).is_none() {
+                cmd.env(k, v);
+            }
+        }
+    }
     for (k, v) in &opts.env {
         cmd.env(k, v);
     }

@@ -46,8 +46,34 @@ pub struct Config {
     /// What the CUDA backend takes the links between GPUs to be when it picks the collective
     /// protocols (`SYMHEAP_TOPOLOGY`; default: ask NVML).
     pub topology: crate::backend::cuda::TopologyChoice,
+    /// How collectives of a team that spans nodes run on the CUDA backend
+    /// (`SYMHEAP_NODES_ALGO`).
+    pub nodes_algo: NodesAlgo,
     /// `(name, value)` of every `SYMHEAP_*` and launcher variable that was read and set.
     pub env_read: Vec<(String, String)>,
+}
+
+/// How collectives of a team whose members sit on several nodes run on the CUDA backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NodesAlgo {
+    /// Hierarchical (symheap's kernels inside each node, NCCL between nodes) where every node
+    /// holds the same number of the team's PEs, all directly reachable from each other; NCCL
+    /// over the whole team otherwise.
+    #[default]
+    Auto,
+    /// NCCL over the whole team, always (the fallback, and the comparison).
+    Nccl,
+}
+
+impl NodesAlgo {
+    /// Parses `auto`, `hier` (the same as `auto`) or `nccl`.
+    pub fn parse(s: &str) -> Option<NodesAlgo> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" | "hier" | "hierarchical" => Some(NodesAlgo::Auto),
+            "nccl" => Some(NodesAlgo::Nccl),
+            _ => None,
+        }
+    }
 }
 
 /// Default heap capacity per PE: large, because it is only reserved address space.
@@ -70,6 +96,7 @@ impl Default for Config {
             device: None,
             coll_defines: Vec::new(),
             topology: crate::backend::cuda::TopologyChoice::Auto,
+            nodes_algo: NodesAlgo::Auto,
             env_read: Vec::new(),
         }
     }
@@ -122,6 +149,14 @@ pub const SYMHEAP_VARIABLES: &[(&str, &str)] = &[
     (
         "SYMHEAP_TOPOLOGY",
         "auto | nvlink | pcie: what the links between GPUs are taken to be when choosing the collective protocols (LL128 needs NVLink; default: ask NVML)",
+    ),
+    (
+        "SYMHEAP_NODES_ALGO",
+        "auto | nccl: collectives of a team spanning nodes on GPUs, hierarchical (symheap inside nodes, NCCL between) where the layout allows, or NCCL over the whole team (default auto)",
+    ),
+    (
+        "SYMHEAP_NCCL_LIB",
+        "libnccl.so.2 (or its directory) for collectives across nodes (default: the nvidia-nccl-cu13 wheel on the Python path, then the loader's path)",
     ),
     (
         "SYMHEAP_COLL_DEFINES",
@@ -192,6 +227,14 @@ impl Config {
                 invalid(
                     "init",
                     format!("SYMHEAP_TOPOLOGY={v:?}: expected auto, nvlink or pcie"),
+                )
+            })?;
+        }
+        if let Some(v) = c.read("SYMHEAP_NODES_ALGO") {
+            c.nodes_algo = NodesAlgo::parse(&v).ok_or_else(|| {
+                invalid(
+                    "init",
+                    format!("SYMHEAP_NODES_ALGO={v:?}: expected auto or nccl"),
                 )
             })?;
         }

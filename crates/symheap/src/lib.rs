@@ -44,6 +44,7 @@ pub use element::{DType, Element};
 pub use error::{Error, ErrorKind, Result};
 pub use ops::{
     AllReduceAlgo, AtomicBitwise, AtomicElement, AtomicInt, Cmp, SignalOp, StreamColl, Team,
+    NODES_ALL_REDUCE_SMALL,
 };
 pub use provider::{Allocation, NativeHeap, Nvshmem, NvshmemLibrary, Provider};
 pub use stream::Stream;

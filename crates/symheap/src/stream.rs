@@ -114,7 +114,9 @@ impl Stream {
     /// `raw` must be 0, 1 (`CU_STREAM_LEGACY`), 2 (`CU_STREAM_PER_THREAD`), or a stream created
     /// by the CUDA driver or runtime that stays live while the returned value exists and until
     /// every symmetric buffer used by a call on it has been released (a release records an
-    /// event on each stream that used the buffer, as PyTorch's caching allocator does). On the
+    /// event on each stream that used the buffer, as PyTorch's caching allocator does) and,
+    /// once a team's collective ran on it, until that team's next collective on another stream
+    /// (which first makes its stream wait for this one) or the context's end. On the
     /// host backend the handle is never used, so any value is fine there. That the stream
     /// belongs to the context's device is checked by every call that uses it.
     pub const unsafe fn from_raw(raw: u64) -> Stream {

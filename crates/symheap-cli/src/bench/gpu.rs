@@ -56,7 +56,7 @@ fn e2s(e: symheap::Error) -> String {
 }
 
 /// Median over `trials` of (time of `k` calls of `f` enqueued on `stream`) / k, in µs.
-fn time_stream(
+pub(super) fn time_stream(
     stream: &symheap::Stream,
     trials: usize,
     k: usize,
@@ -89,7 +89,7 @@ fn time_stream(
 }
 
 /// The same for a graph of `k` captured calls, replayed once per trial.
-fn time_graph(
+pub(super) fn time_graph(
     stream: &symheap::Stream,
     trials: usize,
     k: usize,
@@ -106,7 +106,7 @@ fn time_graph(
     time_stream(stream, trials, 1, || g.launch(stream).map_err(e2s)).map(|t| t / k as f64)
 }
 
-fn k_for(bytes: u64) -> (usize, usize) {
+pub(super) fn k_for(bytes: u64) -> (usize, usize) {
     match bytes {
         0..=1_048_576 => (50, 11),
         1_048_577..=67_108_864 => (20, 7),
@@ -641,6 +641,9 @@ fn run(ctx: &Context, plan: &GpuPlan) -> Result<Vec<GpuRow>, String> {
     }
     if ctx.my_pe() == 0 && total > 0 && tty {
         eprintln!();
+    }
+    if plan.ops.iter().any(|o| o == "all_reduce") && ctx.node().node_count > 1 {
+        super::nodes::stage_rows(ctx, &s, &plan.sizes, plan.dtype, &mut rows)?;
     }
     let note = |what: &str| trace(ctx, what);
     note("collectives done");

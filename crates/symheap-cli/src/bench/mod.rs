@@ -10,6 +10,7 @@
 pub mod gpu;
 mod gpu_table;
 mod host;
+mod nodes;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -363,6 +363,79 @@ fn others<T: TestElem>(
 pub fn coll_stream(ctx: &Context, a: PeArgs) -> Outcome {
     let s = stream(ctx)?;
     let world = ctx.world_team();
+    world_cases(ctx, &world, &s, a)?;
+    // A second team with the same members: it runs in its own team slot (its own device flags
+    // and epochs) and, not being the world, always two-shot. Teams with non-members are covered
+    // by the `teams` scenario, whose collectives run these kernels on the CUDA backend.
+    let n = ctx.n_pes();
+    let sub = ctx.team_split_strided(&world, 0, 1, n).map_err(e2s)?;
+    team_cases(ctx, &sub, &s, a)?;
+    ctx.barrier_all().map_err(e2s)?;
+    ctx.team_destroy(sub).map_err(e2s)?;
+    ctx.barrier_all().map_err(e2s)
+}
+
+/// A few collectives on `team` (a sub-team) against the reference.
+pub(super) fn team_cases(ctx: &Context, team: &Team, s: &symheap::Stream, a: PeArgs) -> Outcome {
+    let (sum, max) = (ReduceOp::Sum, ReduceOp::Max);
+    ar_case::<f32>(
+        ctx,
+        team,
+        s,
+        a,
+        5000,
+        sum,
+        AllReduceAlgo::Auto,
+        false,
+        9001,
+        0,
+    )?;
+    ar_case::<i32>(
+        ctx,
+        team,
+        s,
+        a,
+        77,
+        max,
+        AllReduceAlgo::TwoShot,
+        true,
+        9002,
+        0,
+    )?;
+    others::<i32>(ctx, team, s, a, 333, 9003)
+}
+
+/// One all_reduce (sum, out of place and in place) of `T` on `team`: for the dtypes the GPU
+/// kernels lack, which run elsewhere (the host path, or NCCL across nodes).
+pub(super) fn sum_case<T: TestElem>(
+    ctx: &Context,
+    team: &Team,
+    s: &symheap::Stream,
+    a: PeArgs,
+    count: usize,
+    tag: u64,
+) -> Outcome {
+    let algo = AllReduceAlgo::Auto;
+    for in_place in [false, true] {
+        ar_case::<T>(
+            ctx,
+            team,
+            s,
+            a,
+            count,
+            ReduceOp::Sum,
+            algo,
+            in_place,
+            tag,
+            0,
+        )?;
+    }
+    Ok(())
+}
+
+/// Every collective on `world` for every dtype the kernels have, every op and the size classes
+/// from one element to past 4 MiB (ragged counts), in and out of place, aligned and not.
+pub(super) fn world_cases(ctx: &Context, world: &Team, s: &symheap::Stream, a: PeArgs) -> Outcome {
     let mut tag = 0;
     for &count in &[1usize, 7, 1000, 100_003, (1 << 20) + 1] {
         for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Prod] {
@@ -372,55 +445,23 @@ pub fn coll_stream(ctx: &Context, a: PeArgs) -> Outcome {
             for algo in [AllReduceAlgo::Auto, AllReduceAlgo::TwoShot] {
                 for in_place in [false, true] {
                     tag += 10;
-                    ar_case::<f32>(ctx, &world, &s, a, count, op, algo, in_place, tag, 0)?;
-                    ar_case::<bf16>(ctx, &world, &s, a, count, op, algo, in_place, tag, 0)?;
+                    ar_case::<f32>(ctx, world, s, a, count, op, algo, in_place, tag, 0)?;
+                    ar_case::<bf16>(ctx, world, s, a, count, op, algo, in_place, tag, 0)?;
                     if count <= 100_003 {
-                        ar_case::<f16>(ctx, &world, &s, a, count, op, algo, in_place, tag, 0)?;
-                        ar_case::<i32>(ctx, &world, &s, a, count, op, algo, in_place, tag, 0)?;
+                        ar_case::<f16>(ctx, world, s, a, count, op, algo, in_place, tag, 0)?;
+                        ar_case::<i32>(ctx, world, s, a, count, op, algo, in_place, tag, 0)?;
                     }
                 }
             }
         }
         tag += 10;
         // Buffers off 16-byte alignment: the one-shot's flag path above the LL sizes.
-        ar_unaligned::<f32>(ctx, &world, &s, a, count, tag, 1)?;
-        ar_unaligned::<bf16>(ctx, &world, &s, a, count, tag, 3)?;
-        others::<f32>(ctx, &world, &s, a, count.min(300_001), tag)?;
-        others::<bf16>(ctx, &world, &s, a, count.min(1001), tag + 5)?;
+        ar_unaligned::<f32>(ctx, world, s, a, count, tag, 1)?;
+        ar_unaligned::<bf16>(ctx, world, s, a, count, tag, 3)?;
+        others::<f32>(ctx, world, s, a, count.min(300_001), tag)?;
+        others::<bf16>(ctx, world, s, a, count.min(1001), tag + 5)?;
     }
-    // A second team with the same members: it runs in its own team slot (its own device flags
-    // and epochs) and, not being the world, always two-shot. Teams with non-members are covered
-    // by the `teams` scenario, whose collectives run these kernels on the CUDA backend.
-    let n = ctx.n_pes();
-    let sub = ctx.team_split_strided(&world, 0, 1, n).map_err(e2s)?;
-    ar_case::<f32>(
-        ctx,
-        &sub,
-        &s,
-        a,
-        5000,
-        ReduceOp::Sum,
-        AllReduceAlgo::Auto,
-        false,
-        9001,
-        0,
-    )?;
-    ar_case::<i32>(
-        ctx,
-        &sub,
-        &s,
-        a,
-        77,
-        ReduceOp::Max,
-        AllReduceAlgo::TwoShot,
-        true,
-        9002,
-        0,
-    )?;
-    others::<i32>(ctx, &sub, &s, a, 333, 9003)?;
-    ctx.barrier_all().map_err(e2s)?;
-    ctx.team_destroy(sub).map_err(e2s)?;
-    ctx.barrier_all().map_err(e2s)
+    Ok(())
 }
 
 /// All_reduces captured in a CUDA graph stay correct over many replays (their barriers' epochs
@@ -429,23 +470,39 @@ pub fn coll_stream(ctx: &Context, a: PeArgs) -> Outcome {
 /// an in-place all_reduce of its buffer, runs in between: the result is n^k times the first
 /// root's initial data.
 pub fn coll_graph(ctx: &Context, _a: PeArgs) -> Outcome {
+    graph_replays(ctx, false)
+}
+
+/// `coll_graph`'s replays; with `warm_up`, the captured work runs once eagerly first (what a
+/// world across nodes needs before a capture: NCCL's set-up and the workspace), the data is
+/// written afresh before the capture, and a 24 MiB all_reduce joins the others.
+pub(super) fn graph_replays(ctx: &Context, warm_up: bool) -> Outcome {
     let cu = ctx.cuda().ok_or("this scenario needs the CUDA backend")?;
     let (me, n) = (ctx.my_pe(), ctx.n_pes());
     let s = cu.create_stream().map_err(e2s)?;
     let world = ctx.world_team();
-    let counts = [1000usize, 300_000];
+    // Across nodes (warm_up) also 24 MiB: the pipelined all_reduce (pieces on two streams).
+    let counts: &[usize] = if warm_up {
+        &[1000, 300_000, 6_000_000]
+    } else {
+        &[1000, 300_000]
+    };
     let bufs: Vec<_> = counts
         .iter()
         .map(|&c| ctx.malloc((c * 4) as u64))
         .collect::<Result<_, _>>()
         .map_err(e2s)?;
-    for (b, &c) in bufs.iter().zip(&counts) {
-        b.write(
-            0,
-            &(0..c).map(|i| ((i + me) % 3) as i32).collect::<Vec<_>>(),
-        )
-        .map_err(e2s)?;
-    }
+    let fill = || -> Outcome {
+        for (b, &c) in bufs.iter().zip(counts) {
+            b.write(
+                0,
+                &(0..c).map(|i| ((i + me) % 3) as i32).collect::<Vec<_>>(),
+            )
+            .map_err(e2s)?;
+        }
+        Ok(())
+    };
+    fill()?;
     // Broadcasts: a large one (push kernel) and a small one (LL exchange), roots offset by 0 / 1.
     let bc_init =
         |c: usize, p: usize| -> Vec<i32> { (0..c).map(|i| ((i * 7 + p * 3) % 5) as i32).collect() };
@@ -454,9 +511,13 @@ pub fn coll_graph(ctx: &Context, _a: PeArgs) -> Outcome {
         .map(|&(c, shift)| Ok((ctx.malloc((c * 4) as u64)?, c, shift)))
         .collect::<Result<_, symheap::Error>>()
         .map_err(e2s)?;
-    for (b, c, _) in &bcs {
-        b.write(0, &bc_init(*c, me)).map_err(e2s)?;
-    }
+    let fill_bcs = || -> Outcome {
+        for (b, c, _) in &bcs {
+            b.write(0, &bc_init(*c, me)).map_err(e2s)?;
+        }
+        Ok(())
+    };
+    fill_bcs()?;
     ctx.barrier_all().map_err(e2s)?;
     let per_graph = 4;
     // An in-place i32 sum of `c` elements at `addr` over the world.
@@ -472,9 +533,9 @@ pub fn coll_graph(ctx: &Context, _a: PeArgs) -> Outcome {
             &s,
         )
     };
-    let graph = Graph::capture(&s, || {
+    let body = || -> symheap::Result<()> {
         for it in 0..per_graph {
-            for (b, &c) in bufs.iter().zip(&counts) {
+            for (b, &c) in bufs.iter().zip(counts) {
                 sum_in_place(b.addr(), c)?;
             }
             for (b, c, shift) in &bcs {
@@ -484,15 +545,23 @@ pub fn coll_graph(ctx: &Context, _a: PeArgs) -> Outcome {
             }
         }
         Ok(())
-    })
-    .map_err(e2s)?;
+    };
+    if warm_up {
+        body().map_err(e2s)?;
+        ctx.sync_stream(&s).map_err(e2s)?;
+        ctx.barrier_all().map_err(e2s)?;
+        fill()?;
+        fill_bcs()?;
+        ctx.barrier_all().map_err(e2s)?;
+    }
+    let graph = Graph::capture(&s, body).map_err(e2s)?;
     let replays = 5;
     for _ in 0..replays {
         graph.launch(&s).map_err(e2s)?;
     }
     ctx.sync_stream(&s).map_err(e2s)?;
     let k = (per_graph * replays) as u32;
-    for (b, &c) in bufs.iter().zip(&counts) {
+    for (b, &c) in bufs.iter().zip(counts) {
         let got = b.to_vec::<i32>().map_err(e2s)?;
         for i in 0..c {
             let sum: i32 = (0..n).map(|p| ((i + p) % 3) as i32).sum();

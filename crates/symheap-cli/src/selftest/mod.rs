@@ -16,6 +16,7 @@ mod coll_scenarios;
 mod diverge_scenarios;
 mod eager_scenarios;
 mod gpu_scenarios;
+mod nodes_scenarios;
 mod ops_scenarios;
 mod provider_scenarios;
 mod safety_scenarios;
@@ -461,6 +462,26 @@ pub const SCENARIOS: &[Scenario] = &[
         victims: false,
         gpu: false,
         run: coll_scenarios::coll_stream,
+    },
+    Scenario {
+        name: "coll-nodes",
+        about: "the world across 2 simulated nodes: every collective (hierarchical or NCCL), graph replays, node teams, refusals",
+        min_pes: 2,
+        env: &[("SYMHEAP_SIMULATE_NODES", "2")],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: false,
+        run: nodes_scenarios::coll_nodes,
+    },
+    Scenario {
+        name: "coll-nodes-nccl",
+        about: "coll-nodes with SYMHEAP_NODES_ALGO=nccl: every collective through NCCL over the world",
+        min_pes: 2,
+        env: &[("SYMHEAP_SIMULATE_NODES", "2"), ("SYMHEAP_NODES_ALGO", "nccl")],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: true,
+        run: nodes_scenarios::coll_nodes,
     },
     Scenario {
         name: "coll-graph",

@@ -96,6 +96,14 @@ impl Nccl {
 
     /// Collective over the world: creates a communicator on this PE's CUDA device.
     pub(crate) fn new(ctx: &Context) -> Result<Nccl> {
+        let all: Vec<usize> = (0..ctx.n_pes()).collect();
+        Nccl::among(ctx, &all)
+    }
+
+    /// Collective over the world (every PE calls it, each with its own group): a communicator
+    /// over `group` (world PEs, this one among them, ranked in that order). The groups of all
+    /// PEs must partition the world; each group's first PE makes the unique id.
+    pub(crate) fn among(ctx: &Context, group: &[usize]) -> Result<Nccl> {
         Nccl::version()?;
         let cu = ctx.cuda().ok_or_else(|| {
             err(
@@ -103,29 +111,36 @@ impl Nccl {
                 ErrorKind::Unsupported("NCCL needs the CUDA backend".into()),
             )
         })?;
+        let me = group
+            .iter()
+            .position(|&p| p == ctx.my_pe())
+            .ok_or_else(|| {
+                err(
+                    "nccl",
+                    ErrorKind::InvalidArgument("not in the group".into()),
+                )
+            })?;
         cu.bind()?;
         let mut id = sys::ncclUniqueId { internal: [0; 128] };
-        if ctx.my_pe() == 0 {
+        if me == 0 {
             // SAFETY: writes one unique id.
             check(unsafe { sys::ncclGetUniqueId(&mut id) }, "ncclGetUniqueId")?;
         }
         let mine: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
         let all = ctx.all_gather_bytes(&mine)?;
-        for (i, b) in all[0].iter().enumerate().take(128) {
+        for (i, b) in all[group[0]].iter().enumerate().take(128) {
             id.internal[i] = *b as std::ffi::c_char;
         }
         let mut comm = std::ptr::null_mut();
+        let n = group.len();
         check(
-            // SAFETY: every PE passes the same id, its own rank and the world size; the device's
-            // context is current (bound above). Writes one communicator, destroyed in Drop.
-            unsafe { sys::ncclCommInitRank(&mut comm, ctx.n_pes() as i32, id, ctx.my_pe() as i32) },
+            // SAFETY: every member passes the same id, its own rank and the group size; the
+            // device's context is current (bound above). Writes one communicator, destroyed in
+            // Drop.
+            unsafe { sys::ncclCommInitRank(&mut comm, n as i32, id, me as i32) },
             "ncclCommInitRank",
         )?;
-        Ok(Nccl {
-            comm,
-            n: ctx.n_pes(),
-            me: ctx.my_pe(),
-        })
+        Ok(Nccl { comm, n, me })
     }
 
     /// ncclAllReduce of `count` elements on `stream` (device pointers).

@@ -23,9 +23,10 @@ pub const LL128_PART: u64 = 4608 << 10;
 
 /// Device-resident state of every team slot, and the world's one-shot scratch, in this PE's
 /// heap (CUDA only). Per slot: `flags[2][MAX_BLOCKS][W]`, `ctl[2]` (epoch, blocks done),
-/// `bases[W]` (member heap bases), `peer_flags[W]` (member flag areas); W = world size. Then the
-/// scratch `[2][W][ONE_SHOT_SLOT]`, the table of every PE's scratch address, and the LL128
-/// region `[2][LL128_PART]`.
+/// `bases[W]` (member heap bases), `peer_flags[W]` (member flag areas), `scratch_table[W]`
+/// (member scratch addresses, written for the team that owns the scratch); W = world size.
+/// Then the scratch `[2][W][ONE_SHOT_SLOT]`, the table of every PE's scratch address, and the
+/// LL128 region `[2][LL128_PART]`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct DeviceTeams {
     offset: u64,
@@ -40,7 +41,7 @@ impl DeviceTeams {
     }
 
     fn stride(world: usize) -> u64 {
-        align_up(Self::flags_bytes(world) + 256 + 16 * world as u64, 256).expect("small")
+        align_up(Self::flags_bytes(world) + 256 + 24 * world as u64, 256).expect("small")
     }
 
     /// Bytes from the scratch to the LL128 region (past the scratch and its table).
@@ -74,6 +75,10 @@ impl DeviceTeams {
     pub(crate) fn peer_flags(&self, slot: usize) -> u64 {
         self.bases(slot) + 8 * self.world as u64
     }
+    /// Slot `slot`'s table of its members' scratch addresses (the kernels index it by member).
+    pub(crate) fn scratch_table(&self, slot: usize) -> u64 {
+        self.peer_flags(slot) + 8 * self.world as u64
+    }
     /// The world's one-shot scratch.
     pub(crate) fn scratch(&self) -> u64 {
         self.scratch
@@ -93,25 +98,36 @@ impl DeviceTeams {
 }
 
 impl Inner {
-    /// Writes this PE's copy of `team`'s member tables (heap bases and flag areas) for the
-    /// collective kernels. Local; flags and counters of a fresh slot are already zero.
+    /// Writes this PE's copy of `team`'s member tables (heap bases, flag areas and, for the
+    /// team owning the scratch, scratch addresses) for the collective kernels. Local; flags and
+    /// counters of a fresh slot are already zero.
     pub(crate) fn init_device_team(&self, team: &TeamInner) -> Result<()> {
         let Some(dt) = self.dteams.get() else {
             return Ok(());
         };
         let own = self.backend.slot_base(self.rank).expect("own heap");
-        let mut bases = Vec::with_capacity(8 * team.members.len());
-        let mut flags = Vec::with_capacity(8 * team.members.len());
+        let n = team.members.len();
+        let (mut bases, mut flags, mut scratch) = (
+            Vec::with_capacity(8 * n),
+            Vec::with_capacity(8 * n),
+            Vec::with_capacity(8 * n),
+        );
         for &m in &team.members {
             let b = self.backend.slot_base(m).unwrap_or(0);
+            let at = |off: u64| if b == 0 { 0u64 } else { b + off };
             bases.extend_from_slice(&b.to_le_bytes());
-            let f = if b == 0 { 0 } else { b + dt.flags(team.slot) };
-            flags.extend_from_slice(&f.to_le_bytes());
+            flags.extend_from_slice(&at(dt.flags(team.slot)).to_le_bytes());
+            scratch.extend_from_slice(&at(dt.scratch()).to_le_bytes());
         }
         self.backend
             .write_bytes(own + dt.bases(team.slot), &bases)?;
         self.backend
-            .write_bytes(own + dt.peer_flags(team.slot), &flags)
+            .write_bytes(own + dt.peer_flags(team.slot), &flags)?;
+        if team.scratch {
+            self.backend
+                .write_bytes(own + dt.scratch_table(team.slot), &scratch)?;
+        }
+        Ok(())
     }
 
     /// Clears this PE's flags and counters of a destroyed team's slot.

@@ -101,6 +101,7 @@ impl ContextBuilder {
             cu.agree_protocols(cfg.topology).map_err(with_pe)?;
         }
         let spin = super::sync::SpinBudget::new(node.local_size());
+        let all_direct = (0..world).all(|pe| backend.slot_base(pe).is_some());
         let inner = Arc::new(Inner {
             spin,
             cfg,
@@ -115,13 +116,10 @@ impl ContextBuilder {
             bases: (0..world).map(|pe| backend.slot_base(pe)).collect(),
             backend,
             heap: Heap::new(world),
-            world_team: Arc::new(TeamInner::new(
-                0,
-                (0..world).collect(),
-                rank,
-                "the world team".into(),
-                0,
-            )),
+            world_team: Arc::new(
+                TeamInner::new(0, (0..world).collect(), rank, "the world team".into(), 0)
+                    .with_scratch(all_direct),
+            ),
             control,
             area,
             dsync: std::sync::OnceLock::new(),
@@ -132,6 +130,7 @@ impl ContextBuilder {
             watchdog_stop: AtomicBool::new(false),
             init_phases: std::sync::OnceLock::new(),
             mpi: std::sync::OnceLock::new(),
+            span: Mutex::new(None),
             finalized: AtomicBool::new(false),
         });
         finish(Context { inner }, phases)

@@ -9,6 +9,7 @@ pub(crate) mod device_state;
 mod eager;
 mod init;
 mod ranges;
+pub(crate) mod span;
 mod sync;
 pub(crate) mod team;
 pub(crate) mod watch;
@@ -94,6 +95,9 @@ pub(crate) struct Inner {
     /// (or why it could not be: the same answer for every later call).
     pub(crate) mpi:
         std::sync::OnceLock<std::result::Result<crate::backend::host::mpi::Mpi, String>>,
+    /// CUDA, world spanning nodes: the node team, NCCL communicators and workspace of the
+    /// collectives across nodes, made at the first one (see `span.rs`).
+    pub(crate) span: Mutex<Option<span::Span>>,
     pub(super) finalized: AtomicBool,
 }
 

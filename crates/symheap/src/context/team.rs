@@ -43,13 +43,19 @@ pub(crate) struct TeamInner {
     pub id: u64,
     pub state: Mutex<TeamState>,
     pub destroyed: AtomicBool,
-    /// CUDA: the stream of this team's last stream collective or barrier. The device state of a
-    /// team (epochs, flags) admits one launch at a time, so a launch on another stream first
-    /// waits for that stream's work (see `Context::order_team`).
-    pub last_stream: Mutex<Option<u64>>,
+    /// CUDA: the stream of this team's last stream collective or barrier, kept alive when
+    /// symheap made it. The device state of a team (epochs, flags) admits one launch at a
+    /// time, so a launch on another stream first waits for that stream's work (see
+    /// `ops::coll_stream::order_team`).
+    pub last_stream: Mutex<Option<(u64, Option<crate::heap::KeepAlive>)>>,
     /// The text hash of the call this PE last published in each entry of its ring of recent
     /// calls for the team (see `Inner::publish`): an unchanged text is not rewritten.
     pub ring_text: [AtomicU64; super::area::RING as usize],
+    /// CUDA: this team's one-shot and exchange kernels may use the scratch and LL128 region
+    /// (`DeviceTeams`). One team per PE owns them, since their double buffering follows that
+    /// team's epochs: the world when every PE is direct, else this PE's node team (the world
+    /// then runs its collectives across nodes, see `context/span.rs`).
+    pub scratch: bool,
 }
 
 impl TeamInner {
@@ -67,7 +73,14 @@ impl TeamInner {
             destroyed: AtomicBool::new(false),
             last_stream: Mutex::new(None),
             ring_text: Default::default(),
+            scratch: false,
         }
+    }
+
+    /// The team, owning the scratch when `owns` (see [`TeamInner::scratch`]).
+    pub(crate) fn with_scratch(mut self, owns: bool) -> Self {
+        self.scratch = owns;
+        self
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, TeamState> {

@@ -60,6 +60,11 @@ impl AllReduceAlgo {
 /// Most members whose inline payloads a one-pass all_reduce reduces on the stack.
 const INLINE_MEMBERS: usize = 16;
 
+/// Across nodes (CUDA backend), an all_reduce of up to this many bytes runs whole inside each
+/// node, then whole between nodes (two latencies); a larger one reduce-scatters inside the node
+/// first, so that each PE sends only its shard between nodes (see `ops/coll_span.rs`).
+pub const NODES_ALL_REDUCE_SMALL: u64 = 256 << 10;
+
 /// Largest message `Auto` sends one-shot on the host backend.
 pub const ONE_SHOT_MAX_BYTES: usize = 64 << 10;
 
@@ -274,6 +279,13 @@ fn check_len(inner: &Inner, call: &'static str, what: &str, addr: u64, bytes: us
 }
 
 impl Context {
+    /// Whether a host-level reduction of `dtype` on `team` runs as a stream collective: on the
+    /// CUDA backend where its kernels have the dtype, and for every dtype NCCL has across nodes.
+    fn on_gpu(&self, team: &Team, dtype: DType) -> bool {
+        self.inner.backend.as_cuda().is_some()
+            && (crate::backend::cuda::coll_supports(dtype) || self.span_team(team).is_some())
+    }
+
     /// A host-level collective on the CUDA backend: the entry barrier and ledger check the host
     /// path has (so diverging calls fail here, naming the call), then the stream kernel on the
     /// backend's own stream, waited for.
@@ -288,7 +300,10 @@ impl Context {
         let Some(t) = self.inner.team_inner(team, call)? else {
             return Ok(());
         };
-        {
+        if self.inner.spans_nodes(t) {
+            // The world across nodes meets over the rendezvous, not in shared memory.
+            self.inner.collective(call, args, &[])?;
+        } else {
             let mut st = t.lock();
             self.inner.record_on(t, &mut st, call, args);
             self.inner.team_sync_point(t, &mut st, call, 0)?;
@@ -492,7 +507,7 @@ impl Context {
     ) -> Result<()> {
         const CALL: &str = "reduce_scatter";
         let bytes = count * dtype.size();
-        if self.inner.backend.as_cuda().is_some() && crate::backend::cuda::coll_supports(dtype) {
+        if self.on_gpu(team, dtype) {
             let args = self
                 .inner
                 .coll_args(format!("{} {count} x {dtype}", op.name()), dest, src);
@@ -545,7 +560,7 @@ impl Context {
     ) -> Result<()> {
         const CALL: &str = "all_reduce";
         let bytes = count * dtype.size();
-        if self.inner.backend.as_cuda().is_some() && crate::backend::cuda::coll_supports(dtype) {
+        if self.on_gpu(team, dtype) {
             let args = self
                 .inner
                 .coll_args(format!("{} {count} x {dtype}", op.name()), dest, src);

@@ -16,10 +16,10 @@ pub(super) const LL128_MAX: u64 = 4 << 20;
 /// Auto picks one-shot while `(n - 1) × bytes` (what each PE pushes) stays under this
 /// (`SYMHEAP_COLL_ONESHOT_MAX` overrides).
 pub(super) const ONE_SHOT_PUSH_MAX: u64 = 4 << 20;
-/// reduce_scatter goes one-shot (through the world's scratch) while `(n - 1) × bytes` per member
+/// reduce_scatter goes one-shot (through the scratch) while `(n - 1) × bytes` per member
 /// stays under this (`SYMHEAP_COLL_RS_ONESHOT_MAX` overrides).
 pub(super) const RS_ONE_SHOT_PUSH_MAX: u64 = 4 << 20;
-/// all_gather, alltoall and broadcast on the world team go through the LL exchange kernel while
+/// all_gather, alltoall and broadcast on the team owning the scratch go through the LL exchange kernel while
 /// the bytes per member stay under this (`SYMHEAP_COLL_XCHG_LL_MAX` overrides), then through
 /// the LL128 exchange kernel up to [`LL128_MAX`] (`SYMHEAP_COLL_XCHG_LL128_MAX` overrides).
 pub(super) const XCHG_LL_MAX: u64 = 64 << 10;
@@ -30,7 +30,7 @@ pub(super) const LL128_STEP_WIRE: u64 = 512;
 
 /// The one-shot's LL128 kernel (without its dtype suffix).
 pub(super) const LL128_KERNEL: &str = "symheap_ar_ll128";
-/// The exchange kernels (all_gather, alltoall, broadcast on the world team).
+/// The exchange kernels (all_gather, alltoall, broadcast on the team owning the scratch).
 pub(super) const XCHG_LL_KERNEL: &str = "symheap_exchange_ll";
 pub(super) const XCHG_LL128_KERNEL: &str = "symheap_exchange_ll128";
 
@@ -42,7 +42,7 @@ pub(super) fn exchange_kernel(
 ) -> Option<&'static str> {
     let n = team.members.len() as u64;
     let tune = |k: &str, d| cu.coll_tuning(k, d);
-    if team.slot != 0 || n < 2 || bytes == 0 {
+    if !team.scratch || n < 2 || bytes == 0 {
         None
     } else if 2 * n * bytes <= ONE_SHOT_SLOT
         && bytes <= tune("SYMHEAP_COLL_XCHG_LL_MAX", XCHG_LL_MAX)
@@ -55,16 +55,17 @@ pub(super) fn exchange_kernel(
     }
 }
 
-/// Whether all_reduce of `bytes` on `team` runs one-shot: through the world's scratch, so only
-/// on the world team itself (another team with the same members has other epochs) and only
-/// while a message fits a slot; `Auto` also while what each PE pushes stays under the tuning.
+/// Whether all_reduce of `bytes` on `team` runs one-shot: through the scratch, so only on the
+/// team that owns it (another team with the same members has other epochs; see
+/// `TeamInner::scratch`) and only while a message fits a slot; `Auto` also while what each PE
+/// pushes stays under the tuning.
 pub(super) fn ar_one_shot(cu: &CudaBackend, team: &Team, bytes: u64, algo: AllReduceAlgo) -> bool {
-    let world = team.0.as_ref().is_some_and(|t| t.slot == 0);
+    let owner = team.0.as_ref().is_some_and(|t| t.scratch);
     match algo {
-        AllReduceAlgo::OneShot => world && bytes <= ONE_SHOT_SLOT,
+        AllReduceAlgo::OneShot => owner && bytes <= ONE_SHOT_SLOT,
         AllReduceAlgo::TwoShot => false,
         AllReduceAlgo::Auto => {
-            world
+            owner
                 && bytes <= ONE_SHOT_SLOT
                 && (team.n_pes() as u64 - 1) * bytes
                     <= cu.coll_tuning("SYMHEAP_COLL_ONESHOT_MAX", ONE_SHOT_PUSH_MAX)
@@ -73,11 +74,11 @@ pub(super) fn ar_one_shot(cu: &CudaBackend, team: &Team, bytes: u64, algo: AllRe
 }
 
 /// Whether reduce_scatter of `bytes` per member on `team` runs one-shot (push into the
-/// receivers' scratch, one signal): on the world team itself, whose scratch it uses, while a
-/// member's block fits a scratch slot.
+/// receivers' scratch, one signal): on the team that owns the scratch, while a member's block
+/// fits a scratch slot.
 pub(super) fn rs_one_shot(cu: &CudaBackend, team: &Team, bytes: u64) -> bool {
     let n = team.n_pes() as u64;
-    team.0.as_ref().is_some_and(|t| t.slot == 0)
+    team.0.as_ref().is_some_and(|t| t.scratch)
         && n > 1
         && bytes <= ONE_SHOT_SLOT
         && (n - 1) * bytes <= cu.coll_tuning("SYMHEAP_COLL_RS_ONESHOT_MAX", RS_ONE_SHOT_PUSH_MAX)

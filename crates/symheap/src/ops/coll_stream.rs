@@ -90,12 +90,12 @@ impl Launch<'_> {
         self.run(&format!("{kernel}_{sfx}"), grid, stream, &args)
     }
 
-    /// The arguments that end the one-shot and exchange kernels' own: every member's scratch
-    /// address table and my scratch, then the LL128 region's offset and parity size (`ll128`),
-    /// or the scratch slot size.
+    /// The arguments that end the one-shot and exchange kernels' own: the table of the team
+    /// members' scratch addresses and my scratch, then the LL128 region's offset and parity
+    /// size (`ll128`), or the scratch slot size.
     fn scratch_args(&self, ll128: bool) -> Vec<Arg> {
         let mut args = vec![
-            Arg::U64(self.own + self.dt.peer_scratch()),
+            Arg::U64(self.own + self.dt.scratch_table(self.team.slot)),
             Arg::U64(self.own + self.dt.scratch()),
         ];
         if ll128 {
@@ -177,10 +177,12 @@ impl Launch<'_> {
 /// on another, `stream` first waits for what the previous stream has enqueued so far, without a
 /// host synchronisation. Inside a capture both streams must belong to it (the wait becomes a graph
 /// edge); between a capture and eager work the order is the user's (as with any graph: replay it
-/// on the stream whose work it follows).
-pub(crate) fn order_team(team: &TeamInner, stream: u64) -> Result<()> {
+/// on the stream whose work it follows). The team keeps the previous stream alive (when symheap
+/// made it) until the next launch on another stream, so that stream may be dropped meanwhile.
+pub(crate) fn order_team(team: &TeamInner, s: &Stream, stream: u64) -> Result<()> {
     let mut last = team.last_stream.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(prev) = *last {
+    if let Some((prev, _)) = &*last {
+        let prev = *prev;
         if prev != stream {
             let (a, b) = (
                 crate::backend::cuda::driver::is_capturing(prev)?,
@@ -191,7 +193,9 @@ pub(crate) fn order_team(team: &TeamInner, stream: u64) -> Result<()> {
             }
         }
     }
-    *last = Some(stream);
+    if last.as_ref().is_none_or(|(prev, _)| *prev != stream) {
+        *last = Some((stream, s.keep_alive()));
+    }
     Ok(())
 }
 
@@ -201,6 +205,7 @@ impl Context {
         team: &'a Team,
         call: &'static str,
         args: String,
+        s: &Stream,
         stream: u64,
     ) -> Result<Option<(Launch<'a>, &'a TeamInner)>> {
         let Some(t) = self.inner.team_inner(team, call)? else {
@@ -222,7 +227,7 @@ impl Context {
         }
         let dt = *self.inner.dteams.get().expect("device teams exist on CUDA");
         cu.bind()?;
-        order_team(t, stream)?;
+        order_team(t, s, stream)?;
         self.inner.record_on(t, &mut t.lock(), call, args);
         let own = self
             .inner
@@ -308,6 +313,9 @@ impl Context {
         const CALL: &str = "all_reduce_on_stream";
         let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
         let bytes = (count * dtype.size()) as u64;
+        if let Some(t) = self.span_team(team) {
+            return self.all_reduce_span(t, dest, src, count, dtype, op, s);
+        }
         let (Some(cu), Some(sfx)) = (self.inner.backend.as_cuda(), dtype_suffix(dtype)) else {
             return self.all_reduce_raw(team, dest, src, count, dtype, op, algo);
         };
@@ -332,7 +340,7 @@ impl Context {
         } else {
             self.inner.coll_args(args, dest, src)
         };
-        let Some((l, t)) = self.coll_prepare(team, CALL, args, stream)? else {
+        let Some((l, t)) = self.coll_prepare(team, CALL, args, s, stream)? else {
             return Ok(());
         };
         if t.members.len() == 1 {
@@ -382,6 +390,9 @@ impl Context {
         const CALL: &str = "all_gather_on_stream";
         let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
         let bytes = (count * dtype.size()) as u64;
+        if let Some(t) = self.span_team(team) {
+            return self.all_gather_span(t, dest, src, count, dtype, s);
+        }
         let Some(cu) = self.inner.backend.as_cuda() else {
             let in_place = team
                 .my_pe()
@@ -411,7 +422,7 @@ impl Context {
             self.inner
                 .coll_args(args, dest, if src == mine { dest } else { src })
         };
-        let Some((l, t)) = self.coll_prepare(team, CALL, args, stream)? else {
+        let Some((l, t)) = self.coll_prepare(team, CALL, args, s, stream)? else {
             return Ok(());
         };
         if t.members.len() == 1 {
@@ -449,6 +460,9 @@ impl Context {
         const CALL: &str = "reduce_scatter_on_stream";
         let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
         let bytes = (count * dtype.size()) as u64;
+        if let Some(t) = self.span_team(team) {
+            return self.reduce_scatter_span(t, dest, src, count, dtype, op, s);
+        }
         let (Some(cu), Some(sfx)) = (self.inner.backend.as_cuda(), dtype_suffix(dtype)) else {
             let in_place = team
                 .my_pe()
@@ -484,7 +498,7 @@ impl Context {
             self.inner
                 .coll_args(args, if dest == mine { src } else { dest }, src)
         };
-        let Some((l, t)) = self.coll_prepare(team, CALL, args, stream)? else {
+        let Some((l, t)) = self.coll_prepare(team, CALL, args, s, stream)? else {
             return Ok(());
         };
         if t.members.len() == 1 {
@@ -539,6 +553,9 @@ impl Context {
             )
             .with_pe(self.my_pe()));
         }
+        if let Some(t) = self.span_team(team) {
+            return self.broadcast_span(t, dest, src, count, dtype, root, s);
+        }
         let local = stays_local(cu, StreamColl::Broadcast, team, bytes);
         self.check_buf(CALL, dest, bytes, s, local)?;
         self.check_buf(CALL, src, bytes, s, local)?;
@@ -549,7 +566,7 @@ impl Context {
         } else {
             self.inner.coll_args(args, dest, src)
         };
-        let Some((l, t)) = self.coll_prepare(team, CALL, args, stream)? else {
+        let Some((l, t)) = self.coll_prepare(team, CALL, args, s, stream)? else {
             return Ok(());
         };
         if t.members.len() == 1 {
@@ -601,6 +618,9 @@ impl Context {
             )
             .with_pe(self.my_pe()));
         }
+        if let Some(t) = self.span_team(team) {
+            return self.alltoall_span(t, dest, src, count, dtype, s);
+        }
         let total = bytes * team.n_pes() as u64;
         let local = stays_local(cu, StreamColl::Alltoall, team, bytes);
         self.check_buf(CALL, dest, total, s, local)?;
@@ -612,7 +632,7 @@ impl Context {
         } else {
             self.inner.coll_args(args, dest, src)
         };
-        let Some((l, t)) = self.coll_prepare(team, CALL, args, stream)? else {
+        let Some((l, t)) = self.coll_prepare(team, CALL, args, s, stream)? else {
             return Ok(());
         };
         if t.members.len() == 1 {

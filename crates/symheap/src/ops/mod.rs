@@ -6,6 +6,7 @@ pub mod atomics;
 pub mod coll;
 mod coll_nodes;
 mod coll_plan;
+mod coll_span;
 pub mod coll_stream;
 pub mod rma;
 pub mod stream;
@@ -13,6 +14,6 @@ pub(crate) mod sync;
 
 pub use crate::context::team::Team;
 pub use atomics::{AtomicBitwise, AtomicElement, AtomicInt};
-pub use coll::AllReduceAlgo;
+pub use coll::{AllReduceAlgo, NODES_ALL_REDUCE_SMALL};
 pub use coll_plan::StreamColl;
 pub use rma::{Cmp, SignalOp};

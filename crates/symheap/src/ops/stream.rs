@@ -197,7 +197,10 @@ impl Context {
         let Some(cu) = self.inner.backend.as_cuda() else {
             return self.barrier_all();
         };
-        let stream = self.inner.stream_handle(stream, CALL)?;
+        if self.inner.spans_nodes(&self.inner.world_team) {
+            return self.barrier_span(stream);
+        }
+        let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
         if !self.direct_peers().iter().eq(0..self.n_pes()) {
             return Err(err(
                 CALL,
@@ -218,7 +221,7 @@ impl Context {
             .slot_base(self.my_pe())
             .expect("own heap");
         cu.bind()?;
-        crate::ops::coll_stream::order_team(&self.inner.world_team, stream)?;
+        crate::ops::coll_stream::order_team(&self.inner.world_team, s, stream)?;
         let world = &self.inner.world_team;
         self.inner
             .record_on(world, &mut world.lock(), CALL, String::new());

@@ -48,6 +48,8 @@ impl Context {
     /// Collective over `parent`: a new team of the members `start, start + stride, ...`
     /// (`size` of them, indices in `parent`). Members get the team, other members of `parent`
     /// get [`Team::INVALID`]. Recorded in `parent`'s ledger. At most 32 teams exist at once.
+    /// Only the world team spans nodes: a new team whose members are on different nodes is
+    /// refused (on every member of `parent`).
     pub fn team_split_strided(
         &self,
         parent: &Team,
@@ -67,21 +69,36 @@ impl Context {
             )
             .with_pe(self.inner.rank));
         }
-        let mut st = p.lock();
-        self.inner.record_on(
-            p,
-            &mut st,
-            CALL,
-            format!("start {start}, stride {stride}, size {size}"),
-        );
-        let split_at = st.ledger.digest();
+        let members: Vec<usize> = (0..size).map(|k| p.members[start + k * stride]).collect();
+        let node_of = &self.inner.node.node_of;
+        if members.iter().any(|&m| node_of[m] != node_of[members[0]]) {
+            // Decided from the node map, which every PE has: every member of `parent` fails.
+            return Err(Error::new(
+                Some(self.inner.rank),
+                CALL,
+                ErrorKind::Unsupported(format!(
+                    "the new team's members (start {start}, stride {stride}, size {size} of {}) are on \
+                     different nodes; only the world team spans nodes",
+                    p.name
+                )),
+            ));
+        }
+        let args = format!("start {start}, stride {stride}, size {size}");
         let free = !*self
             .inner
             .slots_used
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let met = self.inner.team_sync_point(p, &mut st, CALL, free)?;
-        let common = met.aux & ((1u64 << MAX_TEAMS) - 1);
+        let (split_at, common) = if p.slot == 0 && !self.inner.area().all_direct() {
+            self.split_world_across_nodes(&members, args, free)?
+        } else {
+            let mut st = p.lock();
+            self.inner.record_on(p, &mut st, CALL, args);
+            let split_at = st.ledger.digest();
+            let met = self.inner.team_sync_point(p, &mut st, CALL, free)?;
+            (split_at, met.aux)
+        };
+        let common = common & ((1u64 << MAX_TEAMS) - 1);
         if common == 0 {
             return Err(Error::new(
                 Some(self.inner.rank),
@@ -90,7 +107,6 @@ impl Context {
             ));
         }
         let slot = common.trailing_zeros() as usize;
-        let members: Vec<usize> = (0..size).map(|k| p.members[start + k * stride]).collect();
         let Some(me) = members.iter().position(|&m| m == self.inner.rank) else {
             return Ok(Team::INVALID);
         };
@@ -116,6 +132,33 @@ impl Context {
         // write our (zeroed) flags, so no further agreement is needed before the first launch.
         self.inner.init_device_team(&inner)?;
         Ok(Team(Some(inner)))
+    }
+
+    /// The agreement of `team_split_strided` on a world that spans nodes, whose PEs meet over
+    /// the rendezvous rather than in shared memory: the split's place in the world ledger and
+    /// the team slots free on every new member.
+    fn split_world_across_nodes(
+        &self,
+        members: &[usize],
+        args: String,
+        free: u64,
+    ) -> Result<((u64, u64), u64)> {
+        const CALL: &str = "team_split_strided";
+        let parts = self.inner.collective(CALL, args, &free.to_le_bytes())?;
+        let split_at = self.inner.world_team.lock().ledger.digest();
+        let mut common = !0u64;
+        for &m in members {
+            let word = parts[m].get(..8).and_then(|b| b.try_into().ok());
+            let Some(word) = word else {
+                return Err(Error::new(
+                    Some(self.inner.rank),
+                    CALL,
+                    ErrorKind::Bootstrap(format!("PE {m} sent a malformed split message")),
+                ));
+            };
+            common &= u64::from_le_bytes(word);
+        }
+        Ok((split_at, common))
     }
 
     /// Collective over `team`: destroys it, freeing its slot. A no-op on INVALID; the world team

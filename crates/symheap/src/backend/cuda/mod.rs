@@ -12,6 +12,7 @@ mod cache;
 pub(crate) mod driver;
 mod kernels;
 mod module;
+pub(crate) mod nccl;
 
 pub mod nvrtc;
 mod nvrtc_sys;

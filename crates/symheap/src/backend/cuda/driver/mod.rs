@@ -12,7 +12,7 @@ use cudarc::driver::sys::{self, CUresult};
 use crate::error::{backend, err, ErrorKind, Result};
 
 mod objects;
-pub(crate) use objects::{ctx_synchronize, stream_after, DoneEvent, MappedHost};
+pub(crate) use objects::{ctx_synchronize, stream_after, stream_wait, DoneEvent, MappedHost};
 
 /// A driver call failed: the call and the driver's own error name and text.
 pub(crate) fn check(r: CUresult, what: &str) -> Result<()> {
@@ -358,6 +358,56 @@ pub(crate) fn copy_async(dst: u64, src: u64, bytes: u64, stream: u64) -> Result<
     check(
         unsafe { sys::cuMemcpyAsync(dst, src, bytes as usize, stream as sys::CUstream) },
         "cuMemcpyAsync",
+    )
+}
+
+/// Asynchronous strided copy on `stream`: `rows` rows of `width` bytes, row r from
+/// `src + r × spitch` to `dst + r × dpitch` (one `cuMemcpy2DAsync` where the pitches are within
+/// the driver's limit, else one copy per row).
+pub(crate) fn copy_2d_async(
+    dst: u64,
+    dpitch: u64,
+    src: u64,
+    spitch: u64,
+    width: u64,
+    rows: u64,
+    stream: u64,
+) -> Result<()> {
+    // The driver refuses pitches above CU_DEVICE_ATTRIBUTE_MAX_PITCH (2^31 - 1 on every GPU
+    // symheap runs on); beyond it, row copies.
+    const MAX_PITCH: u64 = (1 << 31) - 1;
+    if width == 0 || rows == 0 {
+        return Ok(());
+    }
+    if dpitch > MAX_PITCH || spitch > MAX_PITCH {
+        for r in 0..rows {
+            copy_async(dst + r * dpitch, src + r * spitch, width, stream)?;
+        }
+        return Ok(());
+    }
+    let p = sys::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        srcHost: std::ptr::null(),
+        srcDevice: src,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: spitch as usize,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: dst,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: dpitch as usize,
+        WidthInBytes: width as usize,
+        Height: rows as usize,
+    };
+    // SAFETY: the caller checked that both strided ranges lie in mapped device memory; `p`
+    // lives across the call (the driver reads the descriptor before returning).
+    check(
+        unsafe { sys::cuMemcpy2DAsync_v2(&p, stream as sys::CUstream) },
+        "cuMemcpy2DAsync",
     )
 }
 

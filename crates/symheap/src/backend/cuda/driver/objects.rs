@@ -82,6 +82,17 @@ impl Drop for DoneEvent {
     }
 }
 
+/// Makes work enqueued on `waiter` from now on start only after the work `ev` was recorded
+/// after (inside a capture: a graph edge, which also brings `waiter` into the capture).
+pub(crate) fn stream_wait(waiter: u64, ev: &DoneEvent) -> Result<()> {
+    check(
+        // SAFETY: a live event and the caller's stream of this context; the wait takes the
+        // event's state at this call, so the event may be destroyed afterwards.
+        unsafe { sys::cuStreamWaitEvent(waiter as sys::CUstream, ev.0, 0) },
+        "cuStreamWaitEvent",
+    )
+}
+
 /// Page-locked host memory mapped into the device's address space: a word the GPU can write
 /// and the host can read without a copy (used for device-side error flags).
 pub(crate) struct MappedHost {

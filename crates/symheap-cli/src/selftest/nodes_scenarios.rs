@@ -1,0 +1,162 @@
+//! Self-test scenarios for a world that spans nodes (simulated on one machine: `symheap launch
+//! --simulate-nodes`): every collective through the hierarchical path or NCCL over the world,
+//! CUDA-graph replays, teams inside one node, and the clear errors for what does not cross
+//! nodes. On the host backend the same layout runs the team checks only (its collectives
+//! across nodes need mpirun, see `multi_pe.rs`).
+
+use half::{bf16, f16};
+use symheap::{Context, ErrorKind, ReduceOp, Team};
+
+use super::coll_scenarios::{graph_replays, sum_case, team_cases, world_cases};
+use super::scenarios::{e2s, Outcome, PeArgs};
+
+/// The path this job's layout and settings must take: NCCL over the world when asked for or
+/// when the nodes hold different numbers of PEs, else hierarchical.
+fn expected_path(ctx: &Context) -> &'static str {
+    let nccl = std::env::var("SYMHEAP_NODES_ALGO").is_ok_and(|v| v.trim() == "nccl");
+    if nccl || !even_nodes(ctx) {
+        "NCCL over the world"
+    } else {
+        "hierarchical"
+    }
+}
+
+/// Whether every node holds the same number of PEs.
+fn even_nodes(ctx: &Context) -> bool {
+    let node = ctx.node();
+    let count = |k: usize| node.node_of.iter().filter(|&&n| n == k).count();
+    (0..node.node_count).all(|k| count(k) == count(0))
+}
+
+/// Teams inside one node work as on one node; a team across nodes is refused on every PE.
+fn node_teams(ctx: &Context, a: PeArgs, s: &symheap::Stream) -> Outcome {
+    let world = ctx.world_team();
+    let node = ctx.node().clone();
+    let n = ctx.n_pes();
+    let refused = ctx.team_split_strided(&world, 0, 1, n);
+    match refused {
+        Err(e) if matches!(e.kind(), ErrorKind::Unsupported(_)) => ensure!(
+            e.to_string().contains("different nodes"),
+            "a split across nodes: {e}"
+        ),
+        Err(e) => return Err(format!("a split across nodes failed otherwise: {e}")),
+        Ok(_) => return Err("a split across nodes was accepted".into()),
+    }
+    // One split per node, every PE taking part in each (splits are collective over the world).
+    let mut mine = Team::INVALID;
+    for k in 0..node.node_count {
+        let peers: Vec<usize> = (0..n).filter(|&r| node.node_of[r] == k).collect();
+        let contiguous = peers.windows(2).all(|w| w[1] == w[0] + 1);
+        ensure!(
+            contiguous,
+            "node {k}'s PEs {peers:?} are not consecutive ranks"
+        );
+        let t = ctx
+            .team_split_strided(&world, peers[0], 1, peers.len())
+            .map_err(e2s)?;
+        if t.is_valid() {
+            mine = t;
+        }
+    }
+    ensure!(
+        mine.n_pes() == node.local_peers.len(),
+        "my node team has {} PEs, my node {}",
+        mine.n_pes(),
+        node.local_peers.len()
+    );
+    // Allocation is collective over the world: teams of different sizes would allocate
+    // different sizes in team_cases, so uneven nodes only meet.
+    if even_nodes(ctx) {
+        team_cases(ctx, &mine, s, a)?;
+    }
+    ctx.barrier(&mine).map_err(e2s)?;
+    ctx.team_destroy(mine).map_err(e2s)?;
+    ctx.barrier_all().map_err(e2s)
+}
+
+/// What does not cross nodes fails clearly: a put to a PE on another node.
+fn refused_rma(ctx: &Context) -> Outcome {
+    let node = ctx.node().clone();
+    let far = (0..ctx.n_pes()).find(|&r| node.node_of[r] != node.node_index);
+    let b = ctx.malloc(64).map_err(e2s)?;
+    if let Some(far) = far {
+        match ctx.put(&b, 0, &[1u8; 8], far) {
+            Err(e) => ensure!(
+                e.to_string().contains("another node"),
+                "put to PE {far} on another node: {e}"
+            ),
+            Ok(()) => return Err(format!("a put to PE {far} on another node was accepted")),
+        }
+    }
+    ctx.barrier_all().map_err(e2s)
+}
+
+/// The host-level collective calls (not on a stream) across nodes, exact.
+fn host_level(ctx: &Context) -> Outcome {
+    let (me, n) = (ctx.my_pe(), ctx.n_pes());
+    let world = ctx.world_team();
+    let b = ctx.malloc(8 * 1000).map_err(e2s)?;
+    let mine: Vec<i64> = (0..1000).map(|i| (i * 7 + me as i64) << 33).collect();
+    b.write(0, &mine).map_err(e2s)?;
+    ctx.barrier_all().map_err(e2s)?;
+    ctx.all_reduce::<i64>(&world, &b, &b, 1000, ReduceOp::Max)
+        .map_err(e2s)?;
+    let got = b.to_vec::<i64>().map_err(e2s)?;
+    for (i, &g) in got.iter().enumerate() {
+        let want = (i as i64 * 7 + n as i64 - 1) << 33;
+        ensure!(
+            g == want,
+            "host-level i64 max all_reduce element {i}: {g}, expected {want}"
+        );
+    }
+    ctx.barrier_all().map_err(e2s)
+}
+
+/// Every collective across (simulated) nodes, exact against the reference; CUDA-graph replays;
+/// teams inside a node; the errors for what does not cross nodes.
+pub fn coll_nodes(ctx: &Context, a: PeArgs) -> Outcome {
+    ensure!(
+        ctx.node().node_count > 1,
+        "every PE is on one node: launch with --simulate-nodes K (or SYMHEAP_SIMULATE_NODES=K)"
+    );
+    let s = ctx.create_stream().map_err(e2s)?;
+    if ctx.cuda().is_none() {
+        // The host backend's collectives across nodes need mpirun (see multi_pe.rs); the
+        // teams and the refusals need nothing.
+        node_teams(ctx, a, &s)?;
+        return refused_rma(ctx);
+    }
+    ensure!(ctx.nodes_path().is_none(), "set up before any collective");
+    ctx.barrier_all_on_stream(&s).map_err(e2s)?;
+    ctx.sync_stream(&s).map_err(e2s)?;
+    let path = ctx
+        .nodes_path()
+        .ok_or("no path across nodes after a barrier on a stream")?;
+    let want = expected_path(ctx);
+    ensure!(
+        path.starts_with(want),
+        "collectives across nodes run as {path:?}, expected {want}"
+    );
+    if ctx.my_pe() == 0 {
+        println!("collectives across nodes: {path}");
+    }
+    let world = ctx.world_team();
+    world_cases(ctx, &world, &s, a)?;
+    // i64 and f64 (which symheap's kernels lack) run through NCCL over the world; f16 and bf16
+    // past the small path, with ragged tails.
+    sum_case::<i64>(ctx, &world, &s, a, 100_003, 7001)?;
+    sum_case::<f64>(ctx, &world, &s, a, 1001, 7002)?;
+    sum_case::<f16>(ctx, &world, &s, a, 300_001, 7003)?;
+    sum_case::<bf16>(ctx, &world, &s, a, 65_536 * 5 + 3, 7004)?;
+    // Past the pipeline's piece size: NCCL's steps on a stream of their own, in pieces.
+    sum_case::<f32>(ctx, &world, &s, a, 5_000_003, 7005)?;
+    sum_case::<bf16>(ctx, &world, &s, a, 12_000_001, 7006)?;
+    host_level(ctx)?;
+    graph_replays(ctx, true)?;
+    node_teams(ctx, a, &s)?;
+    refused_rma(ctx)?;
+    // Still usable after the refusals.
+    ctx.barrier_all_on_stream(&s).map_err(e2s)?;
+    ctx.sync_stream(&s).map_err(e2s)?;
+    ctx.barrier_all().map_err(e2s)
+}
