@@ -277,11 +277,18 @@ run)
   # plus the hierarchical all_reduce's stages alone; then symheap's own NCCL-over-the-world path
   # (SYMHEAP_NODES_ALGO=nccl) against the same NCCL, which must come out even.
   if [ "${SKIP_NODES:-0}" != 1 ] && [ "${SKIP_BENCH:-0}" != 1 ] && [ "$ONLY" != 1 ]; then
-    NODES_SIZES="${NODES_SIZES:-8K,64K,512K,4M,32M}"
-    step bench-nodes "${NODES_BENCH_LIMIT:-300}" env SYMHEAP_TIMEOUT=60 SYMHEAP_SIMULATE_NODES=2 "$B" bench coll -n "${NODES_PES:-4}" \
-      --sizes "$NODES_SIZES" --json "$OUTDIR/bench-nodes.json"
+    # One GPU time-slices the 4 PEs (about 9 ms an operation): a code-path check, kept short.
+    NODES_OPS="all_reduce,all_gather,reduce_scatter,broadcast,alltoall" NODES_DEF="8K,64K,512K,4M,32M"
+    [ "$NGPU" -lt 2 ] && NODES_OPS="all_reduce,all_gather" NODES_DEF="64K,4M"
+    NODES_SIZES="${NODES_SIZES:-$NODES_DEF}"
+    # The runtime takes the NCCL the command's own NCCL column uses (the loader's), so both
+    # sides of a row run the same library.
+    NODES_NCCL=$(ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 /{print $NF; exit}')
+    NODES_ENV=(SYMHEAP_TIMEOUT=60 SYMHEAP_SIMULATE_NODES=2 SYMHEAP_NCCL_LIB="${NODES_NCCL:-${SYMHEAP_NCCL_LIB:-}}")
+    step bench-nodes "${NODES_BENCH_LIMIT:-300}" env "${NODES_ENV[@]}" "$B" bench coll -n "${NODES_PES:-4}" \
+      --op "$NODES_OPS" --sizes "$NODES_SIZES" --json "$OUTDIR/bench-nodes.json"
     grep -E "^\|" "$OUTDIR/bench-nodes.log" || true
-    step bench-nodes-nccl "${NODES_BENCH_LIMIT:-300}" env SYMHEAP_TIMEOUT=60 SYMHEAP_SIMULATE_NODES=2 SYMHEAP_NODES_ALGO=nccl \
+    step bench-nodes-nccl "${NODES_BENCH_LIMIT:-300}" env "${NODES_ENV[@]}" SYMHEAP_NODES_ALGO=nccl \
       "$B" bench coll -n "${NODES_PES:-4}" --op all_reduce,all_gather --sizes "$NODES_SIZES" --json "$OUTDIR/bench-nodes-nccl.json"
     grep -E "^\|" "$OUTDIR/bench-nodes-nccl.log" || true
   fi

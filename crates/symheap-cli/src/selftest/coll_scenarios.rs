@@ -473,12 +473,45 @@ pub fn coll_graph(ctx: &Context, _a: PeArgs) -> Outcome {
     graph_replays(ctx, false)
 }
 
+/// A world collective on a stream dropped right after (its work still queued), then one on
+/// another stream, which must first wait for the dropped one's: exact sums. (The team used to
+/// keep only the dropped stream's handle and give the driver a destroyed stream: an error or a
+/// crash.)
+fn dropped_stream_then_another(ctx: &Context) -> Outcome {
+    let cu = ctx.cuda().ok_or("this scenario needs the CUDA backend")?;
+    let (me, n) = (ctx.my_pe(), ctx.n_pes());
+    let world = ctx.world_team();
+    let b = ctx.malloc(4 * 4096).map_err(e2s)?;
+    b.write(0, &vec![me as i32 + 1; 4096]).map_err(e2s)?;
+    ctx.barrier_all().map_err(e2s)?;
+    let sum = |s: &symheap::Stream| {
+        let (i32_, op, algo) = (DType::I32, ReduceOp::Sum, AllReduceAlgo::Auto);
+        ctx.all_reduce_on_stream(&world, b.addr(), b.addr(), 4096, i32_, op, algo, s)
+    };
+    {
+        let first = cu.create_stream().map_err(e2s)?;
+        sum(&first).map_err(e2s)?;
+    }
+    let second = cu.create_stream().map_err(e2s)?;
+    sum(&second).map_err(e2s)?;
+    ctx.sync_stream(&second).map_err(e2s)?;
+    let want = (n * (n + 1) / 2 * n) as i32;
+    let got = b.to_vec::<i32>().map_err(e2s)?;
+    ensure!(
+        got.iter().all(|&v| v == want),
+        "two in-place sums on two streams, the first dropped: {} (expected {want})",
+        got[0]
+    );
+    ctx.barrier_all().map_err(e2s)
+}
+
 /// `coll_graph`'s replays; with `warm_up`, the captured work runs once eagerly first (what a
 /// world across nodes needs before a capture: NCCL's set-up and the workspace), the data is
 /// written afresh before the capture, and a 24 MiB all_reduce joins the others.
 pub(super) fn graph_replays(ctx: &Context, warm_up: bool) -> Outcome {
     let cu = ctx.cuda().ok_or("this scenario needs the CUDA backend")?;
     let (me, n) = (ctx.my_pe(), ctx.n_pes());
+    dropped_stream_then_another(ctx)?;
     let s = cu.create_stream().map_err(e2s)?;
     let world = ctx.world_team();
     // Across nodes (warm_up) also 24 MiB: the pipelined all_reduce (pieces on two streams).

@@ -354,6 +354,16 @@ pub const SCENARIOS: &[Scenario] = &[
         run: safety_scenarios::kill_device,
     },
     Scenario {
+        name: "kill-nodes",
+        about: "kill-device across 2 simulated nodes: the survivors' NCCL steps are aborted, the victim named within 2 s",
+        min_pes: 2,
+        env: &[("SYMHEAP_TIMEOUT", "120"), ("SYMHEAP_SIMULATE_NODES", "2")],
+        expect: Expect::VictimKilled,
+        victims: true,
+        gpu: true,
+        run: safety_scenarios::kill_device,
+    },
+    Scenario {
         name: "coll-local",
         about: "stream collectives take plain device buffers where the kernel stays local (one-shot, exchange), refuse them elsewhere",
         min_pes: 1,

@@ -8,6 +8,7 @@ use half::{bf16, f16};
 use symheap::{Context, ErrorKind, ReduceOp, Team};
 
 use super::coll_scenarios::{graph_replays, sum_case, team_cases, world_cases};
+use super::ops_scenarios::with_roundings;
 use super::scenarios::{e2s, Outcome, PeArgs};
 
 /// The path this job's layout and settings must take: NCCL over the world when asked for or
@@ -141,16 +142,20 @@ pub fn coll_nodes(ctx: &Context, a: PeArgs) -> Outcome {
         println!("collectives across nodes: {path}");
     }
     let world = ctx.world_team();
-    world_cases(ctx, &world, &s, a)?;
-    // i64 and f64 (which symheap's kernels lack) run through NCCL over the world; f16 and bf16
-    // past the small path, with ragged tails.
-    sum_case::<i64>(ctx, &world, &s, a, 100_003, 7001)?;
-    sum_case::<f64>(ctx, &world, &s, a, 1001, 7002)?;
-    sum_case::<f16>(ctx, &world, &s, a, 300_001, 7003)?;
-    sum_case::<bf16>(ctx, &world, &s, a, 65_536 * 5 + 3, 7004)?;
-    // Past the pipeline's piece size: NCCL's steps on a stream of their own, in pieces.
-    sum_case::<f32>(ctx, &world, &s, a, 5_000_003, 7005)?;
-    sum_case::<bf16>(ctx, &world, &s, a, 12_000_001, 7006)?;
+    // NCCL rounds f16/bf16 sums to the dtype at each of its steps (symheap's kernels once):
+    // at most one per other PE.
+    with_roundings(ctx.n_pes() as u32 - 1, || -> Outcome {
+        world_cases(ctx, &world, &s, a)?;
+        // i64 and f64 (which symheap's kernels lack) run through NCCL over the world; f16 and
+        // bf16 past the small path, with ragged tails.
+        sum_case::<i64>(ctx, &world, &s, a, 100_003, 7001)?;
+        sum_case::<f64>(ctx, &world, &s, a, 1001, 7002)?;
+        sum_case::<f16>(ctx, &world, &s, a, 300_001, 7003)?;
+        sum_case::<bf16>(ctx, &world, &s, a, 65_536 * 5 + 3, 7004)?;
+        // Past the pipeline's piece size: NCCL's steps on a stream of their own, in pieces.
+        sum_case::<f32>(ctx, &world, &s, a, 5_000_003, 7005)?;
+        sum_case::<bf16>(ctx, &world, &s, a, 12_000_001, 7006)
+    })?;
     host_level(ctx)?;
     graph_replays(ctx, true)?;
     node_teams(ctx, a, &s)?;

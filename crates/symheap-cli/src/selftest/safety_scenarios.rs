@@ -328,23 +328,22 @@ pub fn kill_device(ctx: &Context, a: PeArgs) -> Outcome {
     let b = ctx.malloc((count * 4) as u64).map_err(e2s)?;
     b.write(0, &vec![1i32; count]).map_err(e2s)?;
     ctx.barrier_all().map_err(e2s)?;
+    // One collective everybody finishes first: across nodes it sets NCCL up, so the victim
+    // dies with the others waiting on the device (in symheap's kernels or in NCCL's).
+    let sum = |s: &symheap::Stream| {
+        let (i32_, op, algo) = (DType::I32, ReduceOp::Sum, AllReduceAlgo::Auto);
+        ctx.all_reduce_on_stream(&world, b.addr(), b.addr(), count, i32_, op, algo, s)
+    };
+    sum(&s).map_err(e2s)?;
+    ctx.sync_stream(&s).map_err(e2s)?;
+    ctx.barrier_all().map_err(e2s)?;
     if ctx.my_pe() == a.victim {
         std::thread::sleep(Duration::from_millis(200));
         let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
         std::thread::sleep(Duration::from_secs(60));
         return Err("SIGKILL did not kill".into());
     }
-    ctx.all_reduce_on_stream(
-        &world,
-        b.addr(),
-        b.addr(),
-        count,
-        DType::I32,
-        ReduceOp::Sum,
-        AllReduceAlgo::Auto,
-        &s,
-    )
-    .map_err(e2s)?;
+    sum(&s).map_err(e2s)?;
     let t0 = Instant::now();
     let e = match ctx.sync_stream(&s) {
         Ok(()) => return Err("a collective with a dead PE completed".into()),
