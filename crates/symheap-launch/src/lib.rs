@@ -219,3 +219,43 @@ mod test_util {
         (outcome, text(&out), text(&err))
     }
 }
+
+#[cfg(test)]
+mod simulated_nodes_tests {
+    use super::test_util::{run, sh};
+    use super::*;
+
+    #[test]
+    fn simulated_nodes_are_runs_of_consecutive_ranks_as_even_as_possible() {
+        let nodes = |n: usize, k: usize| -> Vec<usize> {
+            (0..n).map(|r| simulated_node(r, n, k)).collect()
+        };
+        assert_eq!(nodes(4, 2), [0, 0, 1, 1]);
+        assert_eq!(nodes(3, 2), [0, 0, 1]);
+        assert_eq!(nodes(8, 3), [0, 0, 0, 1, 1, 1, 2, 2]);
+        assert_eq!(nodes(2, 2), [0, 1]);
+        assert_eq!(nodes(5, 1), [0; 5]);
+    }
+
+    #[test]
+    fn each_pe_gets_its_node_id_and_an_nccl_host_of_its_own() {
+        let mut o = sh(4, "echo \"$RANK $SYMHEAP_NODE_ID $NCCL_HOSTID\"", 500);
+        o.simulate_nodes = 2;
+        let (outcome, out, err) = run(&o);
+        assert!(outcome.success(), "{err}");
+        for (r, node) in [(0, 0), (1, 0), (2, 1), (3, 1)] {
+            let line =
+                format!("[PE {r}] {r} simulated-node-{node} symheap-simulated-node-{node}-pe-{r}");
+            assert!(out.contains(&line), "{line} missing from:\n{out}");
+        }
+    }
+
+    #[test]
+    fn more_simulated_nodes_than_pes_are_refused() {
+        let mut o = sh(2, "true", 500);
+        o.simulate_nodes = 3;
+        let (_, _, o2, e2) = super::test_util::sinks();
+        let e = launch_with_output(&o, o2, e2).expect_err("3 nodes for 2 PEs");
+        assert!(e.to_string().contains("expected 1 to 2"), "{e}");
+    }
+}
