@@ -147,8 +147,7 @@ impl Context {
     ) -> Result<SpanCall<'a>> {
         let raw = self.inner.stream_handle(stream, call)?;
         for &(addr, bytes) in bufs {
-            let off = self.inner.own_offset(addr, bytes.max(1), call)?;
-            self.inner.note_stream(off, stream);
+            self.check_range(call, addr, bytes, stream)?;
         }
         let cu = self.inner.backend.as_cuda().expect("CUDA only");
         cu.bind()?;

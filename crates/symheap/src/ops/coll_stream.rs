@@ -246,7 +246,7 @@ impl Context {
     }
 
     /// Checks a collective's buffer and notes that `stream` uses it (see stream-ordered release).
-    fn check_range(
+    pub(super) fn check_range(
         &self,
         call: &'static str,
         addr: u64,
