@@ -35,10 +35,12 @@ code-path check (no communication)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
@@ -68,6 +70,21 @@ def timed(boot: pc.DistBoot, rows: List[Dict[str, Any]], key: Dict[str, Any], na
         torch.cuda.synchronize()
 
 
+@contextlib.contextmanager
+def _engine(name: str) -> Iterator[None]:
+    """all_gather_matmul with SYMHEAP_GEMM_ENGINE=name (read at each call; the same on every
+    rank, as the setting must be)."""
+    old = os.environ.get("SYMHEAP_GEMM_ENGINE")
+    os.environ["SYMHEAP_GEMM_ENGINE"] = name
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["SYMHEAP_GEMM_ENGINE"]
+        else:
+            os.environ["SYMHEAP_GEMM_ENGINE"] = old
+
+
 def _symm_group(dist: Any) -> Optional[str]:
     try:
         import torch.distributed._symmetric_memory as symm
@@ -89,9 +106,14 @@ def bench_ag(boot: pc.DistBoot, rows, peers: bool, group: Optional[str], ms: Seq
         for m in ms:
             key = {"op": "all_gather_matmul", "M": m, "N": nn, "K": k}
             shard = torch.randn(m // n, k, dtype=torch.bfloat16, device=dev)
-            full = torch.empty(m, k, dtype=torch.bfloat16, device=dev)
+            # Random, not empty: cuBLAS on an all-zero A runs faster than on data (the
+            # tensor cores draw less power at zeros), which made the floor too fast.
+            full = torch.randn(m, k, dtype=torch.bfloat16, device=dev)
             out = torch.empty(m, nn, dtype=torch.bfloat16, device=dev)
             timed(boot, rows, key, "symheap", lambda: gm.all_gather_matmul(shard, b, out=out))
+            for eng in ("triton", "cublas"):  # each engine forced (the tuner picked one above)
+                with _engine(eng):
+                    timed(boot, rows, key, f"symheap-{eng}", lambda: gm.all_gather_matmul(shard, b, out=out))
             timed(boot, rows, key, "cublas", lambda: torch.matmul(full, b, out=out))
             if peers:
                 timed(boot, rows, key, "comm", lambda: dist.all_gather_into_tensor(full, shard))
@@ -141,8 +163,8 @@ def report(rows: List[Dict[str, Any]]) -> List[str]:
     """One markdown row per (op, M, N, K)."""
     out = [
         "| op | M | N | K | symheap TFLOP/s | cuBLAS floor TFLOP/s | vs NCCL+cuBLAS | vs torch symm_mem | "
-        "vs cuBLAS alone | comm hidden | ideal speedup | achieved speedup |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "vs cuBLAS alone | comm hidden | ideal speedup | achieved speedup | Triton engine | cuBLAS engine |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     keys = sorted({(r["op"], r["M"], r["N"], r["K"]) for r in rows})
     for key in keys:
@@ -164,7 +186,8 @@ def report(rows: List[Dict[str, Any]]) -> List[str]:
             achieved = f"{(c + g) / s:.2f}x"
         out.append(
             f"| {op} | {m} | {nn} | {k} | {tf('symheap')} | {tf('cublas')} | {ratio('nccl+cublas')} | "
-            f"{ratio('torch-symm-mem')} | {ratio('cublas')} | {hidden} | {ideal} | {achieved} |"
+            f"{ratio('torch-symm-mem')} | {ratio('cublas')} | {hidden} | {ideal} | {achieved} | "
+            f"{ratio('symheap-triton')} | {ratio('symheap-cublas')} |"
         )
     return out
 

@@ -5,7 +5,9 @@ For each tensor-parallel shape of issue 22 (bf16; ``n`` PEs: all_gather_matmul's
 3584*8/n``; ``M`` in ``{2048, 4096, 8192, 16384}``), with ``b`` row-major and as a transposed
 Linear weight (``w.t()``), this times every candidate configuration the tuner would time
 (:func:`symheap._gemm_tune.time_candidates`: the op's own kernel at ``npes = 1``, on all SMs less
-the push kernel's for all_gather_matmul) and ``torch.matmul`` (cuBLAS) on the same operands,
+the push kernel's for all_gather_matmul) and ``torch.matmul`` (cuBLAS) on the same operands
+(for all_gather_matmul also the tuner's cuBLAS engine, ``config`` ``[0, 0, 0, 0, 0, ...]``:
+cuBLAS on each PE's row block in turn),
 and prints TFLOP/s and the ratio ``t_cublas / t_best`` (above 1: the kernel is faster). This is
 the floor the overlapped operations stand on: their GEMM can hide the communication only if it
 is not slower than cuBLAS to begin with.
@@ -84,7 +86,9 @@ def main() -> int:
                 sms = gk.ag_gemm_sms(all_sms, pes) if s["op"] == "ag" else all_sms
                 m_blk = m // pes
                 cands = gk.candidates(s["op"], m_blk, n, k, arch) + extra
-                timed = tune.time_candidates(s["op"], cands, m, n, k, torch.bfloat16, b_t, sms, dev)
+                # all_gather_matmul's other engine: cuBLAS per PE's row block on the whole GPU.
+                cands += [gk.CUBLAS] if s["op"] == "ag" else []
+                timed = tune.time_candidates(s["op"], cands, m, n, k, torch.bfloat16, b_t, sms, dev, pes)
                 cb = cublas_us(m, n, k, b_t)
                 flops = 2.0 * m * n * k
                 for cfg, us in timed:

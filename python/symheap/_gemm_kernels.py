@@ -24,10 +24,11 @@ all_gather_matmul: two kernels per PE per call
       ``i``, the N-tile ``j``. Before loading A from a peer's slot the CTA polls
       ``flags[src][i] >= epoch`` with acquire loads at system scope, bounded by
       ``SYMHEAP_TIMEOUT`` (then ``trap``: a CUDA error at the next synchronisation, not a hang).
-    Why SM stores and not the copy engine: a copy-engine put is a host-enqueued operation whose
-    destination and signal value are fixed when a CUDA graph captures it, while the slot
-    parity and the epoch below must change at every replay. The push kernel takes a few CTAs
-    (``PUSH_CTAS``); the persistent GEMM gets the others.
+    Why SM stores here: a copy-engine put is a host-enqueued operation whose destination and
+    signal value are fixed when a CUDA graph captures it, while the slot parity and the epoch
+    below must change at every replay. The push kernel takes a few CTAs (``PUSH_CTAS``); the
+    persistent GEMM gets the others. The copy-engine engine (:data:`CUBLAS`, below) avoids the
+    parity with single slots and acknowledgements instead, and leaves every SM to cuBLAS.
 
 matmul_reduce_scatter: one kernel per PE per call (``rs_gemm_kernel``, persistent)
     Tiles in the order ``(k, i, j)`` with the destination block ``d = (me + 1 + k) % n``: the
@@ -394,6 +395,49 @@ def rs_gemm_kernel(
     _advance(ctr_ptr, epoch)
 
 
+# ---- all_gather + cuBLAS: the copy-engine engine ----------------------------------------------
+# The other engine of all_gather_matmul (:data:`CUBLAS`), chosen by the tuner where it is faster:
+# shards travel by the copy engine (no SM is taken from the GEMM) and cuBLAS multiplies each shard
+# as it arrives. A copy-engine put is enqueued by the host, so its destination is fixed when a
+# graph captures it: the slots are single (``slot[src]``, no parity), and reuse is guarded by an
+# acknowledgement instead: PE ``c`` stores ``ack[c] = epoch`` on PE ``p`` once its GEMM of
+# ``p``'s shard of launch ``epoch`` is done, and ``p`` pushes launch ``epoch + 1`` only after
+# every peer's ack reached ``epoch``. Flags: ``flags[src * stride]`` = the epoch of ``src``'s
+# data in my slot, ``flags[c * stride + 1]`` = ``c``'s ack of my data. The epoch comes from
+# this engine's device counter (``ctr[0]``: completed launches), read by these small kernels,
+# so replays advance it as the Triton kernels' epochs do.
+
+
+@triton.jit
+def ce_acks_kernel(flags_ptr, ctr_ptr, me, npes, flag_stride, timeout_ns):
+    # Before pushing launch `epoch`: every peer is done reading my data of launch epoch - 1.
+    epoch = tl.load(ctr_ptr, volatile=True) + 1
+    for p in range(0, npes):
+        if p != me:
+            _wait(flags_ptr + p * flag_stride + 1, epoch - 1, timeout_ns)
+
+
+@triton.jit
+def ce_signal_kernel(flag_ptr, ctr_ptr, me, pe, bases_ptr):
+    # After the copy before it on this stream completed: PE `pe`'s flag word = epoch (release).
+    epoch = tl.load(ctr_ptr, volatile=True) + 1
+    sh.signal_set(flag_ptr, epoch, me, pe, bases_ptr)
+
+
+@triton.jit
+def ce_step_kernel(flags_ptr, ctr_ptr, me, bases_ptr, flag_stride, ack_pe, wait_src, timeout_ns, FINISH: tl.constexpr):
+    # Between two shard GEMMs on the caller's stream: acknowledge the shard of `ack_pe` just
+    # multiplied (its ack word on PE `ack_pe`), then wait for the data of `wait_src`; the
+    # last step instead stores the epoch into the counter (the launch is complete).
+    epoch = tl.load(ctr_ptr, volatile=True) + 1
+    if ack_pe >= 0:
+        sh.signal_set(flags_ptr + me * flag_stride + 1, epoch, me, ack_pe, bases_ptr)
+    if wait_src >= 0:
+        _wait(flags_ptr + wait_src * flag_stride, epoch, timeout_ns)
+    if FINISH:
+        tl.atomic_xchg(ctr_ptr, epoch, sem="release", scope="gpu")
+
+
 # ---- block sizes and launches -----------------------------------------------------------------
 
 
@@ -411,6 +455,12 @@ class Config(NamedTuple):
     gm: int = 8
     tma: bool = False
     flat: bool = False
+
+
+CUBLAS = Config(0, 0, 0, 0, 0)
+"""all_gather_matmul's other engine (a :class:`Config` so the tuner times and caches it like
+a tile choice): the copy engine moves the shards, cuBLAS multiplies each as it arrives
+(:func:`launch_ag_ce`)."""
 
 
 @functools.lru_cache(maxsize=None)
@@ -450,6 +500,20 @@ def candidates(op: str, m_blk: int, n: int, k: int, arch: int) -> List[Config]:
             if c not in out:
                 out.append(c)
     return out
+
+
+def engine() -> str:
+    """``SYMHEAP_GEMM_ENGINE`` (the same on every PE): ``triton`` (the fused Triton kernels
+    only), ``cublas`` (all_gather_matmul by the copy engine and cuBLAS, always), unset or
+    ``auto`` (the tuner times both and takes the faster)."""
+    import os
+
+    v = os.environ.get("SYMHEAP_GEMM_ENGINE", "auto").strip().lower() or "auto"
+    if v not in ("auto", "triton", "cublas"):
+        from ._native import SymheapValueError
+
+        raise SymheapValueError(f"SYMHEAP_GEMM_ENGINE must be auto, triton or cublas, not {v!r}")
+    return v
 
 
 def ag_gemm_sms(sms: int, npes: int) -> int:
@@ -539,6 +603,56 @@ def launch_ag(a, b, c, g, ws, flags, ctrs, bases, me, npes, slot_elems, flag_str
         )  # fmt: skip
 
 
+class _ExactMath:
+    """cuBLAS with fp32 reductions only (no reduced-precision split-K), as the Triton kernels:
+    each output element the fp32 sum over K, rounded once. torch reads these flags at every
+    GEMM, so they are set around this engine's GEMMs and restored after."""
+
+    def __enter__(self) -> None:
+        m = _torch.backends.cuda.matmul
+        self.saved = (m.allow_bf16_reduced_precision_reduction, m.allow_fp16_reduced_precision_reduction)
+        m.allow_bf16_reduced_precision_reduction = False
+        m.allow_fp16_reduced_precision_reduction = False
+
+    def __exit__(self, *exc: Any) -> None:
+        m = _torch.backends.cuda.matmul
+        m.allow_bf16_reduced_precision_reduction, m.allow_fp16_reduced_precision_reduction = self.saved
+
+
+def launch_ag_ce(a, b, c, g, slots, peers, flags, ctr, bases, me, npes, flag_stride, timeout_ns) -> None:
+    """all_gather_matmul by the copy engine and cuBLAS (:data:`CUBLAS`; protocol above):
+    ``slots[s]``: this PE's slot for PE ``s``'s shard (``m_loc x K``); ``peers[q]``: PE ``q``'s
+    slot for this PE's shard (a view of its memory). The pushes run on a high-priority side
+    stream forked from the current one, the GEMMs on the current stream; ``g`` (optional)
+    gets the gathered A."""
+    m_loc = a.shape[0]
+    main = _torch.cuda.current_stream(a.device)
+    with _ExactMath():
+        if npes > 1:
+            side = _side_stream(a.device, priority=True)
+            side.wait_stream(main)
+            with _torch.cuda.stream(side):
+                ce_acks_kernel[(1,)](flags, ctr, me, npes, flag_stride, timeout_ns)
+                for k in range(1, npes):
+                    q = (me - k) % npes
+                    peers[q].copy_(a)
+                    ce_signal_kernel[(1,)](flags[me * flag_stride :], ctr, me, q, bases)
+        _torch.mm(a, b, out=c[me * m_loc : (me + 1) * m_loc])
+        if g is not None:
+            g[me * m_loc : (me + 1) * m_loc].copy_(a)
+        prev = -1
+        for k in range(1, npes):
+            src = (me + k) % npes
+            ce_step_kernel[(1,)](flags, ctr, me, bases, flag_stride, prev, src, timeout_ns, FINISH=False)
+            _torch.mm(slots[src], b, out=c[src * m_loc : (src + 1) * m_loc])
+            if g is not None:
+                g[src * m_loc : (src + 1) * m_loc].copy_(slots[src])
+            prev = src
+        if npes > 1:
+            main.wait_stream(side)
+            ce_step_kernel[(1,)](flags, ctr, me, bases, flag_stride, prev, -1, timeout_ns, FINISH=True)
+
+
 def launch_rs(a, b, c, ws, flags, ctr, bases, me, npes, slot_elems, flag_stride, sms, timeout_ns, cfg) -> None:
     """The persistent GEMM + reduce_scatter kernel on the current stream (``cfg``: the same
     :class:`Config` on every PE: it fixes the tiles the flags stand for)."""
@@ -562,9 +676,11 @@ def launch_rs(a, b, c, ws, flags, ctr, bases, me, npes, slot_elems, flag_stride,
 _sides: dict = {}
 
 
-def _side_stream(dev: _torch.device) -> Any:
-    """One side stream per device for the push kernel (fixed, so graphs capture one fork)."""
-    s = _sides.get(dev)
+def _side_stream(dev: _torch.device, priority: bool = False) -> Any:
+    """One side stream per device and kind for the pushes (fixed, so graphs capture one fork).
+    The copy-engine engine's is high-priority: its small signal kernels then start as soon as
+    an SM frees, ahead of the queued CTAs of the GEMM that runs meanwhile."""
+    s = _sides.get((dev, priority))
     if s is None:
-        s = _sides[dev] = _torch.cuda.Stream(dev)
+        s = _sides[(dev, priority)] = _torch.cuda.Stream(dev, priority=-1 if priority else 0)
     return s

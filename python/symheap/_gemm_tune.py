@@ -27,6 +27,12 @@ symheap's kernel cache: ``SYMHEAP_CACHE_DIR``, else ``$XDG_CACHE_HOME/symheap``,
 dtype, B's layout, the PE count, the GPU's name, arch and SM share, Triton's version and a
 hash of the kernels' source, so a new kernel or Triton never reuses an old choice.
 
+Engines (all_gather_matmul): the tuner also times :data:`~symheap._gemm_kernels.CUBLAS`, cuBLAS
+on each PE's row block in turn on the whole GPU (the copy engine moves the shards, so no SM is
+taken from it), and keeps it when it beats every Triton tile choice (which runs on the SMs the
+push kernel leaves): "Triton or CUDA, whichever is faster", decided per shape by measurement.
+``SYMHEAP_GEMM_ENGINE`` (:func:`~symheap._gemm_kernels.engine`) forces one.
+
 ``SYMHEAP_GEMM_TUNE`` (the same on every PE): ``0`` never tune (the heuristic), ``1`` tune every
 shape, unset or ``auto`` tune GEMMs of at least ``2**33`` flops (smaller ones are launch- and
 latency-bound: the heuristic's tiles do).
@@ -127,12 +133,23 @@ def _time_us(fn: Callable[[], None], reps: int = 3, trials: int = 3) -> float:
 
 
 def local_runner(
-    kind: str, cfg: Any, a: _torch.Tensor, b: _torch.Tensor, sms: int, c: _torch.Tensor
+    kind: str, cfg: Any, a: _torch.Tensor, b: _torch.Tensor, sms: int, c: _torch.Tensor, chunks: int = 1
 ) -> Callable[[], None]:
     """The op's kernel at ``npes = 1`` (no peer, no wait) writing ``c = a @ b`` (``a``: all this
-    PE's rows)."""
+    PE's rows). For :data:`~symheap._gemm_kernels.CUBLAS`: cuBLAS on each of ``chunks`` row
+    blocks in turn (one per PE's shard, as the engine multiplies them), on the whole GPU."""
     from . import _gemm_kernels as k
 
+    if cfg == k.CUBLAS:
+        rows = a.shape[0] // max(1, chunks)
+        blocks = [(a[i * rows : (i + 1) * rows], c[i * rows : (i + 1) * rows]) for i in range(chunks)]
+
+        def run() -> None:
+            with k._ExactMath():
+                for x, y in blocks:
+                    _torch.mm(x, b, out=y)
+
+        return run
     dev = a.device
     flags = _torch.zeros(8, dtype=_torch.int64, device=dev)
     ctr = _torch.zeros(8, dtype=_torch.int64, device=dev)
@@ -155,17 +172,27 @@ def _scratch(m: int, n: int, kdim: int, dtype: Any, b_t: bool, dev: _torch.devic
 
 
 def time_candidates(
-    kind: str, cands: List[Any], m: int, n: int, kdim: int, dtype: Any, b_t: bool, sms: int, dev: _torch.device
+    kind: str,
+    cands: List[Any],
+    m: int,
+    n: int,
+    kdim: int,
+    dtype: Any,
+    b_t: bool,
+    sms: int,
+    dev: _torch.device,
+    chunks: int = 1,
 ) -> List[Tuple[Any, float]]:
     """Each of ``cands``' time (µs; ``inf`` when it cannot run here: out of shared memory, a
     compile error) for the local GEMM ``(m, kdim) @ (kdim, n)`` of operation ``kind``
-    (``"ag"``/``"rs"``) on ``sms`` SMs. Not collective; not during capture."""
+    (``"ag"``/``"rs"``) on ``sms`` SMs (``chunks``: the PEs' row blocks, for the cuBLAS
+    engine). Not collective; not during capture."""
     a, b = _scratch(m, n, kdim, dtype, b_t, dev)
     c = _torch.empty((m, n), dtype=dtype, device=dev)
     out = []
     for cfg in cands:
         try:
-            out.append((cfg, _time_us(local_runner(kind, cfg, a, b, sms, c))))
+            out.append((cfg, _time_us(local_runner(kind, cfg, a, b, sms, c, chunks))))
         except Exception:  # noqa: BLE001 - a config this GPU cannot run is not a choice
             _torch.cuda.synchronize()
             out.append((cfg, float("inf")))
@@ -180,7 +207,10 @@ def choose(kind: str, m_blk: int, npes: int, b: _torch.Tensor, dtype: Any, sms: 
     kdim, n = b.shape
     b_t = b.stride(0) == 1 and b.stride(1) != 1
     arch = k._arch(dev)
-    key = (kind, m_blk, n, kdim, str(dtype), b_t, npes, arch, sms)
+    eng = k.engine() if kind == "ag" else "triton"
+    if eng == "cublas":
+        return k.CUBLAS
+    key = (kind, m_blk, n, kdim, str(dtype), b_t, npes, arch, sms, eng)
     cfg = _table.get(key)
     if cfg is not None:
         return cfg
@@ -191,8 +221,8 @@ def choose(kind: str, m_blk: int, npes: int, b: _torch.Tensor, dtype: Any, sms: 
         if not capturing:
             _table[key] = heuristic
         return heuristic
-    cands = k.candidates(kind, m_blk, n, kdim, arch)
-    timer = lambda: time_candidates(kind, cands, npes * m_blk, n, kdim, dtype, b_t, sms, dev)  # noqa: E731
+    cands = k.candidates(kind, m_blk, n, kdim, arch) + ([k.CUBLAS] if eng == "auto" else [])
+    timer = lambda: time_candidates(kind, cands, npes * m_blk, n, kdim, dtype, b_t, sms, dev, npes)  # noqa: E731
     cfg = _agree(key, _disk_key(key, dev), timer, heuristic)
     _table[key] = cfg
     return cfg

@@ -26,6 +26,13 @@ CUDA backend (:mod:`symheap._gemm_kernels` gives the protocol):
       its owner's symmetric receive slot with a release flag; its own block last, adding the
       peers' partials of each tile in fp32 as they are flagged (the reduction fused into the
       last producer).
+    * all_gather_matmul's other engine, taken per shape where the tuner measured it faster
+      (``SYMHEAP_GEMM_ENGINE=auto``, the default; ``triton`` or ``cublas`` force one): the copy
+      engine pushes the shard into every peer's slot (a high-priority side stream, a release
+      flag after each copy) and cuBLAS multiplies the own shard, then each peer's as its flag
+      arrives, on the whole GPU; the consumer acknowledges each shard it multiplied, and a PE
+      pushes its next call's shard only after every peer's acknowledgement (the slots are
+      single, so a captured copy's fixed destination is safe to replay).
     No host synchronisation inside; flags carry an epoch the kernels advance on the device
     (graph replays work); slots are double-buffered by epoch parity against reuse. The
     workspace is made on the first call (collective: an allocation on every PE) and grown by a
@@ -54,7 +61,7 @@ under capture; :class:`symheap.SymheapUnsupportedError` for a team other than th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch as _torch
@@ -85,6 +92,7 @@ class _Workspace:
     npes: int
     sms: int  # SMs this PE may fill (its share of the GPU)
     captured: bool = False
+    views: Dict[Any, Any] = field(default_factory=dict)  # the cuBLAS engine's slot views by shape
 
 
 _spaces: Dict[Tuple[int, str, Tuple[int, ...]], _Workspace] = {}
@@ -124,23 +132,26 @@ def _gpu_share(dev: _torch.device) -> int:
     return _share[ctx]
 
 
-def _new_workspace(members: Tuple[int, ...], slot_bytes: int, flag_stride: int) -> _Workspace:
-    """**Collective** over the world (symmetric allocations, a barrier)."""
+def _sms(dev: _torch.device) -> int:
+    """The SMs this PE may fill: its share of the GPU (**collective** the first time)."""
+    return max(1, _torch.cuda.get_device_properties(dev).multi_processor_count // _gpu_share(dev))
+
+
+def _new_workspace(members: Tuple[int, ...], slot_bytes: int, flag_stride: int, copies: int) -> _Workspace:
+    """**Collective** over the world (symmetric allocations, a barrier). ``copies``: slot sets
+    (2: double-buffered by epoch parity; 1: the cuBLAS engine's single slots)."""
     from . import _ops
     from . import torch as st
 
     npes = len(members)
     me = members.index(_core.native().my_pe)
-    ws = st.empty(2 * npes * slot_bytes, dtype=_torch.uint8)
+    ws = st.empty(copies * npes * slot_bytes, dtype=_torch.uint8)
     flags = st.zeros(npes * flag_stride, dtype=_torch.int64)
     dev = st.device()
     ctr = _torch.zeros(8, dtype=_torch.int64, device=dev)
     world = _core.native().heap_bases()
     bases = _torch.tensor([world[m] for m in members], dtype=_torch.int64, device=dev)
-    sms = 0
-    if dev.type == "cuda":
-        share = _gpu_share(dev)
-        sms = max(1, _torch.cuda.get_device_properties(dev).multi_processor_count // share)
+    sms = _sms(dev) if dev.type == "cuda" else 0
     # Zeroed flags on every PE before any peer's first signal.
     _ops.barrier_all()
     return _Workspace(ws, slot_bytes, flags, flag_stride, ctr, bases, me, npes, sms)
@@ -170,10 +181,11 @@ def _workspace(kind: str, members: Tuple[int, ...], slot_bytes: int, flag_stride
         else:
             from . import torch as st
 
+            w.views.clear()  # views of the old slots, peer copies included, die with them
             st.free(w.ws)
             st.free(w.flags)
     slot = max(_MIN_SLOT_BYTES, -(-slot_bytes // 256) * 256)
-    w = _new_workspace(members, slot, flag_stride)
+    w = _new_workspace(members, slot, flag_stride, 1 if kind == "agce" else 2)
     _spaces[key] = w
     return w
 
@@ -213,7 +225,15 @@ def reserve(
     esize = _torch.empty(0, dtype=dtype).element_size()
     members = _members(team, group, "symheap.gemm.reserve")
     if op == "all_gather_matmul":
-        _workspace("ag", members, *_ag_needs(int(m), int(k), esize), op)
+        from . import _gemm_kernels as gk
+
+        # The engine is chosen per shape by the tuner (unknown here, without B): under "auto"
+        # both engines' workspaces are sized.
+        eng = gk.engine()
+        if eng != "cublas":
+            _workspace("ag", members, *_ag_needs(int(m), int(k), esize), op)
+        if eng != "triton":
+            _workspace("agce", members, _ag_needs(int(m), int(k), esize)[0], 2, op)
     elif op == "matmul_reduce_scatter":
         _workspace("rs", members, *_rs_needs(int(m) // len(members), int(n), esize), op)
     else:
@@ -270,14 +290,38 @@ def _cuda_ag(a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor, gathered: O
     from . import _gemm_kernels as k
 
     members = _members(None, None, "all_gather_matmul")
-    w = _workspace("ag", members, *_ag_needs(a.shape[0], a.shape[1], a.element_size()), "all_gather_matmul")
-    slot_elems = w.slot_bytes // a.element_size()
+    npes = len(members)
     with _torch.cuda.device(a.device):
-        cfg = _gemm_tune.choose("ag", a.shape[0], w.npes, b, a.dtype, k.ag_gemm_sms(w.sms, w.npes), a.device)
+        cfg = _gemm_tune.choose("ag", a.shape[0], npes, b, a.dtype, k.ag_gemm_sms(_sms(a.device), npes), a.device)
+        if cfg == k.CUBLAS:
+            return _cuda_ag_ce(a, b, out, gathered, members)
+        w = _workspace("ag", members, *_ag_needs(a.shape[0], a.shape[1], a.element_size()), "all_gather_matmul")
+        slot_elems = w.slot_bytes // a.element_size()
         k.launch_ag(
             a, b, out, gathered, w.ws.view(a.dtype), w.flags, w.ctr, w.bases, w.me, w.npes, slot_elems,
             w.flag_stride, w.sms, _timeout_ns(), cfg,
         )  # fmt: skip
+
+
+def _cuda_ag_ce(
+    a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor, gathered: Optional[_torch.Tensor], members: Tuple[int, ...]
+) -> None:
+    """The copy-engine + cuBLAS engine (:func:`symheap._gemm_kernels.launch_ag_ce`)."""
+    from . import _gemm_kernels as k
+    from . import torch as st
+
+    m_loc, kdim = a.shape
+    bytes_, _ = _ag_needs(m_loc, kdim, a.element_size())
+    w = _workspace("agce", members, bytes_, 2, "all_gather_matmul")
+    vkey = (a.dtype, m_loc, kdim, w.slot_bytes)
+    views = w.views.get(vkey)
+    if views is None:
+        slot_elems = w.slot_bytes // a.element_size()
+        flat = w.ws.view(a.dtype)
+        slots = [flat[s * slot_elems : s * slot_elems + m_loc * kdim].view(m_loc, kdim) for s in range(w.npes)]
+        peers = [st.get_peer_tensor(slots[w.me], members[q]) if q != w.me else None for q in range(w.npes)]
+        views = w.views[vkey] = (slots, peers)
+    k.launch_ag_ce(a, b, out, gathered, *views, w.flags, w.ctr, w.bases, w.me, w.npes, w.flag_stride, _timeout_ns())
 
 
 def _cuda_rs(a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor) -> None:

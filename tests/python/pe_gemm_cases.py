@@ -334,6 +334,11 @@ def case_gemm_tune_agree() -> None:
     # Every candidate failing on PE 0: the heuristic, on every PE.
     fails = [(c, float("inf")) for c in cands] if me == 0 else times
     assert tune._agree(key, "k2", lambda: fails, cands[2]) == cands[2]
+    # The cuBLAS engine wins like a tile choice, and survives the JSON of the exchange and cache.
+    ce = [(k.CUBLAS, 1.0), (cands[0], 2.0)]
+    assert tune._agree(key, "k3", lambda: ce, cands[0]) == k.CUBLAS
+    tune.forget()
+    assert tune._agree(key, "k3", never, cands[0]) == k.CUBLAS
     os.environ["SYMHEAP_GEMM_TUNE"] = "sometimes"
     assert "SYMHEAP_GEMM_TUNE" in str(raises(SymheapValueError, tune.mode))
     os.environ["SYMHEAP_GEMM_TUNE"] = "0"
@@ -351,6 +356,7 @@ def case_gemm_tuned() -> None:
     choice from PE 0's disk cache without timing."""
     import os
 
+    import symheap._gemm_kernels as gk
     import symheap._gemm_tune as tune
     import symheap._ops as ops
 
@@ -369,5 +375,7 @@ def case_gemm_tuned() -> None:
         assert len(set(ops.all_gather_object_bytes(mine))) == 1, "PEs launched different configs"
         if rnd == 0:
             assert all(len(h["times_us"]) >= 2 for h in hist), "fewer than two candidates timed"
+            ce = str(tuple(gk.CUBLAS))
+            assert all((ce in h["times_us"]) == (h["key"][0] == "ag") for h in hist), "cuBLAS engine not timed"
             tune.forget()
     del os.environ["SYMHEAP_GEMM_TUNE"]

@@ -62,6 +62,33 @@ def test_gemm_cuda_graph(cuda_gpus: int) -> None:
     run_cases(2, "gemm_cuda_graph", env=_gpu_env(), timeout=600)
 
 
+@pytest.mark.parametrize("n", [2, 4])
+def test_gemm_cuda_cublas_engine(cuda_gpus: int, n: int) -> None:
+    """all_gather_matmul's copy-engine + cuBLAS engine (SYMHEAP_GEMM_ENGINE=cublas) at 2 and 4
+    PEs: the exact, random and argument cases, and (at 2) the CUDA graph with 10 replays (its
+    single slots and acknowledgements under replay)."""
+    cases = (*CPU_CASES, "gemm_cuda_graph") if n == 2 else ("gemm_exact", "gemm_random")
+    run_cases(n, *cases, env=dict(_gpu_env(), SYMHEAP_GEMM_ENGINE="cublas"), timeout=600)
+
+
+def test_gemm_engine_setting(monkeypatch) -> None:
+    """SYMHEAP_GEMM_ENGINE: auto (unset or empty), triton, cublas (any case); anything else is
+    refused with SymheapValueError naming the setting."""
+    pytest.importorskip("triton")
+    k = importlib.import_module("symheap._gemm_kernels")
+    from symheap import SymheapValueError
+
+    for v, want in (("", "auto"), ("AUTO", "auto"), ("triton", "triton"), (" cuBLAS ", "cublas")):
+        monkeypatch.setenv("SYMHEAP_GEMM_ENGINE", v)
+        assert k.engine() == want
+    monkeypatch.delenv("SYMHEAP_GEMM_ENGINE")
+    assert k.engine() == "auto"
+    monkeypatch.setenv("SYMHEAP_GEMM_ENGINE", "fastest")
+    with pytest.raises(SymheapValueError, match="SYMHEAP_GEMM_ENGINE"):
+        k.engine()
+    assert k.CUBLAS not in k.candidates("ag", 2048, 5120, 8192, 90), "the engine is added by the tuner only"
+
+
 P = "*bf16"
 SIGS = {
     "ag_push_kernel": dict(
@@ -77,6 +104,12 @@ SIGS = {
         a_ptr=P, b_ptr=P, c_ptr=P, ws_ptr=P, a_desc="A", b_desc="B", flags_ptr="*i64", ctr_ptr="*i64",
         bases_ptr="*i64", me="i32", npes="i32", m_blk="i32", N="i32", K="i32", stride_am="i32", stride_bk="i32",
         stride_bn="i32", stride_cm="i32", slot_elems="i64", flag_stride="i32", timeout_ns="i64",
+    ),
+    "ce_acks_kernel": dict(flags_ptr="*i64", ctr_ptr="*i64", me="i32", npes="i32", flag_stride="i32", timeout_ns="i64"),
+    "ce_signal_kernel": dict(flag_ptr="*i64", ctr_ptr="*i64", me="i32", pe="i32", bases_ptr="*i64"),
+    "ce_step_kernel": dict(
+        flags_ptr="*i64", ctr_ptr="*i64", me="i32", bases_ptr="*i64", flag_stride="i32", ack_pe="i32",
+        wait_src="i32", timeout_ns="i64",
     ),
     "ag_gathered_kernel": dict(
         a_ptr=P, ws_ptr=P, g_ptr=P, ctr_ptr="*i64", me="i32", npes="i32", m_loc="i32", K="i32",
@@ -178,6 +211,20 @@ def test_rs_kernel_compiles_with_its_protocol(kernel_ptx: Any, dtype: str) -> No
     stores = [x for x in lines if x.startswith("st.global")]
     assert stores and all(".v4." in x for x in stores), "not every tile store is a 16-byte vector store"
     assert _has(lines, r"^wgmma\.mma_async")
+
+
+def test_cublas_engine_kernels_compile_with_their_protocol(kernel_ptx: Any) -> None:
+    """The copy-engine engine's small kernels: the signal after a copy is a release store at
+    system scope; waits (data flags, acknowledgements) are bounded acquire polls at system
+    scope ending in trap; the last step stores the epoch into the counter with release."""
+    sig = _instructions(kernel_ptx("ce_signal_kernel", {}, warps=1))
+    assert _has(sig, r"atom\.global\.sys\.release\.exch\.b64")
+    for name, consts in (("ce_acks_kernel", {}), ("ce_step_kernel", {"FINISH": False})):
+        lines = _instructions(kernel_ptx(name, consts, warps=1))
+        assert _has(lines, r"^ld\.acquire\.sys\.global\.b64") and _has(lines, "%globaltimer") and _has(lines, r"^trap")
+    step = _instructions(kernel_ptx("ce_step_kernel", {"FINISH": True}, warps=1))
+    assert _has(step, r"atom\.global\.sys\.release\.exch\.b64"), "no acknowledgement"
+    assert _has(step, r"atom\.global\.gpu\.release\.exch\.b64"), "no epoch update"
 
 
 def test_kernels_compile_small_and_unaligned(kernel_ptx: Any) -> None:
