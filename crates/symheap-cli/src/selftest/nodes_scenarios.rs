@@ -1,11 +1,14 @@
 //! Self-test scenarios for a world that spans nodes (simulated on one machine: `symheap launch
 //! --simulate-nodes`): every collective through the hierarchical path or NCCL over the world,
-//! CUDA-graph replays, teams inside one node, and the clear errors for what does not cross
-//! nodes. On the host backend the same layout runs the team checks only (its collectives
-//! across nodes need mpirun, see `multi_pe.rs`).
+//! CUDA-graph replays, teams inside one node, splits of the world across nodes (NCCL over their
+//! own communicators), and the clear errors for what does not cross nodes. On the host backend
+//! the same layout runs the team checks only (its collectives across nodes need mpirun, see
+//! `multi_pe.rs`).
 
 use half::{bf16, f16};
-use symheap::{Context, ErrorKind, ReduceOp, Team};
+use symheap::{AllReduceAlgo, Context, DType, ErrorKind, ReduceOp, Team};
+
+use crate::tools::cuda::Graph;
 
 use super::coll_scenarios::{graph_replays, sum_case, team_cases, world_cases};
 use super::ops_scenarios::with_roundings;
@@ -29,19 +32,29 @@ fn even_nodes(ctx: &Context) -> bool {
     (0..node.node_count).all(|k| count(k) == count(0))
 }
 
-/// Teams inside one node work as on one node; a team across nodes is refused on every PE.
+/// Expects `r` to be the refusal of a split, naming `what`.
+fn refused_split(r: symheap::Result<Team>, what: &str) -> Outcome {
+    match r {
+        Err(e) if matches!(e.kind(), ErrorKind::Unsupported(_)) => {
+            ensure!(
+                e.to_string().contains(what),
+                "a refused split should say {what:?}: {e}"
+            );
+            Ok(())
+        }
+        Err(e) => Err(format!("a refused split failed otherwise: {e}")),
+        Ok(_) => Err(format!("a split was accepted, expected a refusal ({what})")),
+    }
+}
+
+/// Teams inside one node work as on one node. A team across nodes is refused on every PE on
+/// the host backend; on CUDA it runs through NCCL (`spanning_teams`).
 fn node_teams(ctx: &Context, a: PeArgs, s: &symheap::Stream) -> Outcome {
     let world = ctx.world_team();
     let node = ctx.node().clone();
     let n = ctx.n_pes();
-    let refused = ctx.team_split_strided(&world, 0, 1, n);
-    match refused {
-        Err(e) if matches!(e.kind(), ErrorKind::Unsupported(_)) => ensure!(
-            e.to_string().contains("different nodes"),
-            "a split across nodes: {e}"
-        ),
-        Err(e) => return Err(format!("a split across nodes failed otherwise: {e}")),
-        Ok(_) => return Err("a split across nodes was accepted".into()),
+    if ctx.cuda().is_none() {
+        refused_split(ctx.team_split_strided(&world, 0, 1, n), "different nodes")?;
     }
     // One split per node, every PE taking part in each (splits are collective over the world).
     let mut mine = Team::INVALID;
@@ -73,6 +86,97 @@ fn node_teams(ctx: &Context, a: PeArgs, s: &symheap::Stream) -> Outcome {
     ctx.barrier(&mine).map_err(e2s)?;
     ctx.team_destroy(mine).map_err(e2s)?;
     ctx.barrier_all().map_err(e2s)
+}
+
+/// CUDA: splits of the world across nodes, through their own NCCL communicators: the whole
+/// world as a team, then the PEs with each node index (a data-parallel group, node-major
+/// layouts): every collective exact (i64 and bf16 too), host-level calls, barriers, a CUDA
+/// graph replayed; a split of such a team is refused; destroyed at the end.
+fn spanning_teams(ctx: &Context, a: PeArgs, s: &symheap::Stream) -> Outcome {
+    let world = ctx.world_team();
+    let node = ctx.node().clone();
+    let n = ctx.n_pes();
+    let all = ctx.team_split_strided(&world, 0, 1, n).map_err(e2s)?;
+    ensure!(
+        all.n_pes() == n,
+        "the world as a team has {} PEs",
+        all.n_pes()
+    );
+    refused_split(
+        ctx.team_split_strided(&all, 0, 1, 1),
+        "only splits of the world",
+    )?;
+    with_roundings(n as u32 - 1, || team_cases(ctx, &all, s, a))?;
+    ctx.barrier(&all).map_err(e2s)?;
+    ctx.team_destroy(all).map_err(e2s)?;
+    let ppn = node.local_peers.len();
+    let nodes = node.node_count;
+    if !even_nodes(ctx) || (0..n).any(|r| node.node_of[r] != r / ppn) {
+        return ctx.barrier_all().map_err(e2s);
+    }
+    // The PEs with node index j: j, j + ppn, ... (one split per index, every PE in each).
+    let mut dp = Team::INVALID;
+    for j in 0..ppn {
+        let t = ctx.team_split_strided(&world, j, ppn, nodes).map_err(e2s)?;
+        if t.is_valid() {
+            dp = t;
+        }
+    }
+    ensure!(
+        dp.n_pes() == nodes && dp.my_pe() == Some(node.node_index),
+        "my data-parallel team: {} PEs, index {:?}",
+        dp.n_pes(),
+        dp.my_pe()
+    );
+    with_roundings(nodes as u32 - 1, || -> Outcome {
+        team_cases(ctx, &dp, s, a)?;
+        sum_case::<i64>(ctx, &dp, s, a, 10_007, 7101)?;
+        sum_case::<bf16>(ctx, &dp, s, a, 70_001, 7102)
+    })?;
+    spanning_graph(ctx, &dp, s)?;
+    ctx.barrier(&dp).map_err(e2s)?;
+    ctx.team_destroy(dp).map_err(e2s)?;
+    ctx.barrier_all().map_err(e2s)
+}
+
+/// An all_reduce and a broadcast on `team` (a team across nodes) captured in a CUDA graph
+/// and replayed; exact.
+fn spanning_graph(ctx: &Context, team: &Team, s: &symheap::Stream) -> Outcome {
+    let (me, n) = (team.my_pe().ok_or("not a member")?, team.n_pes());
+    let c = 4097;
+    let b = ctx.malloc((c * 4) as u64).map_err(e2s)?;
+    let init: Vec<i32> = (0..c).map(|i| ((i + me) % 3) as i32).collect();
+    b.write(0, &init).map_err(e2s)?;
+    ctx.barrier(team).map_err(e2s)?;
+    let body = || -> symheap::Result<()> {
+        ctx.all_reduce_on_stream(
+            team,
+            b.addr(),
+            b.addr(),
+            c,
+            DType::I32,
+            ReduceOp::Sum,
+            AllReduceAlgo::Auto,
+            s,
+        )?;
+        ctx.broadcast_on_stream(team, b.addr(), b.addr(), c, DType::I32, n - 1, s)
+    };
+    let graph = Graph::capture(s, body).map_err(e2s)?;
+    let replays = 3u32;
+    for _ in 0..replays {
+        graph.launch(s).map_err(e2s)?;
+    }
+    ctx.sync_stream(s).map_err(e2s)?;
+    let got = b.to_vec::<i32>().map_err(e2s)?;
+    for (i, &g) in got.iter().enumerate() {
+        let sum: i32 = (0..n).map(|p| ((i + p) % 3) as i32).sum();
+        let want = sum * (n as i32).pow(replays - 1);
+        ensure!(
+            g == want,
+            "replayed all_reduce + broadcast on {n} PEs element {i}: {g}, expected {want}"
+        );
+    }
+    ctx.barrier(team).map_err(e2s)
 }
 
 /// What does not cross nodes fails clearly: a put to a PE on another node.
@@ -159,6 +263,7 @@ pub fn coll_nodes(ctx: &Context, a: PeArgs) -> Outcome {
     host_level(ctx)?;
     graph_replays(ctx, true)?;
     node_teams(ctx, a, &s)?;
+    spanning_teams(ctx, a, &s)?;
     refused_rma(ctx)?;
     // Still usable after the refusals.
     ctx.barrier_all_on_stream(&s).map_err(e2s)?;

@@ -131,6 +131,7 @@ impl ContextBuilder {
             init_phases: std::sync::OnceLock::new(),
             mpi: std::sync::OnceLock::new(),
             span: Mutex::new(None),
+            team_comms: Mutex::new(Default::default()),
             finalized: AtomicBool::new(false),
         });
         finish(Context { inner }, phases)

@@ -12,6 +12,7 @@ mod ranges;
 pub(crate) mod span;
 mod sync;
 pub(crate) mod team;
+pub(crate) mod team_span;
 pub(crate) mod watch;
 
 use std::sync::atomic::{fence, AtomicBool, Ordering};
@@ -98,6 +99,9 @@ pub(crate) struct Inner {
     /// CUDA, world spanning nodes: the node team, NCCL communicators and workspace of the
     /// collectives across nodes, made at the first one (see `span.rs`).
     pub(crate) span: Mutex<Option<span::Span>>,
+    /// CUDA: the NCCL communicators of this PE's teams that span nodes, by slot (see
+    /// `team_span.rs`).
+    pub(crate) team_comms: Mutex<team_span::TeamComms>,
     pub(super) finalized: AtomicBool,
 }
 

@@ -3,8 +3,8 @@
 //! PE's node team (symheap's kernels among the PEs of one node), the NCCL communicators between
 //! nodes, and a workspace in the heap. The algorithms are in `ops/coll_span.rs`.
 //!
-//! Only the world team spans nodes: a split refuses any other team whose members are not all
-//! on one node (`ops/sync.rs`). symheap moves no byte between nodes itself; NCCL does.
+//! Teams other than the world that span nodes have a communicator of their own instead
+//! (`team_span.rs`). symheap moves no byte between nodes itself; NCCL does.
 
 use std::sync::{Arc, MutexGuard};
 
@@ -161,9 +161,13 @@ fn unsupported(rank: usize, call: &'static str, why: String) -> Error {
 
 impl Inner {
     /// Whether `team`'s collectives run across nodes: the world team on the CUDA backend with
-    /// a PE whose memory this one cannot reach (split refuses other such teams).
+    /// a PE whose memory this one cannot reach, or a split of it that spans nodes.
     pub(crate) fn spans_nodes(&self, team: &TeamInner) -> bool {
-        team.slot == 0 && !team.scratch && self.world > 1 && self.backend.as_cuda().is_some()
+        team.spans
+            || (team.slot == 0
+                && !team.scratch
+                && self.world > 1
+                && self.backend.as_cuda().is_some())
     }
 
     /// The state of the collectives across nodes, made at the first of them: a collective

@@ -56,6 +56,11 @@ pub(crate) struct TeamInner {
     /// team's epochs: the world when every PE is direct, else this PE's node team (the world
     /// then runs its collectives across nodes, see `context/span.rs`).
     pub scratch: bool,
+    /// CUDA: a team other than the world whose members are on more than one node (a split of
+    /// the world across nodes, e.g. the PEs with one node index: a data-parallel group). Its
+    /// collectives and barriers run through an NCCL communicator of its own, made with the
+    /// team (see `context/span.rs`); it cannot be split further.
+    pub spans: bool,
 }
 
 impl TeamInner {
@@ -74,7 +79,14 @@ impl TeamInner {
             last_stream: Mutex::new(None),
             ring_text: Default::default(),
             scratch: false,
+            spans: false,
         }
+    }
+
+    /// The team, spanning nodes when `spans` (see [`TeamInner::spans`]).
+    pub(crate) fn with_spans(mut self, spans: bool) -> Self {
+        self.spans = spans;
+        self
     }
 
     /// The team, owning the scratch when `owns` (see [`TeamInner::scratch`]).

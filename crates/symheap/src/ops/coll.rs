@@ -300,7 +300,10 @@ impl Context {
         let Some(t) = self.inner.team_inner(team, call)? else {
             return Ok(());
         };
-        if self.inner.spans_nodes(t) {
+        if t.spans {
+            // A split across nodes has no place to meet but its NCCL collective, which its
+            // stream path records in the team's ledger.
+        } else if self.inner.spans_nodes(t) {
             // The world across nodes meets over the rendezvous, not in shared memory.
             self.inner.collective(call, args, &[])?;
         } else {

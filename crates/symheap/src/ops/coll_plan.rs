@@ -113,6 +113,10 @@ pub(super) fn stays_local(cu: &CudaBackend, coll: StreamColl, team: &Team, bytes
     if t.members.len() == 1 {
         return true;
     }
+    if t.spans {
+        // NCCL over the team's communicator, on symmetric buffers (checked as such).
+        return false;
+    }
     // Verified by value at 2 PEs only: at 4 and 8 PEs (sharing one GPU) the coll-local
     // self-test saw a wrong all_reduce through device buffers, not yet explained, so larger
     // teams stage ordinary buffers until it is (BENCHMARKS.md, 2026-12-01 fifth session).

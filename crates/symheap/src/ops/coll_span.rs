@@ -15,6 +15,9 @@
 //! - alltoall: NCCL over the world (grouped send/receive).
 //! - barrier_all_on_stream: a one-element all_reduce in the node, then between nodes.
 //!
+//! A split of the world that spans nodes runs NCCL over its own communicator instead
+//! (`ops/coll_team_span.rs`).
+//!
 //! Reductions in the node run where symheap's kernels have the dtype (f32, f16, bf16, i32);
 //! other dtypes go through NCCL over the world. Collective-order rule: as for every collective,
 //! the same calls in the same order on every PE; the world's ledger records each call and the
@@ -174,6 +177,9 @@ impl Context {
         op: ReduceOp,
         stream: &Stream,
     ) -> Result<()> {
+        if t.spans {
+            return self.all_reduce_team_span(t, dest, src, count, dtype, op, stream);
+        }
         const CALL: &str = "all_reduce_on_stream";
         let code = nccl::dtype(dtype).ok_or_else(|| no_nccl_type(self.my_pe(), CALL, dtype))?;
         let es = dtype.size() as u64;
@@ -281,6 +287,9 @@ impl Context {
         root: usize,
         stream: &Stream,
     ) -> Result<()> {
+        if t.spans {
+            return self.broadcast_team_span(t, dest, src, count, dtype, root, stream);
+        }
         const CALL: &str = "broadcast_on_stream";
         let bytes = count as u64 * dtype.size() as u64;
         let args = format!("root {root}, {count} x {dtype}, across nodes");
@@ -320,6 +329,9 @@ impl Context {
         dtype: DType,
         stream: &Stream,
     ) -> Result<()> {
+        if t.spans {
+            return self.all_gather_team_span(t, dest, src, count, dtype, stream);
+        }
         const CALL: &str = "all_gather_on_stream";
         let bytes = count as u64 * dtype.size() as u64;
         let world = self.n_pes() as u64;
@@ -375,6 +387,9 @@ impl Context {
         op: ReduceOp,
         stream: &Stream,
     ) -> Result<()> {
+        if t.spans {
+            return self.reduce_scatter_team_span(t, dest, src, count, dtype, op, stream);
+        }
         const CALL: &str = "reduce_scatter_on_stream";
         let code = nccl::dtype(dtype).ok_or_else(|| no_nccl_type(self.my_pe(), CALL, dtype))?;
         let bytes = count as u64 * dtype.size() as u64;
@@ -426,6 +441,9 @@ impl Context {
         dtype: DType,
         stream: &Stream,
     ) -> Result<()> {
+        if t.spans {
+            return self.alltoall_team_span(t, dest, src, count, dtype, stream);
+        }
         const CALL: &str = "alltoall_on_stream";
         let bytes = count as u64 * dtype.size() as u64;
         let total = bytes * self.n_pes() as u64;
@@ -477,7 +495,8 @@ impl Context {
         g.as_ref().map(Span::describe)
     }
 
-    /// The world team, when this PE's stream collectives on `team` run across nodes.
+    /// The team, when this PE's stream collectives on `team` run across nodes (the world, or
+    /// a split of it that spans nodes).
     pub(super) fn span_team<'t>(&self, team: &'t Team) -> Option<&'t TeamInner> {
         team.0.as_deref().filter(|t| self.inner.spans_nodes(t))
     }

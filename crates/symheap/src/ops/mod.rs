@@ -8,6 +8,7 @@ mod coll_nodes;
 mod coll_plan;
 mod coll_span;
 pub mod coll_stream;
+mod coll_team_span;
 pub mod rma;
 pub mod stream;
 pub(crate) mod sync;

@@ -4,8 +4,10 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::backend::cuda::nccl::UNIQUE_ID_BYTES;
 use crate::context::area::MAX_TEAMS;
 use crate::context::team::{Team, TeamInner};
+use crate::context::team_span::SplitHello;
 use crate::context::Context;
 use crate::error::{invalid, Error, ErrorKind, Result};
 
@@ -39,6 +41,9 @@ impl Context {
         if t.slot == 0 {
             return self.barrier_all();
         }
+        if t.spans {
+            return self.barrier_team_span(t, call);
+        }
         let mut st = t.lock();
         self.inner.record_on(t, &mut st, call, String::new());
         self.inner.backend.fence();
@@ -48,8 +53,10 @@ impl Context {
     /// Collective over `parent`: a new team of the members `start, start + stride, ...`
     /// (`size` of them, indices in `parent`). Members get the team, other members of `parent`
     /// get [`Team::INVALID`]. Recorded in `parent`'s ledger. At most 32 teams exist at once.
-    /// Only the world team spans nodes: a new team whose members are on different nodes is
-    /// refused (on every member of `parent`).
+    /// A new team whose members are on different nodes is a split of the world on the CUDA
+    /// backend, with an NCCL communicator of its own for its collectives and barriers (made
+    /// here, so NCCL must load on each of its members); it cannot be split further. On the host
+    /// backend, or from another parent, such a team is refused on every member of `parent`.
     pub fn team_split_strided(
         &self,
         parent: &Team,
@@ -71,17 +78,12 @@ impl Context {
         }
         let members: Vec<usize> = (0..size).map(|k| p.members[start + k * stride]).collect();
         let node_of = &self.inner.node.node_of;
-        if members.iter().any(|&m| node_of[m] != node_of[members[0]]) {
-            // Decided from the node map, which every PE has: every member of `parent` fails.
-            return Err(Error::new(
-                Some(self.inner.rank),
-                CALL,
-                ErrorKind::Unsupported(format!(
-                    "the new team's members (start {start}, stride {stride}, size {size} of {}) are on \
-                     different nodes; only the world team spans nodes",
-                    p.name
-                )),
-            ));
+        let spans = members.iter().any(|&m| node_of[m] != node_of[members[0]]);
+        if spans || p.spans {
+            // Decided from the node map and the parent, which every PE has: every member of
+            // `parent` fails alike.
+            let what = format!("start {start}, stride {stride}, size {size} of {}", p.name);
+            self.inner.check_spanning_split(p, &what)?;
         }
         let args = format!("start {start}, stride {stride}, size {size}");
         let free = !*self
@@ -89,8 +91,12 @@ impl Context {
             .slots_used
             .lock()
             .unwrap_or_else(|e| e.into_inner());
+        let mut nccl_id = None;
         let (split_at, common) = if p.slot == 0 && !self.inner.area().all_direct() {
-            self.split_world_across_nodes(&members, args, free)?
+            let (split_at, common, id) =
+                self.split_world_across_nodes(&members, spans, args, free)?;
+            nccl_id = id;
+            (split_at, common)
         } else {
             let mut st = p.lock();
             self.inner.record_on(p, &mut st, CALL, args);
@@ -126,7 +132,10 @@ impl Context {
                 .collect::<Vec<u8>>(),
         )
         .max(1);
-        let inner = Arc::new(TeamInner::new(slot, members, me, name, id));
+        let inner = Arc::new(TeamInner::new(slot, members, me, name, id).with_spans(spans));
+        if let Some(nccl_id) = nccl_id {
+            self.inner.make_team_comm(&inner, &nccl_id)?;
+        }
         self.inner.register_team(&inner);
         // This PE's copy of the slot's member tables for the collective kernels; peers only
         // write our (zeroed) flags, so no further agreement is needed before the first launch.
@@ -135,30 +144,41 @@ impl Context {
     }
 
     /// The agreement of `team_split_strided` on a world that spans nodes, whose PEs meet over
-    /// the rendezvous rather than in shared memory: the split's place in the world ledger and
-    /// the team slots free on every new member.
+    /// the rendezvous rather than in shared memory: the split's place in the world ledger, the
+    /// team slots free on every new member and, for a new team that spans nodes, its NCCL id
+    /// once every member said it can use NCCL (see `context/team_span.rs`).
+    #[allow(clippy::type_complexity)]
     fn split_world_across_nodes(
         &self,
         members: &[usize],
+        spans: bool,
         args: String,
         free: u64,
-    ) -> Result<((u64, u64), u64)> {
+    ) -> Result<((u64, u64), u64, Option<[u8; UNIQUE_ID_BYTES]>)> {
         const CALL: &str = "team_split_strided";
-        let parts = self.inner.collective(CALL, args, &free.to_le_bytes())?;
+        let hello = self.inner.split_hello(members, spans, free);
+        let parts = self.inner.collective(CALL, args, &hello.encode())?;
         let split_at = self.inner.world_team.lock().ledger.digest();
-        let mut common = !0u64;
-        for &m in members {
-            let word = parts[m].get(..8).and_then(|b| b.try_into().ok());
-            let Some(word) = word else {
-                return Err(Error::new(
-                    Some(self.inner.rank),
-                    CALL,
-                    ErrorKind::Bootstrap(format!("PE {m} sent a malformed split message")),
-                ));
-            };
-            common &= u64::from_le_bytes(word);
-        }
-        Ok((split_at, common))
+        let all: Vec<SplitHello> = parts
+            .iter()
+            .enumerate()
+            .map(|(r, b)| {
+                SplitHello::decode(b).ok_or_else(|| {
+                    Error::new(
+                        Some(self.inner.rank),
+                        CALL,
+                        ErrorKind::Bootstrap(format!("PE {r} sent a malformed split message")),
+                    )
+                })
+            })
+            .collect::<Result<_>>()?;
+        let common = members.iter().fold(!0u64, |c, &m| c & all[m].free);
+        let id = if spans {
+            Some(self.inner.spanning_id(members, &all)?)
+        } else {
+            None
+        };
+        Ok((split_at, common, id))
     }
 
     /// Collective over `team`: destroys it, freeing its slot. A no-op on INVALID; the world team
@@ -173,15 +193,22 @@ impl Context {
                 invalid(CALL, "the world team cannot be destroyed").with_pe(self.inner.rank)
             );
         }
-        let mut st = t.lock();
-        self.inner.record_on(t, &mut st, CALL, String::new());
-        self.inner.team_sync_point(t, &mut st, CALL, 0)?;
-        // Once a second barrier completes, every member has made its last write into this
-        // PE's entries of the slot (its arrival at this barrier, seen here) and read the last
-        // payload of ours it will, so clearing our copy is safe.
-        self.inner.barrier_core(t, &mut st, CALL, 0, 0)?;
-        let (at, len) = self.inner.area().slot_range(self.inner.rank, t.slot);
-        self.inner.control.write(at, &vec![0u8; len as usize]);
+        if t.spans {
+            // Its members meet in NCCL only; once every member passed this barrier, none uses
+            // the communicator again.
+            self.barrier_team_span(t, CALL)?;
+            self.inner.team_comms().remove(&t.slot);
+        } else {
+            let mut st = t.lock();
+            self.inner.record_on(t, &mut st, CALL, String::new());
+            self.inner.team_sync_point(t, &mut st, CALL, 0)?;
+            // Once a second barrier completes, every member has made its last write into this
+            // PE's entries of the slot (its arrival at this barrier, seen here) and read the
+            // last payload of ours it will, so clearing our copy is safe.
+            self.inner.barrier_core(t, &mut st, CALL, 0, 0)?;
+            let (at, len) = self.inner.area().slot_range(self.inner.rank, t.slot);
+            self.inner.control.write(at, &vec![0u8; len as usize]);
+        }
         self.inner.clear_device_team(t.slot)?;
         t.destroyed.store(true, Ordering::Release);
         *self

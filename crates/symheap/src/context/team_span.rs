@@ -1,0 +1,186 @@
+//! Teams other than the world whose members sit on more than one node (CUDA backend): a split
+//! of the world such as the PEs with one node index (the data-parallel group of a
+//! tensor-parallel job). Such a team has no shared memory to meet in, so its collectives and
+//! barriers run through an NCCL communicator of its own, made with the team (the split is
+//! collective over the world, so every member is there to make it); the algorithms are in
+//! `ops/coll_span.rs`. symheap moves no byte between nodes itself.
+//!
+//! On the host backend only the world team spans nodes (through Open MPI), and a team that
+//! spans nodes cannot be split further: both are refused on every PE of the split.
+
+use std::collections::HashMap;
+use std::sync::MutexGuard;
+
+use super::team::TeamInner;
+use super::Inner;
+use crate::backend::cuda::nccl::{self, Comm, UNIQUE_ID_BYTES};
+use crate::error::{Error, ErrorKind, Result};
+
+/// What every PE sends at a split of a world that spans nodes.
+pub(crate) struct SplitHello {
+    /// Team slots free on this PE.
+    pub free: u64,
+    /// The new team spans nodes and this PE is a member that cannot use NCCL: why.
+    pub broken: Option<String>,
+    /// The new team's NCCL id (from its first member, when the team spans nodes).
+    pub id: Option<[u8; UNIQUE_ID_BYTES]>,
+}
+
+impl SplitHello {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut b = self.free.to_le_bytes().to_vec();
+        b.push(self.id.is_some() as u8);
+        b.extend_from_slice(&self.id.unwrap_or([0; UNIQUE_ID_BYTES]));
+        b.extend_from_slice(self.broken.as_deref().unwrap_or("").as_bytes());
+        b
+    }
+
+    pub(crate) fn decode(b: &[u8]) -> Option<SplitHello> {
+        let fixed = 9 + UNIQUE_ID_BYTES;
+        if b.len() < fixed {
+            return None;
+        }
+        let free = u64::from_le_bytes(b[..8].try_into().ok()?);
+        let id = (b[8] == 1).then(|| b[9..fixed].try_into().expect("sized"));
+        let why = String::from_utf8_lossy(&b[fixed..]).into_owned();
+        Some(SplitHello {
+            free,
+            broken: (!why.is_empty()).then_some(why),
+            id,
+        })
+    }
+}
+
+/// The NCCL communicators of this PE's teams that span nodes, by team slot.
+pub(crate) type TeamComms = HashMap<usize, Comm>;
+
+fn unsupported(rank: usize, call: &'static str, why: String) -> Error {
+    Error::new(Some(rank), call, ErrorKind::Unsupported(why))
+}
+
+impl Inner {
+    /// Refuses a split whose members are on different nodes where it cannot run: on the host
+    /// backend, and from a parent other than the world. Decided from the node map and the
+    /// parent, which every PE of the parent has, so all of them fail alike.
+    pub(crate) fn check_spanning_split(&self, parent: &TeamInner, what: &str) -> Result<()> {
+        const CALL: &str = "team_split_strided";
+        if self.backend.as_cuda().is_none() {
+            return Err(unsupported(
+                self.rank,
+                CALL,
+                format!(
+                    "the new team's members ({what}) are on different nodes; on the host \
+                     backend only the world team spans nodes"
+                ),
+            ));
+        }
+        if parent.slot != 0 {
+            return Err(unsupported(
+                self.rank,
+                CALL,
+                format!(
+                    "the new team's members ({what}) are on different nodes, and only splits of \
+                     the world may span nodes (split the world instead of {})",
+                    parent.name
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// This PE's message for a split of a world that spans nodes: its free slots, and when
+    /// the new team (`members`) spans nodes, whether it can use NCCL (members only) and the
+    /// team's NCCL id (its first member).
+    pub(crate) fn split_hello(&self, members: &[usize], spans: bool, free: u64) -> SplitHello {
+        let mut hello = SplitHello {
+            free,
+            broken: None,
+            id: None,
+        };
+        if !spans || !members.contains(&self.rank) {
+            return hello;
+        }
+        match nccl::load() {
+            Err(why) => hello.broken = Some(why),
+            Ok(api) if members[0] == self.rank => match api.unique_id() {
+                Ok(id) => hello.id = Some(id),
+                Err(why) => hello.broken = Some(why),
+            },
+            Ok(_) => {}
+        }
+        hello
+    }
+
+    /// Whether every member of a new team that spans nodes can use NCCL (else the same error
+    /// on every PE of the split), and the team's NCCL id.
+    pub(crate) fn spanning_id(
+        &self,
+        members: &[usize],
+        all: &[SplitHello],
+    ) -> Result<[u8; UNIQUE_ID_BYTES]> {
+        const CALL: &str = "team_split_strided";
+        if let Some((m, why)) = members
+            .iter()
+            .find_map(|&m| all[m].broken.as_ref().map(|w| (m, w)))
+        {
+            return Err(unsupported(
+                self.rank,
+                CALL,
+                format!(
+                    "a team across nodes runs its collectives through NCCL, which PE {m} cannot \
+                     use: {why}"
+                ),
+            ));
+        }
+        all[members[0]].id.ok_or_else(|| {
+            Error::new(
+                Some(self.rank),
+                CALL,
+                ErrorKind::Bootstrap(format!("PE {} sent no NCCL id", members[0])),
+            )
+        })
+    }
+
+    /// Makes this member's NCCL communicator of the new team `t` (collective over its members,
+    /// who are all in the split), aborted when the job fails.
+    pub(crate) fn make_team_comm(&self, t: &TeamInner, id: &[u8; UNIQUE_ID_BYTES]) -> Result<()> {
+        const CALL: &str = "team_split_strided";
+        let api = nccl::load().map_err(|e| unsupported(self.rank, CALL, e))?;
+        self.backend.as_cuda().expect("CUDA only").bind()?;
+        let comm = Comm::init(api, t.members.len(), t.me, id).map_err(|e| {
+            let kind = ErrorKind::Backend(format!("setting up NCCL for {}: {e}", t.name));
+            // A member whose communicator failed leaves the others waiting in theirs.
+            self.boot.fail_all(kind.clone());
+            Error::new(Some(self.rank), CALL, kind)
+        })?;
+        let aborter = comm.aborter();
+        self.health.on_fail(Box::new(move || {
+            let a = aborter.clone();
+            let _ = std::thread::Builder::new()
+                .name("symheap-nccl-abort".into())
+                .spawn(move || a.abort());
+        }));
+        self.team_comms().insert(t.slot, comm);
+        Ok(())
+    }
+
+    /// A device word of this PE's own for `t`'s barrier (the first of its slot's device flags,
+    /// which no kernel of a team that spans nodes uses; zeroed when the slot is cleared).
+    pub(crate) fn team_span_word(&self, t: &TeamInner) -> Result<u64> {
+        let dt = self.dteams.get().ok_or_else(|| {
+            Error::new(
+                Some(self.rank),
+                "barrier",
+                ErrorKind::Backend("the device team state is missing".into()),
+            )
+        })?;
+        let own = self.slot_base(self.rank).expect("own heap");
+        Ok(own + dt.flags(t.slot))
+    }
+
+    /// The communicators of this PE's teams that span nodes (locked: NCCL wants one call at a
+    /// time on a communicator).
+    pub(crate) fn team_comms(&self) -> MutexGuard<'_, TeamComms> {
+        self.team_comms.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
