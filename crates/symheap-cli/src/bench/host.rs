@@ -131,7 +131,11 @@ fn coll_row(ctx: &Context, op: &str, bytes: u64, dtype: DType) -> Result<Row, St
         run()?;
     }
     ctx.barrier_all().map_err(e2s)?;
-    let t = time_loop(15, iters(bytes), run)?;
+    let t = if op == "broadcast" {
+        time_loop_slowest(ctx, 15, iters(bytes), run)?
+    } else {
+        time_loop(15, iters(bytes), run)?
+    };
     let peer = if op == "all_reduce" && dtype == DType::F32 {
         "Open MPI MPI_Allreduce"
     } else if op == "broadcast" {
@@ -146,6 +150,37 @@ fn coll_row(ctx: &Context, op: &str, bytes: u64, dtype: DType) -> Result<Row, St
         peer: peer.into(),
         peer_s: None,
     })
+}
+
+/// Like `time_loop`, but each trial starts at a barrier and counts the slowest PE's loop (the
+/// maximum over PEs): a broadcast is done when every PE has the data, while the root alone
+/// returns as soon as its eager sends are out and may run ahead of its receivers. The MPI peer
+/// (`mpi_peer.c`) times `MPI_Bcast` the same way.
+fn time_loop_slowest(
+    ctx: &Context,
+    trials: usize,
+    k: usize,
+    mut f: impl FnMut() -> Result<(), String>,
+) -> Result<f64, String> {
+    let mut mine = Vec::with_capacity(trials);
+    for _ in 0..trials {
+        ctx.barrier_all().map_err(e2s)?;
+        let t0 = std::time::Instant::now();
+        for _ in 0..k {
+            f()?;
+        }
+        mine.push(t0.elapsed().as_secs_f64() / k as f64);
+    }
+    let w = ctx.world_team();
+    let src = ctx.malloc(8 * trials as u64).map_err(e2s)?;
+    let dst = ctx.malloc(8 * trials as u64).map_err(e2s)?;
+    src.write(0, &mine).map_err(e2s)?;
+    ctx.all_reduce::<f64>(&w, &dst, &src, trials, ReduceOp::Max)
+        .map_err(e2s)?;
+    let mut slowest = vec![0f64; trials];
+    dst.read(0, &mut slowest).map_err(e2s)?;
+    slowest.sort_by(f64::total_cmp);
+    Ok(slowest[trials / 2])
 }
 
 fn run(ctx: &Context, plan: &HostPlan) -> Result<Vec<Row>, String> {
