@@ -106,8 +106,8 @@ def bench_ag(boot: pc.DistBoot, rows, peers: bool, group: Optional[str], ms: Seq
         for m in ms:
             key = {"op": "all_gather_matmul", "M": m, "N": nn, "K": k}
             shard = torch.randn(m // n, k, dtype=torch.bfloat16, device=dev)
-            # Random, not empty: cuBLAS on an all-zero A runs faster than on data (the
-            # tensor cores draw less power at zeros), which made the floor too fast.
+            # Random, not uninitialised: the floor multiplies the same kind of data as the op
+            # (a GEMM's power draw, and so its clocks, can depend on the data).
             full = torch.randn(m, k, dtype=torch.bfloat16, device=dev)
             out = torch.empty(m, nn, dtype=torch.bfloat16, device=dev)
             timed(boot, rows, key, "symheap", lambda: gm.all_gather_matmul(shard, b, out=out))
