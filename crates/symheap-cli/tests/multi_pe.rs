@@ -370,14 +370,16 @@ fn launched_by_mpirun_unchanged() {
 /// Host collectives across nodes run through Open MPI: under mpirun with every PE its own
 /// simulated node (SYMHEAP_NODE_ID per rank: no shared memory between PEs at all), and with 2
 /// nodes of 2 PEs, the all_reduce/reduce_scatter, broadcast/all_gather and alltoall scenarios
-/// are exact against their references (every dtype and op, in and out of place).
+/// are exact against their references (every dtype and op, in and out of place), and so are
+/// splits of the world across the nodes (`teams-nodes`: the world as a team, the PEs with
+/// each node index; a divergence among their members named on each).
 #[test]
 fn host_collectives_across_simulated_nodes_run_through_open_mpi() {
     for (n, node) in [
         (2, "n$OMPI_COMM_WORLD_RANK"),
         (4, "n$((OMPI_COMM_WORLD_RANK / 2))"),
     ] {
-        for scenario in ["all-reduce", "broadcast", "alltoall"] {
+        for scenario in ["all-reduce", "broadcast", "alltoall", "teams-nodes"] {
             let mut cmd = Command::new("mpirun");
             cmd.args(["--oversubscribe", "-n", &n.to_string()]);
             if running_as_root() {
@@ -459,10 +461,13 @@ fn stream_collectives_take_local_buffers_only_where_the_kernel_stays_local() {
 }
 
 /// A world across simulated nodes (`symheap launch --simulate-nodes 2`) on the host backend:
-/// teams inside a node run their collectives, a team across nodes is refused on every PE (the
-/// split used to panic reaching shared memory of another node), a put to another node fails
-/// clearly. The GPU suite runs the same scenario on CUDA with every collective across nodes.
+/// teams inside a node run their collectives; without mpirun a team across nodes is refused on
+/// every PE, saying to launch with Open MPI's mpirun (the split used to panic reaching shared
+/// memory of another node); a put to another node fails clearly. The GPU suite runs the same
+/// scenarios on CUDA with every collective across nodes and teams across nodes through NCCL;
+/// `host_collectives_across_simulated_nodes_run_through_open_mpi` runs them under mpirun.
 #[test]
 fn teams_inside_simulated_nodes_work_and_across_them_are_refused() {
     selftest("coll-nodes");
+    selftest("teams-nodes");
 }

@@ -484,6 +484,16 @@ pub const SCENARIOS: &[Scenario] = &[
         run: nodes_scenarios::coll_nodes,
     },
     Scenario {
+        name: "teams-nodes",
+        about: "splits of the world across 2 simulated nodes (NCCL on GPUs; Open MPI on the host, under mpirun): every collective, barriers, divergence",
+        min_pes: 2,
+        env: &[("SYMHEAP_SIMULATE_NODES", "2")],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: false,
+        run: nodes_scenarios::teams_nodes,
+    },
+    Scenario {
         name: "coll-nodes-nccl",
         about: "coll-nodes with SYMHEAP_NODES_ALGO=nccl: every collective through NCCL over the world",
         min_pes: 2,

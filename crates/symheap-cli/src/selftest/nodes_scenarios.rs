@@ -47,14 +47,21 @@ fn refused_split(r: symheap::Result<Team>, what: &str) -> Outcome {
     }
 }
 
-/// Teams inside one node work as on one node. A team across nodes is refused on every PE on
-/// the host backend; on CUDA it runs through NCCL (`spanning_teams`).
+/// Whether Open MPI's mpirun started this PE.
+fn under_mpirun() -> bool {
+    std::env::var_os("OMPI_COMM_WORLD_SIZE").is_some()
+}
+
+/// Teams inside one node work as on one node. A team across nodes runs through NCCL on CUDA
+/// and through Open MPI on the host backend (`spanning_teams`), refused on every PE there
+/// without mpirun.
 fn node_teams(ctx: &Context, a: PeArgs, s: &symheap::Stream) -> Outcome {
     let world = ctx.world_team();
     let node = ctx.node().clone();
     let n = ctx.n_pes();
-    if ctx.cuda().is_none() {
-        refused_split(ctx.team_split_strided(&world, 0, 1, n), "different nodes")?;
+    if ctx.cuda().is_none() && !under_mpirun() {
+        // The host backend runs a team across nodes through Open MPI, which needs mpirun.
+        refused_split(ctx.team_split_strided(&world, 0, 1, n), "mpirun")?;
     }
     // One split per node, every PE taking part in each (splits are collective over the world).
     let mut mine = Team::INVALID;
@@ -88,10 +95,11 @@ fn node_teams(ctx: &Context, a: PeArgs, s: &symheap::Stream) -> Outcome {
     ctx.barrier_all().map_err(e2s)
 }
 
-/// CUDA: splits of the world across nodes, through their own NCCL communicators: the whole
-/// world as a team, then the PEs with each node index (a data-parallel group, node-major
-/// layouts): every collective exact (i64 and bf16 too), host-level calls, barriers, a CUDA
-/// graph replayed; a split of such a team is refused; destroyed at the end.
+/// Splits of the world across nodes, through their own communicators (NCCL on CUDA, Open MPI
+/// on the host backend): the whole world as a team, then the PEs with each node index (a
+/// data-parallel group, node-major layouts): every collective exact (i64 and bf16 too),
+/// barriers, on CUDA a graph replayed; a split of such a team is refused; destroyed at the
+/// end. On the host backend, last, members that diverge on such a team get a named error.
 fn spanning_teams(ctx: &Context, a: PeArgs, s: &symheap::Stream) -> Outcome {
     let world = ctx.world_team();
     let node = ctx.node().clone();
@@ -133,10 +141,62 @@ fn spanning_teams(ctx: &Context, a: PeArgs, s: &symheap::Stream) -> Outcome {
         sum_case::<i64>(ctx, &dp, s, a, 10_007, 7101)?;
         sum_case::<bf16>(ctx, &dp, s, a, 70_001, 7102)
     })?;
-    spanning_graph(ctx, &dp, s)?;
+    if ctx.cuda().is_some() {
+        spanning_graph(ctx, &dp, s)?;
+    }
     ctx.barrier(&dp).map_err(e2s)?;
-    ctx.team_destroy(dp).map_err(e2s)?;
+    if ctx.cuda().is_none() {
+        diverged_spanning(ctx, &dp)?;
+    } else {
+        ctx.team_destroy(dp).map_err(e2s)?;
+    }
     ctx.barrier_all().map_err(e2s)
+}
+
+/// Host backend: the members of `team` (a team across nodes) call all_reduce with counts that
+/// differ between its first member and the others: every member gets the same named
+/// mismatch, before Open MPI moves anything. The team is left diverged (not destroyed).
+fn diverged_spanning(ctx: &Context, team: &Team) -> Outcome {
+    let me = team.my_pe().ok_or("not a member")?;
+    let b = ctx.malloc(64).map_err(e2s)?;
+    let count = if me == 0 { 4 } else { 5 };
+    let r = ctx.all_reduce_raw(
+        team,
+        b.addr(),
+        b.addr(),
+        count,
+        DType::I32,
+        ReduceOp::Sum,
+        AllReduceAlgo::Auto,
+    );
+    match r {
+        Err(e) if matches!(e.kind(), ErrorKind::CollectiveMismatch(_)) => {
+            let text = e.to_string();
+            ensure!(
+                text.contains("4 x int32") && text.contains("5 x int32"),
+                "the mismatch should name both calls: {text}"
+            );
+        }
+        Err(e) => return Err(format!("diverged all_reduce on a team across nodes: {e}")),
+        Ok(()) => return Err("diverged all_reduce on a team across nodes succeeded".into()),
+    }
+    ctx.barrier_all().map_err(e2s)
+}
+
+/// The spanning-team checks alone (CUDA, or the host backend under Open MPI's mpirun; without
+/// it, the refusal).
+pub fn teams_nodes(ctx: &Context, a: PeArgs) -> Outcome {
+    ensure!(
+        ctx.node().node_count > 1,
+        "every PE is on one node: launch with --simulate-nodes K (or SYMHEAP_NODE_ID per PE)"
+    );
+    let s = ctx.create_stream().map_err(e2s)?;
+    if ctx.cuda().is_none() && !under_mpirun() {
+        let world = ctx.world_team();
+        refused_split(ctx.team_split_strided(&world, 0, 1, ctx.n_pes()), "mpirun")?;
+        return ctx.barrier_all().map_err(e2s);
+    }
+    spanning_teams(ctx, a, &s)
 }
 
 /// An all_reduce and a broadcast on `team` (a team across nodes) captured in a CUDA graph

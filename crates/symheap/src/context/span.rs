@@ -160,14 +160,11 @@ fn unsupported(rank: usize, call: &'static str, why: String) -> Error {
 }
 
 impl Inner {
-    /// Whether `team`'s collectives run across nodes: the world team on the CUDA backend with
-    /// a PE whose memory this one cannot reach, or a split of it that spans nodes.
+    /// Whether `team`'s stream collectives run across nodes on the CUDA backend: the world team
+    /// with a PE whose memory this one cannot reach, or a split of it that spans nodes.
     pub(crate) fn spans_nodes(&self, team: &TeamInner) -> bool {
-        team.spans
-            || (team.slot == 0
-                && !team.scratch
-                && self.world > 1
-                && self.backend.as_cuda().is_some())
+        self.backend.as_cuda().is_some()
+            && (team.spans || (team.slot == 0 && !team.scratch && self.world > 1))
     }
 
     /// The state of the collectives across nodes, made at the first of them: a collective

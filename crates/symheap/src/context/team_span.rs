@@ -1,12 +1,10 @@
-//! Teams other than the world whose members sit on more than one node (CUDA backend): a split
-//! of the world such as the PEs with one node index (the data-parallel group of a
-//! tensor-parallel job). Such a team has no shared memory to meet in, so its collectives and
-//! barriers run through an NCCL communicator of its own, made with the team (the split is
-//! collective over the world, so every member is there to make it); the algorithms are in
-//! `ops/coll_span.rs`. symheap moves no byte between nodes itself.
-//!
-//! On the host backend only the world team spans nodes (through Open MPI), and a team that
-//! spans nodes cannot be split further: both are refused on every PE of the split.
+//! Teams other than the world whose members sit on more than one node: a split of the world
+//! such as the PEs with one node index (the data-parallel group of a tensor-parallel job). Such
+//! a team has no shared memory to meet in, so its collectives and barriers run through a
+//! communicator of its own, made at the split (collective over the world, so every PE is there
+//! to make it): NCCL's on the CUDA backend (`ops/coll_team_span.rs`), Open MPI's on the host
+//! backend (`ops/coll_nodes.rs`). symheap moves no byte between nodes itself. A team that spans
+//! nodes cannot be split further: refused on every PE of the split.
 
 use std::collections::HashMap;
 use std::sync::MutexGuard;
@@ -14,13 +12,15 @@ use std::sync::MutexGuard;
 use super::team::TeamInner;
 use super::Inner;
 use crate::backend::cuda::nccl::{self, Comm, UNIQUE_ID_BYTES};
+use crate::backend::host::mpi::{Mpi, MpiComm};
 use crate::error::{Error, ErrorKind, Result};
 
 /// What every PE sends at a split of a world that spans nodes.
 pub(crate) struct SplitHello {
     /// Team slots free on this PE.
     pub free: u64,
-    /// The new team spans nodes and this PE is a member that cannot use NCCL: why.
+    /// The new team spans nodes and this PE cannot take part in its communicator (CUDA: a
+    /// member without NCCL; host: any PE without Open MPI, whose split involves every PE): why.
     pub broken: Option<String>,
     /// The new team's NCCL id (from its first member, when the team spans nodes).
     pub id: Option<[u8; UNIQUE_ID_BYTES]>,
@@ -51,29 +51,27 @@ impl SplitHello {
     }
 }
 
-/// The NCCL communicators of this PE's teams that span nodes, by team slot.
-pub(crate) type TeamComms = HashMap<usize, Comm>;
+/// The communicator of a team that spans nodes.
+pub(crate) enum TeamComm {
+    /// CUDA backend.
+    Nccl(Comm),
+    /// Host backend.
+    Mpi(MpiComm),
+}
+
+/// The communicators of this PE's teams that span nodes, by team slot.
+pub(crate) type TeamComms = HashMap<usize, TeamComm>;
 
 fn unsupported(rank: usize, call: &'static str, why: String) -> Error {
     Error::new(Some(rank), call, ErrorKind::Unsupported(why))
 }
 
 impl Inner {
-    /// Refuses a split whose members are on different nodes where it cannot run: on the host
-    /// backend, and from a parent other than the world. Decided from the node map and the
-    /// parent, which every PE of the parent has, so all of them fail alike.
+    /// Refuses a split whose members are on different nodes from a parent other than the
+    /// world. Decided from the node map and the parent, which every PE of the parent has, so
+    /// all of them fail alike.
     pub(crate) fn check_spanning_split(&self, parent: &TeamInner, what: &str) -> Result<()> {
         const CALL: &str = "team_split_strided";
-        if self.backend.as_cuda().is_none() {
-            return Err(unsupported(
-                self.rank,
-                CALL,
-                format!(
-                    "the new team's members ({what}) are on different nodes; on the host \
-                     backend only the world team spans nodes"
-                ),
-            ));
-        }
         if parent.slot != 0 {
             return Err(unsupported(
                 self.rank,
@@ -88,15 +86,26 @@ impl Inner {
         Ok(())
     }
 
+    /// Open MPI, opened at the first need (the same answer for every later call).
+    pub(crate) fn mpi(&self) -> std::result::Result<&Mpi, &String> {
+        self.mpi
+            .get_or_init(|| Mpi::open(self.rank, self.world))
+            .as_ref()
+    }
+
     /// This PE's message for a split of a world that spans nodes: its free slots, and when
-    /// the new team (`members`) spans nodes, whether it can use NCCL (members only) and the
-    /// team's NCCL id (its first member).
+    /// the new team (`members`) spans nodes, whether it can take part in its communicator and
+    /// (CUDA, its first member) the team's NCCL id.
     pub(crate) fn split_hello(&self, members: &[usize], spans: bool, free: u64) -> SplitHello {
         let mut hello = SplitHello {
             free,
             broken: None,
             id: None,
         };
+        if spans && self.backend.as_cuda().is_none() {
+            hello.broken = self.mpi().err().cloned();
+            return hello;
+        }
         if !spans || !members.contains(&self.rank) {
             return hello;
         }
@@ -111,28 +120,36 @@ impl Inner {
         hello
     }
 
-    /// Whether every member of a new team that spans nodes can use NCCL (else the same error
-    /// on every PE of the split), and the team's NCCL id.
+    /// Whether every PE a new team that spans nodes needs can take part in its communicator
+    /// (else the same error on every PE of the split), and (CUDA) the team's NCCL id.
     pub(crate) fn spanning_id(
         &self,
         members: &[usize],
         all: &[SplitHello],
-    ) -> Result<[u8; UNIQUE_ID_BYTES]> {
+    ) -> Result<Option<[u8; UNIQUE_ID_BYTES]>> {
         const CALL: &str = "team_split_strided";
-        if let Some((m, why)) = members
-            .iter()
-            .find_map(|&m| all[m].broken.as_ref().map(|w| (m, w)))
+        let engine = if self.backend.as_cuda().is_some() {
+            "NCCL"
+        } else {
+            "Open MPI (launch the job with Open MPI's mpirun)"
+        };
+        if let Some((m, why)) = (0..all.len())
+            .filter(|r| self.backend.as_cuda().is_none() || members.contains(r))
+            .find_map(|m| all[m].broken.as_ref().map(|w| (m, w)))
         {
             return Err(unsupported(
                 self.rank,
                 CALL,
                 format!(
-                    "a team across nodes runs its collectives through NCCL, which PE {m} cannot \
-                     use: {why}"
+                    "a team across nodes runs its collectives through {engine}, which PE {m} \
+                     cannot use: {why}"
                 ),
             ));
         }
-        all[members[0]].id.ok_or_else(|| {
+        if self.backend.as_cuda().is_none() {
+            return Ok(None);
+        }
+        all[members[0]].id.map(Some).ok_or_else(|| {
             Error::new(
                 Some(self.rank),
                 CALL,
@@ -160,8 +177,20 @@ impl Inner {
                 .name("symheap-nccl-abort".into())
                 .spawn(move || a.abort());
         }));
-        self.team_comms().insert(t.slot, comm);
+        self.team_comms().insert(t.slot, TeamComm::Nccl(comm));
         Ok(())
+    }
+
+    /// Host backend, every PE of a split of the world that spans nodes: Open MPI's split of
+    /// its world (collective over it), this PE's communicator for the team when a member
+    /// (`key`: its index in the team).
+    pub(crate) fn split_mpi(&self, member: bool, key: usize) -> Result<Option<MpiComm>> {
+        const CALL: &str = "team_split_strided";
+        let mpi = self
+            .mpi()
+            .map_err(|e| unsupported(self.rank, CALL, e.clone()))?;
+        mpi.split(member, key)
+            .map_err(|e| Error::new(Some(self.rank), CALL, ErrorKind::Backend(e)))
     }
 
     /// A device word of this PE's own for `t`'s barrier (the first of its slot's device flags,

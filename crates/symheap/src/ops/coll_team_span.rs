@@ -7,6 +7,7 @@
 use crate::backend::cuda::nccl::{self, Comm};
 use crate::backend::ReduceOp;
 use crate::context::team::TeamInner;
+use crate::context::team_span::TeamComm;
 use crate::context::Context;
 use crate::element::DType;
 use crate::error::{Error, ErrorKind, Result};
@@ -41,7 +42,7 @@ impl Context {
         super::coll_stream::order_team(c.t, stream, raw)?;
         self.inner.record_on(c.t, &mut c.t.lock(), c.call, c.args);
         let comms = self.inner.team_comms();
-        let Some(comm) = comms.get(&c.t.slot) else {
+        let Some(TeamComm::Nccl(comm)) = comms.get(&c.t.slot) else {
             return Err(Error::new(
                 Some(self.my_pe()),
                 c.call,
@@ -218,10 +219,41 @@ impl Context {
         self.team_span_run(c, stream, |comm, raw| comm.alltoall(dest, src, bytes, raw))
     }
 
+    /// `barrier` / `team_sync` on a team that spans nodes (either backend).
+    pub(super) fn barrier_spanning(&self, t: &TeamInner, call: &'static str) -> Result<()> {
+        if self.inner.backend.as_cuda().is_some() {
+            self.barrier_team_span(t, call)
+        } else {
+            self.inner.backend.fence();
+            self.mpi_team_point(t, call, String::new()).map(|_| ())
+        }
+    }
+
+    /// Frees the communicator of `t` (a team that spans nodes), at its destruction after a
+    /// barrier.
+    pub(super) fn free_team_comm(&self, t: &TeamInner) -> Result<()> {
+        match self.inner.team_comms().remove(&t.slot) {
+            Some(TeamComm::Mpi(c)) => {
+                let mpi = self.inner.mpi().map_err(|e| {
+                    Error::new(
+                        Some(self.my_pe()),
+                        "team_destroy",
+                        ErrorKind::Backend(e.clone()),
+                    )
+                })?;
+                mpi.free(c).map_err(|e| {
+                    Error::new(Some(self.my_pe()), "team_destroy", ErrorKind::Backend(e))
+                })
+            }
+            // NCCL's is destroyed when dropped.
+            Some(TeamComm::Nccl(_)) | None => Ok(()),
+        }
+    }
+
     /// `barrier` / `team_sync` on a team that spans nodes: a one-element NCCL all_reduce (in
     /// this team slot's device flags, which no kernel of such a team uses) on the internal
     /// stream, waited for.
-    pub(super) fn barrier_team_span(&self, t: &TeamInner, call: &'static str) -> Result<()> {
+    fn barrier_team_span(&self, t: &TeamInner, call: &'static str) -> Result<()> {
         let cu = self.inner.backend.as_cuda().expect("CUDA only");
         cu.bind()?;
         self.inner.backend.fence();

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::backend::cuda::nccl::UNIQUE_ID_BYTES;
 use crate::context::area::MAX_TEAMS;
 use crate::context::team::{Team, TeamInner};
-use crate::context::team_span::SplitHello;
+use crate::context::team_span::{SplitHello, TeamComm};
 use crate::context::Context;
 use crate::error::{invalid, Error, ErrorKind, Result};
 
@@ -42,7 +42,7 @@ impl Context {
             return self.barrier_all();
         }
         if t.spans {
-            return self.barrier_team_span(t, call);
+            return self.barrier_spanning(t, call);
         }
         let mut st = t.lock();
         self.inner.record_on(t, &mut st, call, String::new());
@@ -53,10 +53,11 @@ impl Context {
     /// Collective over `parent`: a new team of the members `start, start + stride, ...`
     /// (`size` of them, indices in `parent`). Members get the team, other members of `parent`
     /// get [`Team::INVALID`]. Recorded in `parent`'s ledger. At most 32 teams exist at once.
-    /// A new team whose members are on different nodes is a split of the world on the CUDA
-    /// backend, with an NCCL communicator of its own for its collectives and barriers (made
-    /// here, so NCCL must load on each of its members); it cannot be split further. On the host
-    /// backend, or from another parent, such a team is refused on every member of `parent`.
+    /// A new team whose members are on different nodes must be a split of the world; it gets a
+    /// communicator of its own for its collectives and barriers, made here: NCCL's on the CUDA
+    /// backend (NCCL must load on each member), Open MPI's on the host backend (every PE must
+    /// run under Open MPI's mpirun). It cannot be split further; from another parent it is
+    /// refused on every member of `parent`.
     pub fn team_split_strided(
         &self,
         parent: &Team,
@@ -113,7 +114,14 @@ impl Context {
             ));
         }
         let slot = common.trailing_zeros() as usize;
-        let Some(me) = members.iter().position(|&m| m == self.inner.rank) else {
+        let index = members.iter().position(|&m| m == self.inner.rank);
+        // Host backend: Open MPI's split involves every PE of its world, members or not.
+        let mpi_comm = if spans && self.inner.backend.as_cuda().is_none() {
+            self.inner.split_mpi(index.is_some(), index.unwrap_or(0))?
+        } else {
+            None
+        };
+        let Some(me) = index else {
             return Ok(Team::INVALID);
         };
         *self
@@ -135,6 +143,9 @@ impl Context {
         let inner = Arc::new(TeamInner::new(slot, members, me, name, id).with_spans(spans));
         if let Some(nccl_id) = nccl_id {
             self.inner.make_team_comm(&inner, &nccl_id)?;
+        }
+        if let Some(c) = mpi_comm {
+            self.inner.team_comms().insert(slot, TeamComm::Mpi(c));
         }
         self.inner.register_team(&inner);
         // This PE's copy of the slot's member tables for the collective kernels; peers only
@@ -174,7 +185,7 @@ impl Context {
             .collect::<Result<_>>()?;
         let common = members.iter().fold(!0u64, |c, &m| c & all[m].free);
         let id = if spans {
-            Some(self.inner.spanning_id(members, &all)?)
+            self.inner.spanning_id(members, &all)?
         } else {
             None
         };
@@ -194,10 +205,10 @@ impl Context {
             );
         }
         if t.spans {
-            // Its members meet in NCCL only; once every member passed this barrier, none uses
-            // the communicator again.
-            self.barrier_team_span(t, CALL)?;
-            self.inner.team_comms().remove(&t.slot);
+            // Its members meet in their communicator only; once every member passed this
+            // barrier, none uses it again.
+            self.barrier_spanning(t, CALL)?;
+            self.free_team_comm(t)?;
         } else {
             let mut st = t.lock();
             self.inner.record_on(t, &mut st, CALL, String::new());

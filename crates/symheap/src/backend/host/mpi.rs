@@ -38,13 +38,27 @@ type ReduceScatter =
 type UserFn = unsafe extern "C" fn(*mut c_void, *mut c_void, *mut c_int, *mut Handle);
 type OpCreate = unsafe extern "C" fn(UserFn, c_int, *mut Handle) -> c_int;
 type ErrorString = unsafe extern "C" fn(c_int, *mut c_char, *mut c_int) -> c_int;
+type CommSplit = unsafe extern "C" fn(Handle, c_int, c_int, *mut Handle) -> c_int;
+type CommFree = unsafe extern "C" fn(*mut Handle) -> c_int;
 
 const MPI_SUCCESS: c_int = 0;
 const MPI_THREAD_SERIALIZED: c_int = 2;
+/// Open MPI's `MPI_UNDEFINED` (the color of a rank that joins no communicator in a split).
+const MPI_UNDEFINED: c_int = -32766;
 /// Open MPI's `MPI_IN_PLACE`: the address 1.
 const MPI_IN_PLACE: *mut c_void = std::ptr::without_provenance_mut(1);
 const LIB_ENV: &str = "SYMHEAP_MPI_LIB";
 const LIB_NAME: &str = "libmpi.so.40";
+
+/// An Open MPI communicator: MPI's world, or one a team spanning nodes split off it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MpiComm(Handle);
+
+// SAFETY: a handle is an address Open MPI owns; symheap uses it only in MPI calls, serialized
+// as for `Mpi` below.
+unsafe impl Send for MpiComm {}
+// SAFETY: as for Send.
+unsafe impl Sync for MpiComm {}
 
 /// Open MPI, initialised, with the handles symheap uses.
 pub struct Mpi {
@@ -56,6 +70,8 @@ pub struct Mpi {
     finalize: Finalize,
     finalized: IntOut,
     error_string: ErrorString,
+    comm_split: CommSplit,
+    comm_free: CommFree,
     world: Handle,
     byte: Handle,
     types: [Handle; 12],
@@ -223,6 +239,8 @@ impl Mpi {
             finalize: sym!("MPI_Finalize", Finalize),
             finalized: sym!("MPI_Finalized", IntOut),
             error_string: sym!("MPI_Error_string", ErrorString),
+            comm_split: sym!("MPI_Comm_split", CommSplit),
+            comm_free: sym!("MPI_Comm_free", CommFree),
             op_create: sym!("MPI_Op_create", OpCreate),
             world: object!("ompi_mpi_comm_world"),
             byte: object!("ompi_mpi_byte"),
@@ -291,10 +309,36 @@ impl Mpi {
         Ok(*slot)
     }
 
-    /// `count` elements reduced over MPI's world into `dst` (`dst == src`: in place).
+    /// MPI's world.
+    pub(crate) fn world(&self) -> MpiComm {
+        MpiComm(self.world)
+    }
+
+    /// Collective over MPI's world: a communicator of the ranks with `member`, ordered by
+    /// `key` (None on the others).
+    pub(crate) fn split(&self, member: bool, key: usize) -> Result<Option<MpiComm>, String> {
+        let color = if member { 0 } else { MPI_UNDEFINED };
+        let mut out: Handle = std::ptr::null_mut();
+        // SAFETY: MPI is initialised; writes one handle (MPI_COMM_NULL for MPI_UNDEFINED).
+        let rc = unsafe { (self.comm_split)(self.world, color, key as c_int, &mut out) };
+        self.result(rc, "MPI_Comm_split")?;
+        Ok(member.then_some(MpiComm(out)))
+    }
+
+    /// Collective over `comm`'s ranks: frees a communicator `split` made.
+    pub(crate) fn free(&self, comm: MpiComm) -> Result<(), String> {
+        let mut h = comm.0;
+        // SAFETY: `comm` came from `split` and is freed once (its team is destroyed once).
+        let rc = unsafe { (self.comm_free)(&mut h) };
+        self.result(rc, "MPI_Comm_free")
+    }
+
+    /// `count` elements reduced over `comm` into `dst` (`dst == src`: in place).
     /// The ops layer checked: `src` and `dst` are valid for `count` elements of `dtype` on this PE.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn all_reduce(
         &self,
+        comm: MpiComm,
         dst: u64,
         src: u64,
         n: usize,
@@ -317,16 +361,17 @@ impl Mpi {
                 c,
                 self.types[type_index(dtype)],
                 h,
-                self.world,
+                comm.0,
             )
         };
         self.result(rc, "MPI_Allreduce")
     }
 
-    /// `bytes` of `root`'s `src` into every PE's `dst`.
+    /// `bytes` of `root`'s `src` into every rank's `dst` (`me`: this rank in `comm`).
     /// The ops layer checked: `dst` is valid for `bytes` (and `src` on the root).
     pub(crate) fn broadcast(
         &self,
+        comm: MpiComm,
         dst: u64,
         src: u64,
         bytes: usize,
@@ -339,26 +384,38 @@ impl Mpi {
             unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, bytes) };
         }
         // SAFETY: the ops layer checked `dst` is a mapped heap range of `bytes`.
-        let rc =
-            unsafe { (self.bcast)(dst as *mut c_void, c, self.byte, root as c_int, self.world) };
+        let rc = unsafe { (self.bcast)(dst as *mut c_void, c, self.byte, root as c_int, comm.0) };
         self.result(rc, "MPI_Bcast")
     }
 
-    /// Every PE's `bytes` at `src` into `dst + pe * bytes` (`dst == src`: in place).
+    /// Every rank's `bytes` at `src` into `dst + rank * bytes` (`dst == src`: in place).
     /// The ops layer checked: `src` valid for `bytes`, `dst` for `size * bytes`.
-    pub(crate) fn all_gather(&self, dst: u64, src: u64, bytes: usize) -> Result<(), String> {
-        self.exchange(self.allgather, "MPI_Allgather", dst, src, bytes)
+    pub(crate) fn all_gather(
+        &self,
+        comm: MpiComm,
+        dst: u64,
+        src: u64,
+        bytes: usize,
+    ) -> Result<(), String> {
+        self.exchange(comm, self.allgather, "MPI_Allgather", dst, src, bytes)
     }
 
     /// Block `j` (of `bytes`) of every PE's `src` into block `pe` of PE `j`'s `dst`.
     /// The ops layer checked: `src` and `dst` valid for `size * bytes` (`dst == src`: in place).
-    pub(crate) fn alltoall(&self, dst: u64, src: u64, bytes: usize) -> Result<(), String> {
-        self.exchange(self.alltoall, "MPI_Alltoall", dst, src, bytes)
+    pub(crate) fn alltoall(
+        &self,
+        comm: MpiComm,
+        dst: u64,
+        src: u64,
+        bytes: usize,
+    ) -> Result<(), String> {
+        self.exchange(comm, self.alltoall, "MPI_Alltoall", dst, src, bytes)
     }
 
     /// MPI_Allgather or MPI_Alltoall of `bytes` per PE, with the ranges its caller checked.
     fn exchange(
         &self,
+        comm: MpiComm,
         f: Gather,
         name: &str,
         dst: u64,
@@ -371,7 +428,7 @@ impl Mpi {
         } else {
             src as *mut c_void
         };
-        let (b, w) = (self.byte, self.world);
+        let (b, w) = (self.byte, comm.0);
         // SAFETY: the calling function's doc says which ranges the ops layer checked.
         let rc = unsafe { f(s, c, b, dst as *mut c_void, c, b, w) };
         self.result(rc, name)
@@ -380,8 +437,10 @@ impl Mpi {
     /// Block `pe` of the reduction of every PE's `src` (`size * n` elements) into `dst`.
     /// The ops layer checked: `src` valid for `size * n` elements, `dst` for `n` (in place,
     /// `dst == src`: the result goes to block `me`, as the shared-memory path puts it).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn reduce_scatter(
         &self,
+        comm: MpiComm,
         dst: u64,
         src: u64,
         n: usize,
@@ -406,7 +465,7 @@ impl Mpi {
         let t = self.types[type_index(dtype)];
         // SAFETY: the ops layer checked the ranges (see this function's doc); `tmp` holds
         // `bytes` when used.
-        let rc = unsafe { (self.reduce_scatter)(src as *mut c_void, out, c, t, h, self.world) };
+        let rc = unsafe { (self.reduce_scatter)(src as *mut c_void, out, c, t, h, comm.0) };
         self.result(rc, "MPI_Reduce_scatter_block")?;
         if dst == src {
             // SAFETY: block `me` of the checked `size * n`-element range at `src`.
