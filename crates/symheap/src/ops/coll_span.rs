@@ -15,8 +15,8 @@
 //! - alltoall: NCCL over the world (grouped send/receive).
 //! - barrier_all_on_stream: a one-element all_reduce in the node, then between nodes.
 //!
-//! A split of the world that spans nodes runs NCCL over its own communicator instead
-//! (`ops/coll_team_span.rs`).
+//! A split of the world that spans nodes runs each of them as one NCCL call over its own
+//! communicator instead (`ops/coll_team_span.rs`), ranked as the team.
 //!
 //! Reductions in the node run where symheap's kernels have the dtype (f32, f16, bf16, i32);
 //! other dtypes go through NCCL over the world. Collective-order rule: as for every collective,
@@ -34,6 +34,7 @@ use crate::context::Context;
 use crate::element::DType;
 use crate::error::{Error, ErrorKind, Result};
 use crate::ops::coll::AllReduceAlgo;
+use crate::ops::coll_team_span::TeamCall;
 use crate::stream::Stream;
 
 use crate::ops::coll::NODES_ALL_REDUCE_SMALL as SMALL;
@@ -177,16 +178,20 @@ impl Context {
         op: ReduceOp,
         stream: &Stream,
     ) -> Result<()> {
-        if t.spans {
-            return self.all_reduce_team_span(t, dest, src, count, dtype, op, stream);
-        }
         const CALL: &str = "all_reduce_on_stream";
         let code = nccl::dtype(dtype).ok_or_else(|| no_nccl_type(self.my_pe(), CALL, dtype))?;
         let es = dtype.size() as u64;
         let bytes = count as u64 * es;
         let args = format!("{} {count} x {dtype}, across nodes", op.name());
         let args = self.inner.coll_args(args, dest, src);
-        let mut c = self.span_begin(t, CALL, args, &[(dest, bytes), (src, bytes)], stream)?;
+        let bufs = [(dest, bytes), (src, bytes)];
+        if t.spans {
+            let c = TeamCall::new(t, CALL, args, &bufs);
+            return self.team_span_run(c, stream, |comm, raw| {
+                comm.all_reduce(dest, src, count, code, op, raw)
+            });
+        }
+        let mut c = self.span_begin(t, CALL, args, &bufs, stream)?;
         let (hier, ppn) = (c.sp().hier, c.sp().layout.ppn);
         if count == 0 {
             return Ok(());
@@ -287,14 +292,18 @@ impl Context {
         root: usize,
         stream: &Stream,
     ) -> Result<()> {
-        if t.spans {
-            return self.broadcast_team_span(t, dest, src, count, dtype, root, stream);
-        }
         const CALL: &str = "broadcast_on_stream";
         let bytes = count as u64 * dtype.size() as u64;
         let args = format!("root {root}, {count} x {dtype}, across nodes");
         let args = self.inner.coll_args(args, dest, src);
-        let mut c = self.span_begin(t, CALL, args, &[(dest, bytes), (src, bytes)], stream)?;
+        let bufs = [(dest, bytes), (src, bytes)];
+        if t.spans {
+            let c = TeamCall::new(t, CALL, args, &bufs);
+            return self.team_span_run(c, stream, |comm, raw| {
+                comm.broadcast(dest, src, bytes as usize, BYTES, root, raw)
+            });
+        }
+        let mut c = self.span_begin(t, CALL, args, &bufs, stream)?;
         if bytes == 0 {
             return Ok(());
         }
@@ -329,18 +338,21 @@ impl Context {
         dtype: DType,
         stream: &Stream,
     ) -> Result<()> {
-        if t.spans {
-            return self.all_gather_team_span(t, dest, src, count, dtype, stream);
-        }
         const CALL: &str = "all_gather_on_stream";
         let bytes = count as u64 * dtype.size() as u64;
-        let world = self.n_pes() as u64;
-        let mine = dest + self.my_pe() as u64 * bytes;
+        let world = t.members.len() as u64;
+        let mine = dest + t.me as u64 * bytes;
         let args = format!("{count} x {dtype}, across nodes");
         let args = self
             .inner
             .coll_args(args, dest, if src == mine { dest } else { src });
         let bufs = [(dest, bytes * world), (src, bytes)];
+        if t.spans {
+            let c = TeamCall::new(t, CALL, args, &bufs);
+            return self.team_span_run(c, stream, |comm, raw| {
+                comm.all_gather(dest, src, bytes as usize, BYTES, raw)
+            });
+        }
         let mut c = self.span_begin(t, CALL, args, &bufs, stream)?;
         if bytes == 0 {
             return Ok(());
@@ -387,19 +399,22 @@ impl Context {
         op: ReduceOp,
         stream: &Stream,
     ) -> Result<()> {
-        if t.spans {
-            return self.reduce_scatter_team_span(t, dest, src, count, dtype, op, stream);
-        }
         const CALL: &str = "reduce_scatter_on_stream";
         let code = nccl::dtype(dtype).ok_or_else(|| no_nccl_type(self.my_pe(), CALL, dtype))?;
         let bytes = count as u64 * dtype.size() as u64;
-        let world = self.n_pes() as u64;
-        let mine = src + self.my_pe() as u64 * bytes;
+        let world = t.members.len() as u64;
+        let mine = src + t.me as u64 * bytes;
         let args = format!("{} {count} x {dtype}, across nodes", op.name());
         let args = self
             .inner
             .coll_args(args, if dest == mine { src } else { dest }, src);
         let bufs = [(src, bytes * world), (dest, bytes)];
+        if t.spans {
+            let c = TeamCall::new(t, CALL, args, &bufs);
+            return self.team_span_run(c, stream, |comm, raw| {
+                comm.reduce_scatter(dest, src, count, code, op, raw)
+            });
+        }
         let mut c = self.span_begin(t, CALL, args, &bufs, stream)?;
         if bytes == 0 {
             return Ok(());
@@ -441,16 +456,18 @@ impl Context {
         dtype: DType,
         stream: &Stream,
     ) -> Result<()> {
-        if t.spans {
-            return self.alltoall_team_span(t, dest, src, count, dtype, stream);
-        }
         const CALL: &str = "alltoall_on_stream";
         let bytes = count as u64 * dtype.size() as u64;
-        let total = bytes * self.n_pes() as u64;
+        let total = bytes * t.members.len() as u64;
         let args = self
             .inner
             .coll_args(format!("{count} x {dtype}, across nodes"), dest, src);
-        let c = self.span_begin(t, CALL, args, &[(dest, total), (src, total)], stream)?;
+        let bufs = [(dest, total), (src, total)];
+        if t.spans {
+            let c = TeamCall::new(t, CALL, args, &bufs);
+            return self.team_span_run(c, stream, |comm, raw| comm.alltoall(dest, src, bytes, raw));
+        }
+        let c = self.span_begin(t, CALL, args, &bufs, stream)?;
         if bytes == 0 {
             return Ok(());
         }

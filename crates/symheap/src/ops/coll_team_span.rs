@@ -1,8 +1,10 @@
-//! Stream collectives and barriers of a team other than the world that spans nodes (CUDA
-//! backend, see `context/team_span.rs`): NCCL over the team's own communicator, whose ranks are
-//! the team's member indices. Stream-ordered and capturable in a CUDA graph (the communicator
-//! exists from the split on). Collective-order rule: as for every collective, the same calls in
-//! the same order on every member; the team's ledger records each call.
+//! What a team other than the world that spans nodes runs its collectives and barriers on
+//! (see `context/team_span.rs`): on CUDA, NCCL over the team's own communicator, whose ranks are
+//! the team's member indices (each collective of `ops/coll_span.rs` is one call of it,
+//! stream-ordered and capturable in a CUDA graph: the communicator exists from the split on);
+//! on the host backend, Open MPI's (`ops/coll_nodes.rs`). Collective-order rule: as for every
+//! collective, the same calls in the same order on every member; the team's ledger records
+//! each call.
 
 use crate::backend::cuda::nccl::{self, Comm};
 use crate::backend::ReduceOp;
@@ -13,22 +15,35 @@ use crate::element::DType;
 use crate::error::{Error, ErrorKind, Result};
 use crate::stream::Stream;
 
-/// NCCL's code for bytes.
-const BYTES: i32 = 1;
-
 /// A collective on a team that spans nodes: its name, ledger text and checked buffers.
-struct TeamCall<'a> {
+pub(super) struct TeamCall<'a> {
     t: &'a TeamInner,
     call: &'static str,
     args: String,
     bufs: &'a [(u64, u64)],
 }
 
+impl<'a> TeamCall<'a> {
+    pub(super) fn new(
+        t: &'a TeamInner,
+        call: &'static str,
+        args: String,
+        bufs: &'a [(u64, u64)],
+    ) -> Self {
+        TeamCall {
+            t,
+            call,
+            args,
+            bufs,
+        }
+    }
+}
+
 impl Context {
     /// Runs `op` on `c.t`'s communicator on `stream`, after the checks every stream collective
     /// makes (symmetric buffers, the stream's context), ordered after the team's previous
     /// collective and recorded in its ledger.
-    fn team_span_run(
+    pub(super) fn team_span_run(
         &self,
         c: TeamCall<'_>,
         stream: &Stream,
@@ -71,152 +86,6 @@ impl Context {
                 )),
             )
         })
-    }
-
-    /// all_reduce on a team that spans nodes.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn all_reduce_team_span(
-        &self,
-        t: &TeamInner,
-        dest: u64,
-        src: u64,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
-        stream: &Stream,
-    ) -> Result<()> {
-        const CALL: &str = "all_reduce_on_stream";
-        let code = self.nccl_code(CALL, dtype)?;
-        let bytes = count as u64 * dtype.size() as u64;
-        let args = format!("{} {count} x {dtype}, across nodes", op.name());
-        let args = self.inner.coll_args(args, dest, src);
-        let bufs = [(dest, bytes), (src, bytes)];
-        let c = TeamCall {
-            t,
-            call: CALL,
-            args,
-            bufs: &bufs,
-        };
-        self.team_span_run(c, stream, |comm, raw| {
-            comm.all_reduce(dest, src, count, code, op, raw)
-        })
-    }
-
-    /// broadcast from team member `root` on a team that spans nodes.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn broadcast_team_span(
-        &self,
-        t: &TeamInner,
-        dest: u64,
-        src: u64,
-        count: usize,
-        dtype: DType,
-        root: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        const CALL: &str = "broadcast_on_stream";
-        let bytes = count as u64 * dtype.size() as u64;
-        let args = format!("root {root}, {count} x {dtype}, across nodes");
-        let args = self.inner.coll_args(args, dest, src);
-        let bufs = [(dest, bytes), (src, bytes)];
-        let c = TeamCall {
-            t,
-            call: CALL,
-            args,
-            bufs: &bufs,
-        };
-        self.team_span_run(c, stream, |comm, raw| {
-            comm.broadcast(dest, src, bytes as usize, BYTES, root, raw)
-        })
-    }
-
-    /// all_gather of `count` elements per member on a team that spans nodes (member order).
-    pub(super) fn all_gather_team_span(
-        &self,
-        t: &TeamInner,
-        dest: u64,
-        src: u64,
-        count: usize,
-        dtype: DType,
-        stream: &Stream,
-    ) -> Result<()> {
-        const CALL: &str = "all_gather_on_stream";
-        let bytes = count as u64 * dtype.size() as u64;
-        let n = t.members.len() as u64;
-        let mine = dest + t.me as u64 * bytes;
-        let args = format!("{count} x {dtype}, across nodes");
-        let args = self
-            .inner
-            .coll_args(args, dest, if src == mine { dest } else { src });
-        let bufs = [(dest, bytes * n), (src, bytes)];
-        let c = TeamCall {
-            t,
-            call: CALL,
-            args,
-            bufs: &bufs,
-        };
-        self.team_span_run(c, stream, |comm, raw| {
-            comm.all_gather(dest, src, bytes as usize, BYTES, raw)
-        })
-    }
-
-    /// reduce_scatter on a team that spans nodes: `src` holds one block of `count` elements
-    /// per member.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn reduce_scatter_team_span(
-        &self,
-        t: &TeamInner,
-        dest: u64,
-        src: u64,
-        count: usize,
-        dtype: DType,
-        op: ReduceOp,
-        stream: &Stream,
-    ) -> Result<()> {
-        const CALL: &str = "reduce_scatter_on_stream";
-        let code = self.nccl_code(CALL, dtype)?;
-        let bytes = count as u64 * dtype.size() as u64;
-        let n = t.members.len() as u64;
-        let mine = src + t.me as u64 * bytes;
-        let args = format!("{} {count} x {dtype}, across nodes", op.name());
-        let args = self
-            .inner
-            .coll_args(args, if dest == mine { src } else { dest }, src);
-        let bufs = [(src, bytes * n), (dest, bytes)];
-        let c = TeamCall {
-            t,
-            call: CALL,
-            args,
-            bufs: &bufs,
-        };
-        self.team_span_run(c, stream, |comm, raw| {
-            comm.reduce_scatter(dest, src, count, code, op, raw)
-        })
-    }
-
-    /// alltoall of `count` elements per pair on a team that spans nodes.
-    pub(super) fn alltoall_team_span(
-        &self,
-        t: &TeamInner,
-        dest: u64,
-        src: u64,
-        count: usize,
-        dtype: DType,
-        stream: &Stream,
-    ) -> Result<()> {
-        const CALL: &str = "alltoall_on_stream";
-        let bytes = count as u64 * dtype.size() as u64;
-        let total = bytes * t.members.len() as u64;
-        let args = format!("{count} x {dtype}, across nodes");
-        let args = self.inner.coll_args(args, dest, src);
-        let bufs = [(dest, total), (src, total)];
-        let c = TeamCall {
-            t,
-            call: CALL,
-            args,
-            bufs: &bufs,
-        };
-        self.team_span_run(c, stream, |comm, raw| comm.alltoall(dest, src, bytes, raw))
     }
 
     /// `barrier` / `team_sync` on a team that spans nodes (either backend).
