@@ -112,7 +112,7 @@ fn spanning_teams(ctx: &Context, a: PeArgs, s: &symheap::Stream) -> Outcome {
     );
     refused_split(
         ctx.team_split_strided(&all, 0, 1, 1),
-        "only splits of the world",
+        "only the world may be split",
     )?;
     with_roundings(n as u32 - 1, || team_cases(ctx, &all, s, a))?;
     ctx.barrier(&all).map_err(e2s)?;

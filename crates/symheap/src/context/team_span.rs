@@ -67,9 +67,9 @@ fn unsupported(rank: usize, call: &'static str, why: String) -> Error {
 }
 
 impl Inner {
-    /// Refuses a split whose members are on different nodes from a parent other than the
-    /// world. Decided from the node map and the parent, which every PE of the parent has, so
-    /// all of them fail alike.
+    /// Refuses a split of a team that spans nodes (only the world may be split across nodes; a
+    /// team inside one node cannot hold members of several). Decided from the parent, which
+    /// every PE of the parent has, so all of them fail alike.
     pub(crate) fn check_spanning_split(&self, parent: &TeamInner, what: &str) -> Result<()> {
         const CALL: &str = "team_split_strided";
         if parent.slot != 0 {
@@ -77,8 +77,8 @@ impl Inner {
                 self.rank,
                 CALL,
                 format!(
-                    "the new team's members ({what}) are on different nodes, and only splits of \
-                     the world may span nodes (split the world instead of {})",
+                    "{} spans nodes, and only the world may be split across nodes: split the \
+                     world instead (asked for {what})",
                     parent.name
                 ),
             ));
