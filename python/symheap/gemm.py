@@ -98,6 +98,7 @@ class _Workspace:
 _spaces: Dict[Tuple[int, str, Tuple[int, ...]], _Workspace] = {}
 _retired: List[_Workspace] = []
 _share: Dict[int, int] = {}
+_sms_of: Dict[Tuple[int, str], int] = {}
 _hooked: Dict[int, bool] = {}
 
 
@@ -133,8 +134,12 @@ def _gpu_share(dev: _torch.device) -> int:
 
 
 def _sms(dev: _torch.device) -> int:
-    """The SMs this PE may fill: its share of the GPU (**collective** the first time)."""
-    return max(1, _torch.cuda.get_device_properties(dev).multi_processor_count // _gpu_share(dev))
+    """The SMs this PE may fill: its share of the GPU (**collective** the first time; kept,
+    since every all_gather_matmul call asks before its tuning table is consulted)."""
+    key = (id(_core.context()), str(dev))
+    if key not in _sms_of:
+        _sms_of[key] = max(1, _torch.cuda.get_device_properties(dev).multi_processor_count // _gpu_share(dev))
+    return _sms_of[key]
 
 
 def _new_workspace(members: Tuple[int, ...], slot_bytes: int, flag_stride: int, copies: int) -> _Workspace:
@@ -195,6 +200,7 @@ def _forget() -> None:
     _spaces.clear()
     _retired.clear()
     _share.clear()
+    _sms_of.clear()
     _hooked.clear()
 
 

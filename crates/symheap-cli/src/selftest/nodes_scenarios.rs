@@ -183,14 +183,20 @@ fn diverged_spanning(ctx: &Context, team: &Team) -> Outcome {
     ctx.barrier_all().map_err(e2s)
 }
 
+/// The stream of a scenario across nodes, after checking the PEs are on several nodes.
+fn nodes_stream(ctx: &Context) -> Result<symheap::Stream, String> {
+    ensure!(
+        ctx.node().node_count > 1,
+        "every PE is on one node: launch with --simulate-nodes K (or SYMHEAP_SIMULATE_NODES=K, \
+         or SYMHEAP_NODE_ID per PE)"
+    );
+    ctx.create_stream().map_err(e2s)
+}
+
 /// The spanning-team checks alone (CUDA, or the host backend under Open MPI's mpirun; without
 /// it, the refusal).
 pub fn teams_nodes(ctx: &Context, a: PeArgs) -> Outcome {
-    ensure!(
-        ctx.node().node_count > 1,
-        "every PE is on one node: launch with --simulate-nodes K (or SYMHEAP_NODE_ID per PE)"
-    );
-    let s = ctx.create_stream().map_err(e2s)?;
+    let s = nodes_stream(ctx)?;
     if ctx.cuda().is_none() && !under_mpirun() {
         let world = ctx.world_team();
         refused_split(ctx.team_split_strided(&world, 0, 1, ctx.n_pes()), "mpirun")?;
@@ -280,11 +286,7 @@ fn host_level(ctx: &Context) -> Outcome {
 /// Every collective across (simulated) nodes, exact against the reference; CUDA-graph replays;
 /// teams inside a node; the errors for what does not cross nodes.
 pub fn coll_nodes(ctx: &Context, a: PeArgs) -> Outcome {
-    ensure!(
-        ctx.node().node_count > 1,
-        "every PE is on one node: launch with --simulate-nodes K (or SYMHEAP_SIMULATE_NODES=K)"
-    );
-    let s = ctx.create_stream().map_err(e2s)?;
+    let s = nodes_stream(ctx)?;
     if ctx.cuda().is_none() {
         // The host backend's collectives across nodes need mpirun (see multi_pe.rs); the
         // teams and the refusals need nothing.
