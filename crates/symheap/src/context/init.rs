@@ -102,6 +102,12 @@ impl ContextBuilder {
         }
         let spin = super::sync::SpinBudget::new(node.local_size());
         let all_direct = (0..world).all(|pe| backend.slot_base(pe).is_some());
+        let own_base = backend.slot_base(rank).ok_or_else(|| {
+            with_pe(crate::error::backend(
+                "init",
+                "the backend did not map this PE's own heap",
+            ))
+        })?;
         let inner = Arc::new(Inner {
             spin,
             cfg,
@@ -114,6 +120,7 @@ impl ContextBuilder {
             boot: met.boot,
             node,
             bases: (0..world).map(|pe| backend.slot_base(pe)).collect(),
+            own_base,
             backend,
             heap: Heap::new(world),
             world_team: Arc::new(

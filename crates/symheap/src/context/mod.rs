@@ -71,6 +71,8 @@ pub(crate) struct Inner {
     /// context's life: the hot paths (every put, get and collective) read it here instead of
     /// through a dynamic call.
     pub(crate) bases: Box<[Option<u64>]>,
+    /// This PE's own slot base (`bases[rank]`, always mapped), for the range checks.
+    pub(crate) own_base: u64,
     pub(crate) heap: Heap,
     /// The world team; its ledger records allocation, growth, reclaim, barriers and finalize.
     pub(crate) world_team: Arc<TeamInner>,

@@ -142,15 +142,22 @@ impl Inner {
 
     /// Checks `[addr, addr+bytes)` lies inside one live user allocation of this PE's heap and
     /// returns its heap offset.
+    #[inline]
     pub(crate) fn own_offset(&self, addr: u64, bytes: u64, call: &'static str) -> Result<u64> {
-        let base = self
-            .slot_base(self.rank)
-            .expect("own heap is always mapped");
-        // The common case, the block this thread used last: no lock, no lookup.
-        let off = addr.wrapping_sub(base);
-        if addr >= base && self.heap.remembered(off, bytes) {
+        // The common case, the block this thread used last: no lock, no lookup, inlined into
+        // every put and get (what remains of their cost is a few loads and compares).
+        let off = addr.wrapping_sub(self.own_base);
+        if addr >= self.own_base && self.heap.remembered(off, bytes) {
             return Ok(off);
         }
+        self.own_offset_lookup(addr, bytes, call)
+    }
+
+    /// `own_offset` past the remembered blocks: the heap's lookup, and the errors.
+    #[cold]
+    #[inline(never)]
+    fn own_offset_lookup(&self, addr: u64, bytes: u64, call: &'static str) -> Result<u64> {
+        let base = self.own_base;
         let mapped = self.backend.mapped();
         if addr < base || addr >= base + mapped {
             return Err(invalid(
@@ -162,6 +169,7 @@ impl Inner {
             )
             .with_pe(self.rank));
         }
+        let off = addr - base;
         self.user_range(self.rank, off, bytes, call)?;
         Ok(off)
     }
@@ -190,6 +198,7 @@ impl Inner {
     }
 
     /// PE `pe`'s copy of the symmetric range `[addr, addr+bytes)` of this PE's heap.
+    #[inline]
     pub(crate) fn remote(
         &self,
         addr: u64,
@@ -201,25 +210,38 @@ impl Inner {
         let off = self.own_offset(addr, bytes, call)?;
         match self.slot_base(pe) {
             Some(b) => Ok(b + off),
-            None => Err(Error::new(
-                Some(self.rank),
-                call,
-                ErrorKind::Unsupported(format!(
-                    "PE {pe} is on another node; the {} backend reaches only PEs of this node",
-                    self.backend.kind().name()
-                )),
-            )),
+            None => Err(self.not_direct(pe, call)),
         }
     }
 
+    #[cold]
+    #[inline(never)]
+    fn not_direct(&self, pe: usize, call: &'static str) -> Error {
+        Error::new(
+            Some(self.rank),
+            call,
+            ErrorKind::Unsupported(format!(
+                "PE {pe} is on another node; the {} backend reaches only PEs of this node",
+                self.backend.kind().name()
+            )),
+        )
+    }
+
+    #[inline]
     pub(crate) fn pe_in_range(&self, pe: usize, call: &'static str) -> Result<()> {
         if pe >= self.world {
-            return Err(invalid(
-                call,
-                format!("PE {pe} is out of range (n_pes = {})", self.world),
-            )
-            .with_pe(self.rank));
+            return Err(self.pe_out_of_range(pe, call));
         }
         Ok(())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn pe_out_of_range(&self, pe: usize, call: &'static str) -> Error {
+        invalid(
+            call,
+            format!("PE {pe} is out of range (n_pes = {})", self.world),
+        )
+        .with_pe(self.rank)
     }
 }
