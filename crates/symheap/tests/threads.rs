@@ -68,16 +68,28 @@ fn racing_puts_gets_and_copies_see_whole_words() {
 /// still shows only whole words, and its 8-byte head (an unaligned start) and tail too.
 #[test]
 fn racing_streaming_puts_see_whole_words() {
+    racing_big_puts_see_whole_words((8 << 20) / 8 + 5);
+}
+
+/// Puts from 512 KiB to 8 MiB take the string path (`rep movsq` after a head of words up to a
+/// line boundary, where the CPU has fast strings): the same check.
+#[test]
+fn racing_string_puts_see_whole_words() {
+    racing_big_puts_see_whole_words((1 << 20) / 8 + 5);
+}
+
+/// Two threads put `words` words of one pattern each while a third gets them: every word read
+/// is one pattern or the other, and the last put reads back exactly.
+fn racing_big_puts_see_whole_words(words: usize) {
     let ctx: Context = Context::builder()
         .unwrap()
         .backend(BackendChoice::Host)
         .capacity(64 << 20)
         .init()
         .unwrap();
-    const WORDS: usize = (8 << 20) / 8 + 5;
-    let buf = ctx.malloc((WORDS * 8 + 8) as u64).unwrap();
+    let buf = ctx.malloc((words * 8 + 8) as u64).unwrap();
     // One word in: the destination is 8- but not 16-byte aligned (the allocation is 256-byte
-    // aligned), so the streaming loop starts after a single-word head.
+    // aligned), so the streaming loop starts after a single-word head, the others after seven.
     let at = buf.addr() + 8;
     let patterns: [u64; 2] = [0x1111_1111_1111_1111, 0xa5a5_a5a5_a5a5_a5a5];
     let stop = AtomicBool::new(false);
@@ -85,7 +97,7 @@ fn racing_streaming_puts_see_whole_words() {
         for &p in &patterns {
             let (ctx, stop) = (&ctx, &stop);
             s.spawn(move || {
-                let bytes: Vec<u8> = std::iter::repeat_n(p.to_le_bytes(), WORDS)
+                let bytes: Vec<u8> = std::iter::repeat_n(p.to_le_bytes(), words)
                     .flatten()
                     .collect();
                 while !stop.load(Ordering::Relaxed) {
@@ -94,7 +106,7 @@ fn racing_streaming_puts_see_whole_words() {
             });
         }
         let mut torn = 0usize;
-        let mut out = vec![0u8; WORDS * 8];
+        let mut out = vec![0u8; words * 8];
         let mut seen = 0;
         for _ in 0..20 {
             ctx.get_bytes(&mut out, at, 0).unwrap();
@@ -114,9 +126,9 @@ fn racing_streaming_puts_see_whole_words() {
     });
     assert_eq!(torn, 0, "words mixing two writers' bytes were read");
     // Exact once nobody races: one more put, read back byte for byte.
-    let data: Vec<u8> = (0..WORDS * 8).map(|i| (i * 131 + 7) as u8).collect();
+    let data: Vec<u8> = (0..words * 8).map(|i| (i * 131 + 7) as u8).collect();
     ctx.put_bytes(at, &data, 0).unwrap();
-    let mut out = vec![0u8; WORDS * 8];
+    let mut out = vec![0u8; words * 8];
     ctx.get_bytes(&mut out, at, 0).unwrap();
     assert!(out == data, "a streaming put or get changed the bytes");
     ctx.finalize().unwrap();
