@@ -191,9 +191,8 @@ thread_local! {
     /// The last user blocks this thread validated, newest first: (heap generation, start, end
     /// offset). Puts, gets and collectives mostly hit the same buffers again, and checking
     /// them here costs a few loads instead of the heap lock, two tree and two hash lookups.
-    /// One cell per entry, so a hit on the newest reads that entry alone.
-    static LAST_BLOCKS: [Cell<(u64, u64, u64)>; REMEMBERED] =
-        const { [const { Cell::new((0, 0, 0)) }; REMEMBERED] };
+    static LAST_BLOCKS: Cell<[(u64, u64, u64); REMEMBERED]> =
+        const { Cell::new([(0, 0, 0); REMEMBERED]) };
 }
 
 impl Heap {
@@ -224,28 +223,23 @@ impl Heap {
     /// Whether `[off, off + bytes)` lies in a user block this thread validated recently with
     /// [`Heap::remember`], and that block is still usable (nothing was released, reclaimed or
     /// made internal since).
-    #[inline]
     pub fn remembered(&self, off: u64, bytes: u64) -> bool {
         let g = self.generation();
-        let Some(end) = off.checked_add(bytes) else {
-            return false;
-        };
-        LAST_BLOCKS.with(|v| {
-            v.iter().any(|c| {
-                let (bg, lo, hi) = c.get();
-                bg == g && off >= lo && off < hi && end <= hi
-            })
-        })
+        let end = off.checked_add(bytes);
+        LAST_BLOCKS
+            .with(Cell::get)
+            .iter()
+            .any(|&(bg, lo, hi)| bg == g && off >= lo && off < hi && end.is_some_and(|e| e <= hi))
     }
 
     /// Remembers `b`, validated by [`Heap::user_block`] while the generation was `g` (read
     /// before the lookup, so a change during it makes the memory stale, never wrong).
     pub fn remember(&self, g: u64, b: &Block) {
-        LAST_BLOCKS.with(|v| {
-            for k in (1..REMEMBERED).rev() {
-                v[k].set(v[k - 1].get());
-            }
-            v[0].set((g, b.offset, b.offset + b.bytes));
+        LAST_BLOCKS.with(|c| {
+            let mut v = c.get();
+            v.copy_within(0..REMEMBERED - 1, 1);
+            v[0] = (g, b.offset, b.offset + b.bytes);
+            c.set(v);
         });
     }
 
