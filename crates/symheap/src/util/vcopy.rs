@@ -12,8 +12,10 @@
 //! Measured on the 2-core AMD EPYC (Zen, AVX2, ERMSB) this was written on, buffers in cache,
 //! per copy: 4 KiB 0.05 us (memcpy 0.07, racy words 0.17-0.20), 32 KiB 0.70 (0.76, 1.7);
 //! 16 MiB 0.9-1.0 ms with non-temporal stores (memcpy 1.6-1.9, racy words 1.6-1.9). `rep
-//! movsb` was no faster than the AVX2 loop and promises nothing about access sizes, so it is
-//! not used.
+//! movsb` was no faster than the AVX2 loop there and promises nothing about access sizes, so
+//! it is not used; `rep movsq`, whose elements are aligned quadwords, is, for copies that spill
+//! out of L2 on the 2-core Xeon (family 6 model 207, ERMSB, FSRM) the project builds on now
+//! (see [`REP_MIN`]).
 
 /// Below this many bytes the word loop is as fast (the vector loop's setup dominates).
 pub(crate) const VEC_MIN: usize = 256;
