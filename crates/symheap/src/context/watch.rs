@@ -204,10 +204,19 @@ const RECENT_CALLS: usize = 8;
 
 /// What identifies a call's argument text: the call and up to eight numbers (counts, codes of
 /// dtype/op/algorithm, root, heap offsets) from which the text is formatted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Eq)]
 pub(crate) struct CallKey {
     pub(crate) call: &'static str,
     pub(crate) nums: [u64; 8],
+}
+
+impl PartialEq for CallKey {
+    /// The numbers first, then the call's name by address (the same literal, as in a loop)
+    /// before its bytes: the derived comparison ran `memcmp` on the name for every recent call
+    /// looked at.
+    fn eq(&self, other: &Self) -> bool {
+        self.nums == other.nums && (std::ptr::eq(self.call, other.call) || self.call == other.call)
+    }
 }
 
 fn words_text(len: u64, words: &[u64]) -> String {
@@ -237,7 +246,7 @@ impl Inner {
         } else {
             Arc::from(args)
         };
-        st.ledger.record_hashed(call, args, text);
+        st.ledger.record_hashed(call, &args, text);
         let (pos, hash) = st.ledger.digest();
         self.publish(team, pos, hash, text, len, &words);
     }
@@ -273,7 +282,7 @@ impl Inner {
             }
         };
         let r = &st.recent[i];
-        st.ledger.record_hashed(key.call, r.args.clone(), r.hash);
+        st.ledger.record_hashed(key.call, &r.args, r.hash);
         let (pos, hash) = st.ledger.digest();
         self.publish(team, pos, hash, r.hash, r.len, &r.words);
     }

@@ -265,17 +265,32 @@ impl<'a> Coll<'a> {
     }
 }
 
+#[inline]
 fn check_len(inner: &Inner, call: &'static str, what: &str, addr: u64, bytes: usize) -> Result<()> {
-    inner.own_offset(addr, bytes as u64, call).map(drop).map_err(|e| {
-        invalid(
-            call,
-            format!(
-                "the {what} ({bytes} bytes needed at {addr:#x}) is not a symmetric range of that size: {}",
-                e.kind()
-            ),
-        )
-        .with_pe(inner.rank)
-    })
+    match inner.own_offset(addr, bytes as u64, call) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(len_error(inner, call, what, addr, bytes, &e)),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn len_error(
+    inner: &Inner,
+    call: &'static str,
+    what: &str,
+    addr: u64,
+    bytes: usize,
+    e: &Error,
+) -> Error {
+    invalid(
+        call,
+        format!(
+            "the {what} ({bytes} bytes needed at {addr:#x}) is not a symmetric range of that size: {}",
+            e.kind()
+        ),
+    )
+    .with_pe(inner.rank)
 }
 
 impl Context {
