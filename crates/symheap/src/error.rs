@@ -92,8 +92,9 @@ fn missing_list(missing: &[usize]) -> String {
 /// A symheap failure: which PE, which call, and why.
 ///
 /// One pointer wide (the parts live in a box), so that `Result<u64>` and `Result<()>` come back
-/// in registers: a put of 8 bytes ran 227 instructions, much of them moving a 64-byte
-/// `Result` through memory at each of the four calls on its way.
+/// in registers. Unboxed, the error was 104 bytes and every call on a put's way returned its
+/// `Result` through memory: an 8-byte put ran 227 instructions, 152 after boxing and inlining
+/// its range checks (callgrind).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Error(Box<Parts>);
 
