@@ -65,7 +65,7 @@ fn racing_puts_gets_and_copies_see_whole_words() {
 }
 
 /// Puts of 8 MiB and more take the streaming-store path (`util::vcopy`): racing it with gets
-/// still shows only whole words, and its 8-byte head (an unaligned start) and tail too.
+/// still shows only whole words, and its head of words (an unaligned start) and tail too.
 #[test]
 fn racing_streaming_puts_see_whole_words() {
     racing_big_puts_see_whole_words((8 << 20) / 8 + 5);
@@ -89,7 +89,7 @@ fn racing_big_puts_see_whole_words(words: usize) {
         .unwrap();
     let buf = ctx.malloc((words * 8 + 8) as u64).unwrap();
     // One word in: the destination is 8- but not 16-byte aligned (the allocation is 256-byte
-    // aligned), so the streaming loop starts after a single-word head, the others after seven.
+    // aligned), so every loop starts after a head of seven words up to a line boundary.
     let at = buf.addr() + 8;
     let patterns: [u64; 2] = [0x1111_1111_1111_1111, 0xa5a5_a5a5_a5a5_a5a5];
     let stop = AtomicBool::new(false);

@@ -49,38 +49,46 @@ pub(crate) unsafe fn bulk(dst: *mut u8, src: *const u8, len: usize) -> usize {
 /// As for [`bulk`], with `len >= VEC_MIN`.
 #[cfg(target_arch = "x86_64")]
 unsafe fn bulk_vector(dst: *mut u8, src: *const u8, len: usize) -> usize {
-    // A private destination of a load may be unaligned; it is then written the cached way.
-    if len >= NT_MIN && dst as usize % 8 == 0 {
+    // An unaligned destination (private, of a load) is written the cached way, as it is:
+    // moving it to a boundary would misalign the shared source, whose words must be read whole.
+    if dst as usize % 8 != 0 {
         // SAFETY: the caller's contract, passed on.
-        return unsafe { nontemporal(dst, src, len) };
+        return unsafe { vector(dst, src, len) };
     }
     // An 8-byte aligned destination is brought to a cache-line boundary first, in whole
-    // words: a vector store that straddles two lines costs about two. Measured on the
-    // 2-core Xeon (AVX2 loop, destination 16 bytes past a line against on one): 4 KiB 95 ns
-    // against 48, 64 KiB 4.0 us against 1.8, 1 MiB 97 us against 59; glibc's memcpy aligns
-    // its destination the same way, which is why `get` into a private buffer at such an
-    // offset ran at 0.7x a memcpy. An unaligned destination (private, of a load) is left as
-    // it is: moving it would misalign the shared source, whose words must be read whole.
-    let pre = if dst as usize % 8 == 0 {
-        (64 - dst as usize % 64) % 64
-    } else {
-        0
-    };
+    // words, whatever loop follows: a vector store that straddles two lines costs about two.
+    // Measured on the 2-core Xeon (AVX2 loop, destination 16 bytes past a line against on
+    // one): 4 KiB 95 ns against 48, 64 KiB 4.0 us against 1.8, 1 MiB 97 us against 59; glibc's
+    // memcpy aligns its destination the same way, which is why `get` into a private buffer at
+    // such an offset ran at 0.7x a memcpy.
+    let pre = (64 - dst as usize % 64) % 64;
     // SAFETY: `pre` is at most 56 < VEC_MIN <= len bytes, in whole 8-byte words of the
     // caller's ranges; the rest of them is passed on with `dst + pre` on a line boundary.
     unsafe {
         words(dst, src, pre);
-        let (dst, src, len) = (dst.add(pre), src.add(pre), len - pre);
-        if len >= REP_MIN && dst as usize % 8 == 0 && std::arch::is_x86_feature_detected!("ermsb") {
-            return pre + quads(dst, src, len);
-        }
-        pre + if std::arch::is_x86_feature_detected!("avx2") {
-            // AVX2 is present (checked).
-            avx2(dst, src, len)
+        let (dst, src, rest) = (dst.add(pre), src.add(pre), len - pre);
+        pre + if len >= NT_MIN {
+            nontemporal(dst, src, rest)
+        } else if len >= REP_MIN && std::arch::is_x86_feature_detected!("ermsb") {
+            quads(dst, src, rest)
         } else {
-            // SSE2 is part of x86_64.
-            sse2(dst, src, len)
+            vector(dst, src, rest)
         }
+    }
+}
+
+/// The cached vector loop this CPU has: AVX2, else SSE2; returns the bytes copied.
+///
+/// # Safety
+/// As for [`bulk`], with `len >= 32`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn vector(dst: *mut u8, src: *const u8, len: usize) -> usize {
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is present (checked); the caller's contract, passed on.
+        unsafe { avx2(dst, src, len) }
+    } else {
+        // SAFETY: the caller's contract, passed on; SSE2 is part of x86_64.
+        unsafe { sse2(dst, src, len) }
     }
 }
 
@@ -89,8 +97,8 @@ unsafe fn bulk_vector(dst: *mut u8, src: *const u8, len: usize) -> usize {
 /// core's L2 (source and destination together), and the string unit writes whole lines
 /// without reading them first, as the vector loop's stores must. Measured on the 2-core Xeon
 /// (2 MiB L2), one copy: 1 MiB 41 us against the AVX2 loop's 47 (glibc's memcpy, which uses
-/// the same instruction there, 39); 256-512 KiB alike; `symheap bench rma --host` put/get of
-/// 1 MiB went 0.75-0.85x to 0.88-1.06x of Open MPI's (two runs each).
+/// `rep movsb` there, 39); 256-512 KiB alike; `symheap bench rma --host` put of 1 MiB went
+/// from 58-59 to 50-51 us, get from 62-64 to 53 us (BENCHMARKS.md, thirteenth session).
 pub(crate) const REP_MIN: usize = 512 << 10;
 
 /// `rep movsq` of `len / 8` quadwords; returns the bytes copied. Its elements are aligned
@@ -262,27 +270,20 @@ unsafe fn sse2(dst: *mut u8, src: *const u8, len: usize) -> usize {
     done
 }
 
-/// Non-temporal copy: one 8-byte word if `dst` is not 16-byte aligned, then 64-byte rounds of
-/// unaligned loads and aligned streaming stores, then `sfence`, which orders the streaming
-/// stores before every later store (they are weakly ordered otherwise: a flag or barrier
-/// arrival stored after this copy would not be seen after the data). Returns the bytes copied.
+/// Non-temporal copy: 64-byte rounds of unaligned loads and aligned streaming stores, then
+/// `sfence`, which orders the streaming stores before every later store (they are weakly
+/// ordered otherwise: a flag or barrier arrival stored after this copy would not be seen after
+/// the data). Returns the bytes copied.
 ///
 /// # Safety
-/// As for [`bulk`], with `dst` 8-byte aligned and `len >= 72`.
+/// As for [`bulk`], with `dst` 16-byte aligned (as `movntdq` needs; [`bulk_vector`] hands it a
+/// line boundary) and `len >= 64`.
 #[cfg(target_arch = "x86_64")]
 unsafe fn nontemporal(dst: *mut u8, src: *const u8, len: usize) -> usize {
-    let pre = (dst as usize) & 8;
-    let big = (len - pre) & !63;
-    // SAFETY: as in `avx2`, for `[.., + pre + big)`; `dst + pre` is 16-byte aligned, as
-    // `movntdq` needs. The 8-byte head move is one aligned (atomic) quadword store.
+    let big = len & !63;
+    // SAFETY: as in `avx2`, for `[.., + big)`.
     unsafe {
         std::arch::asm!(
-            "test {pre}, {pre}",
-            "jz 2f",
-            "mov {t}, [{s}]",
-            "mov [{d}], {t}",
-            "add {s}, 8",
-            "add {d}, 8",
             "2:",
             "movdqu xmm0, [{s}]",
             "movdqu xmm1, [{s} + 16]",
@@ -300,13 +301,11 @@ unsafe fn nontemporal(dst: *mut u8, src: *const u8, len: usize) -> usize {
             s = inout(reg) src => _,
             d = inout(reg) dst => _,
             big = inout(reg) big => _,
-            pre = in(reg) pre,
-            t = out(reg) _,
             out("xmm0") _, out("xmm1") _, out("xmm2") _, out("xmm3") _,
             options(nostack),
         );
     }
-    pre + big
+    big
 }
 
 #[cfg(test)]
