@@ -33,7 +33,11 @@ pub struct Ledger {
     count: u64,
     hash: u64,
     agreed: u64,
-    since: Vec<Entry>,
+    /// The calls since the last agreement, at most [`KEPT`] of them (`kept`), as runs of one
+    /// entry repeated: a call in a loop extends its run without cloning its text (an `Arc`
+    /// clone is a locked instruction, and the clones were dropped again at the next agreement).
+    since: Vec<(Entry, u32)>,
+    kept: usize,
 }
 
 /// The hash of one call: what [`Ledger::record_hashed`] chains into the running hash.
@@ -89,18 +93,30 @@ impl Ledger {
     }
 
     /// Records a call whose [`call_hash`] the caller already knows (a repeated call: no text
-    /// is formatted, hashed or copied again). `args` is cloned only while the record keeps
-    /// entries: past [`KEPT`] calls since the last agreement a clone and its drop were two
-    /// locked instructions per call for nothing.
+    /// is formatted, hashed or copied again). Kept for the message while fewer than [`KEPT`]
+    /// calls are; the same call as the last one (the same name and text, by address) extends
+    /// the last run instead of cloning `args`.
     pub fn record_hashed(&mut self, call: &'static str, args: &Arc<str>, h: u64) {
         self.hash = chain(self.hash, h);
         self.count += 1;
-        if self.since.len() < KEPT {
-            self.since.push(Entry {
+        if self.kept == KEPT {
+            return;
+        }
+        self.kept += 1;
+        if let Some((e, n)) = self.since.last_mut() {
+            let same_call = matches!(e.call, Cow::Borrowed(c) if std::ptr::eq(c, call));
+            if same_call && Arc::ptr_eq(&e.args, args) {
+                *n += 1;
+                return;
+            }
+        }
+        self.since.push((
+            Entry {
                 call: Cow::Borrowed(call),
                 args: args.clone(),
-            });
-        }
+            },
+            1,
+        ));
     }
 
     /// (calls recorded, running hash): equal on every PE exactly when the call sequences are.
@@ -112,11 +128,12 @@ impl Ledger {
     pub fn mark_agreed(&mut self) {
         self.agreed = self.count;
         self.since.clear();
+        self.kept = 0;
     }
 
     /// `encode`, keeping only as many entries as fit in `max` bytes.
     pub fn encode_limited(&self, max: usize) -> Vec<u8> {
-        let mut keep = self.since.len();
+        let mut keep = self.kept;
         loop {
             let e = self.encode_first(keep);
             if e.len() <= max || keep == 0 {
@@ -128,7 +145,7 @@ impl Ledger {
 
     /// What this PE contributes to a comparison.
     pub fn encode(&self) -> Vec<u8> {
-        self.encode_first(self.since.len())
+        self.encode_first(self.kept)
     }
 
     fn encode_first(&self, keep: usize) -> Vec<u8> {
@@ -137,7 +154,11 @@ impl Ledger {
         out.extend_from_slice(&self.hash.to_le_bytes());
         out.extend_from_slice(&self.agreed.to_le_bytes());
         out.extend_from_slice(&(keep as u32).to_le_bytes());
-        for e in &self.since[..keep] {
+        let calls = self
+            .since
+            .iter()
+            .flat_map(|(e, n)| std::iter::repeat_n(e, *n as usize));
+        for e in calls.take(keep) {
             for s in [&*e.call, &*e.args] {
                 out.extend_from_slice(&(s.len() as u32).to_le_bytes());
                 out.extend_from_slice(s.as_bytes());
@@ -327,6 +348,42 @@ mod tests {
                 "sequence {code} collides"
             );
         }
+    }
+
+    #[test]
+    fn runs_of_one_call_keep_every_position() {
+        // A call repeated in a loop is kept as one run; the message still counts every call,
+        // and a run of the same text from another `Arc` (not extended) compares the same.
+        let args: Arc<str> = Arc::from("root 0, 8 x u8");
+        let mut a = Ledger::new();
+        let mut b = Ledger::new();
+        for _ in 0..5 {
+            a.record_hashed("broadcast", &args, call_hash("broadcast", &args));
+        }
+        for k in 0..5 {
+            let other: Arc<str> = Arc::from(&*args);
+            let (call, text) = if k == 3 {
+                ("barrier_all", Arc::from(""))
+            } else {
+                ("broadcast", other)
+            };
+            b.record_hashed(call, &text, call_hash(call, &text));
+        }
+        assert_eq!(a.since.len(), 1, "one run for five identical calls");
+        let (ea, eb) = (a.encode(), b.encode());
+        let msg = a.compare(&[&ea, &eb]).unwrap_err();
+        assert_eq!(
+            msg,
+            "collective call #4 differs between PEs: PE 0 called broadcast(root 0, 8 x u8); PE 1 called barrier_all()"
+        );
+        // Past KEPT calls nothing more is kept, and the runs still expand to exactly KEPT.
+        let mut c = Ledger::new();
+        for _ in 0..KEPT + 10 {
+            c.record_hashed("broadcast", &args, 1);
+        }
+        assert_eq!(Decoded::parse(&c.encode()).unwrap().entries.len(), KEPT);
+        c.mark_agreed();
+        assert_eq!(Decoded::parse(&c.encode()).unwrap().entries.len(), 0);
     }
 
     #[test]

@@ -117,6 +117,20 @@ impl SharedArea {
         }
     }
 
+    /// The `n` consecutive words from `addr`, checked once (aligned, inside directly mapped
+    /// blocks): a record read or written word by word (a ring entry, an eager slot) then
+    /// costs one range check instead of one per word. Panics as `load64` does on a bad range.
+    #[inline]
+    pub fn words(&self, addr: u64, n: usize) -> Words<'_> {
+        self.check_range(addr, 8 * n);
+        assert!(addr % 8 == 0, "control word {addr:#x} misaligned");
+        Words {
+            base: addr as *const AtomicU64,
+            n,
+            _area: std::marker::PhantomData,
+        }
+    }
+
     /// Atomic 64-bit compare-and-swap; returns the value found (`current` when it swapped).
     pub fn cas64(&self, addr: u64, current: u64, new: u64) -> u64 {
         let a = self.word::<8>(addr);
@@ -156,6 +170,7 @@ impl SharedArea {
         futex::wake_all(self.word::<4>(addr));
     }
 
+    #[inline]
     fn check_range(&self, addr: u64, len: usize) {
         let lo = self.res.base();
         assert!(
@@ -164,10 +179,13 @@ impl SharedArea {
         );
         let first = ((addr - lo) >> self.shift) as usize;
         let last = ((addr + len.max(1) as u64 - 1 - lo) >> self.shift) as usize;
-        assert!(
-            (first..=last).all(|pe| self.direct[pe]),
-            "control block on another node"
-        );
+        // One block, as every record is: one lookup, no loop.
+        let direct = if first == last {
+            self.direct[first]
+        } else {
+            (first..=last).all(|pe| self.direct[pe])
+        };
+        assert!(direct, "control block on another node");
     }
 
     /// Copies bytes into the area (for mailboxes).
@@ -183,5 +201,50 @@ impl SharedArea {
         self.check_range(addr, out.len());
         // SAFETY: as in `write`.
         unsafe { crate::util::racy::load(addr as *const u8, out) }
+    }
+}
+
+/// A run of control words checked once by [`SharedArea::words`]; borrowing the area keeps the
+/// mapping alive while the run is used. Each access checks only its index against the run.
+#[derive(Clone, Copy)]
+pub struct Words<'a> {
+    base: *const AtomicU64,
+    n: usize,
+    _area: std::marker::PhantomData<&'a SharedArea>,
+}
+
+impl Words<'_> {
+    fn at(&self, k: usize) -> &AtomicU64 {
+        assert!(k < self.n, "control word {k} outside a run of {}", self.n);
+        // SAFETY: `SharedArea::words` checked that the run's `n` words are aligned and lie in
+        // mapped blocks of the reservation, which outlives `'a`; `k < n`. Control words are only
+        // ever accessed atomically, by every process that maps them.
+        unsafe { &*self.base.add(k) }
+    }
+
+    /// Word `k`, sequentially consistent (as [`SharedArea::load64`]).
+    #[inline]
+    pub fn load(&self, k: usize) -> u64 {
+        self.at(k).load(Ordering::SeqCst)
+    }
+
+    /// Word `k`, acquire: for a word whose writer stored it last with release.
+    #[inline]
+    pub fn load_acquire(&self, k: usize) -> u64 {
+        self.at(k).load(Ordering::Acquire)
+    }
+
+    /// Stores `v` into word `k` with release (as [`SharedArea::store64_release`]).
+    #[inline]
+    pub fn store_release(&self, k: usize, v: u64) {
+        self.at(k).store(v, Ordering::Release)
+    }
+
+    /// `store_release` of `vals` into the words from `k` on.
+    #[inline]
+    pub fn store_all_release(&self, k: usize, vals: &[u64]) {
+        for (i, &v) in vals.iter().enumerate() {
+            self.store_release(k + i, v);
+        }
     }
 }

@@ -73,6 +73,8 @@ pub struct SyncArea {
     bases: Vec<u64>,
     world: usize,
     slot_stride: u64,
+    /// Every base is non-zero (asked by every small collective: kept, not recomputed).
+    all_direct: bool,
 }
 
 impl SyncArea {
@@ -132,6 +134,7 @@ impl SyncArea {
     pub fn new(bases: Vec<u64>) -> SyncArea {
         let world = bases.len();
         SyncArea {
+            all_direct: bases.iter().all(|&b| b != 0),
             bases,
             world,
             slot_stride: Self::stride(world),
@@ -140,7 +143,7 @@ impl SyncArea {
 
     /// Whether every PE's area is directly addressable.
     pub fn all_direct(&self) -> bool {
-        self.bases.iter().all(|&b| b != 0)
+        self.all_direct
     }
 
     /// Whether PE `pe`'s area is directly addressable.

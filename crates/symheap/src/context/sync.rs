@@ -171,6 +171,7 @@ impl Inner {
     /// Fails when the job fails or after the timeout, naming `missing()`. A collective wait
     /// (`watch`) is published while it sleeps and watches the other PEs, failing at once with a
     /// named mismatch when they diverged (see `context/watch.rs`).
+    #[inline(never)]
     pub(crate) fn wait_until(
         &self,
         call: &'static str,

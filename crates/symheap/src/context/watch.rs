@@ -215,7 +215,9 @@ impl PartialEq for CallKey {
     /// before its bytes: the derived comparison ran `memcmp` on the name for every recent call
     /// looked at.
     fn eq(&self, other: &Self) -> bool {
-        self.nums == other.nums && (std::ptr::eq(self.call, other.call) || self.call == other.call)
+        // OR of the XORs: the derived `[u64; 8]` comparison was a call to `memcmp`.
+        let differ = (self.nums.iter().zip(&other.nums)).fold(0, |d, (a, b)| d | (a ^ b));
+        differ == 0 && (std::ptr::eq(self.call, other.call) || self.call == other.call)
     }
 }
 
@@ -262,6 +264,20 @@ impl Inner {
         key: CallKey,
         args: impl FnOnce() -> String,
     ) {
+        let i = self.record_keyed_unpublished(st, key, args);
+        self.publish_recent(team, st, i);
+    }
+
+    /// The ledger part of [`record_keyed`](Self::record_keyed): returns the index, in
+    /// `st.recent`, of the call to publish with [`publish_recent`](Self::publish_recent)
+    /// before the team is unlocked (an eager root stores its slots first, so the line
+    /// transfers they start overlap the publishing).
+    pub(crate) fn record_keyed_unpublished(
+        &self,
+        st: &mut TeamState,
+        key: CallKey,
+        args: impl FnOnce() -> String,
+    ) -> usize {
         let i = match st.recent.iter().position(|r| r.key == key) {
             Some(i) => i,
             None => {
@@ -283,6 +299,12 @@ impl Inner {
         };
         let r = &st.recent[i];
         st.ledger.record_hashed(key.call, &r.args, r.hash);
+        i
+    }
+
+    /// Publishes the call last recorded in `st`'s ledger, `st.recent[i]`, in this PE's ring.
+    pub(crate) fn publish_recent(&self, team: &TeamInner, st: &TeamState, i: usize) {
+        let r = &st.recent[i];
         let (pos, hash) = st.ledger.digest();
         self.publish(team, pos, hash, r.hash, r.len, &r.words);
     }
@@ -293,9 +315,11 @@ impl Inner {
         if !self.area.is_direct(self.rank) {
             return;
         }
-        let a = &self.area;
-        let (me, slot, i) = (self.rank, team.slot, pos % RING);
-        let w = |k: u64| a.ring_word(me, slot, i, k);
+        let i = pos % RING;
+        let w = self.control.words(
+            self.area.ring_word(self.rank, team.slot, i, 0),
+            ENTRY_WORDS as usize,
+        );
         let words = &words[..(len as usize).div_ceil(8)];
         // A call in a loop lands on ring entries that already hold its text: only the header
         // changes then (most of a small collective's publishing cost was rewriting the text).
@@ -304,15 +328,14 @@ impl Inner {
         // A seqlock: odd while written. Readers (`entry`) load the sequence, the words, and the
         // sequence again; the release fence keeps the words from being seen before the odd
         // sequence, the final release store keeps them before the even one.
-        self.control.store64_release(w(0), 2 * pos + 1);
+        w.store_release(0, 2 * pos + 1);
         std::sync::atomic::fence(Ordering::Release);
-        self.control
-            .store64s_release(w(1), &[pos, hash, team.id, len]);
+        w.store_all_release(1, &[pos, hash, team.id, len]);
         if !same_text {
-            self.control.store64s_release(w(5), words);
+            w.store_all_release(5, words);
             cached.store(text, Ordering::Relaxed);
         }
-        self.control.store64_release(w(0), 2 * pos + 2);
+        w.store_release(0, 2 * pos + 2);
     }
 
     /// PE `pe`'s published call at `pos` on team `team` (slot `slot`), if its ring still holds

@@ -117,10 +117,28 @@ impl<'a> Coll<'a> {
         args: impl FnOnce() -> String,
         inline: bool,
     ) -> Result<Option<Coll<'a>>> {
+        let Some(mut c) = Self::lock(inner, team, call, inline)? else {
+            return Ok(None);
+        };
+        inner.record_keyed(c.team, &mut c.st, CallKey { call, nums }, args);
+        Ok(Some(c))
+    }
+
+    /// Validates and locks the team, recording nothing. None on INVALID.
+    fn lock(
+        inner: &'a Inner,
+        team: &'a Team,
+        call: &'static str,
+        inline: bool,
+    ) -> Result<Option<Coll<'a>>> {
         let Some(t) = inner.team_inner(team, call)? else {
             return Ok(None);
         };
-        if let Some(&m) = t.members.iter().find(|&&m| inner.slot_base(m).is_none()) {
+        let reachable = |m: usize| inner.slot_base(m).is_some();
+        if let Some(&m) = (!inner.area.all_direct())
+            .then(|| t.members.iter().find(|&&m| !reachable(m)))
+            .flatten()
+        {
             return Err(Error::new(
                 Some(inner.rank),
                 call,
@@ -131,12 +149,10 @@ impl<'a> Coll<'a> {
             ));
         }
         let t: &'a Arc<TeamInner> = t;
-        let mut st = t.lock();
-        inner.record_keyed(t, &mut st, CallKey { call, nums }, args);
         Ok(Some(Coll {
             inner,
             team: t,
-            st,
+            st: t.lock(),
             call,
             inline,
         }))
@@ -435,19 +451,27 @@ impl Context {
         args: impl FnOnce() -> String,
     ) -> Result<()> {
         const CALL: &str = "broadcast";
-        let Some(mut c) = Coll::begin_recorded(&self.inner, team, CALL, nums, args, false)? else {
+        let Some(mut c) = Coll::lock(&self.inner, team, CALL, false)? else {
             return Ok(());
         };
         let be = &self.inner.backend;
         let mut buf = [0u8; EAGER_INLINE as usize];
         let data = &mut buf[..bytes];
-        if c.me() == root {
+        let is_root = c.me() == root;
+        if is_root {
             be.read_bytes(src, data)?;
-            self.inner.eager_send(c.team, &mut c.st, CALL, data)?;
+        }
+        let key = CallKey { call: CALL, nums };
+        let recorded = self.inner.record_keyed_unpublished(&mut c.st, key, args);
+        if is_root {
+            // The root publishes the call in its ring after storing its slots (see eager_send).
+            self.inner
+                .eager_send(c.team, &mut c.st, CALL, data, recorded)?;
             if dest == src {
                 return Ok(());
             }
         } else {
+            self.inner.publish_recent(c.team, &c.st, recorded);
             self.inner.eager_recv(c.team, &mut c.st, CALL, root, data)?;
         }
         be.write_bytes(dest, data)
