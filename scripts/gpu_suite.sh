@@ -3,7 +3,9 @@
 #
 #   scripts/gpu_suite.sh build   on the development machine: builds the release binary and the
 #                                wheel as they ship (kernels prebuilt for sm_80/90/100/120) into
-#                                .carry/ (git-ignored), which the device call carries along
+#                                .carry/ (git-ignored), which the device call carries along;
+#                                with UCX_WHEEL=libucx_cu13-*.whl also UCX's libraries, for
+#                                NVSHMEM's RMA test across simulated nodes
 #   scripts/gpu_suite.sh run     on the GPU machine (no Rust there): first, before anything else
 #                                touches the GPU, the cold first init + first all_reduce (empty
 #                                kernel cache; target <= 1.5 s); then checks the machine, runs the
@@ -48,6 +50,20 @@ build)
   cp target/release/symheap target/release/examples/peer_write target/release/examples/stream_ring .carry/bin/
   # The device call carries at most 64 MiB: line tables stay in target/, not in the carried copies.
   strip --strip-debug .carry/bin/*
+  # UCX for NVSHMEM's UCX transport (the RMA test across simulated nodes): from the
+  # libucx-cu13 wheel named by UCX_WHEEL, only the libraries its tcp and cuda_copy transports
+  # load (17 of the wheel's 53 MB; the whole wheel would not fit the carry beside the rest).
+  if [ -n "${UCX_WHEEL:-}" ]; then
+    rm -rf .carry/ucx && mkdir -p .carry/ucx/lib/ucx
+    tmp=$(mktemp -d)
+    python3 -m zipfile -e "$UCX_WHEEL" "$tmp"
+    for l in ucp ucs uct ucm; do cp "$tmp/libucx/lib/lib$l.so.0" .carry/ucx/lib/; done
+    for m in uct_cuda ucm_cuda uct_cma; do
+      cp "$tmp/libucx/lib/ucx/lib$m.so.0" .carry/ucx/lib/ucx/
+      cp "$tmp/libucx/lib/ucx/lib$m.so.0" ".carry/ucx/lib/ucx/lib$m.so"
+    done
+    rm -rf "$tmp"
+  fi
   ls -la .carry/bin .carry/wheels
   ;;
 run)
@@ -175,6 +191,8 @@ run)
       sed -n '/^\[PE 0\] ## tp_fused_bench/,$p' "$OUTDIR/tp-fused-bench-2pe.log"
     fi
   }
+  # UCX that travelled (build with UCX_WHEEL): the NVSHMEM RMA test across simulated nodes.
+  [ -s .carry/ucx/lib/libucp.so.0 ] && export SYMHEAP_UCX_LIB_DIR="$PWD/.carry/ucx/lib"
   if ls .carry/wheels/symheap-*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --target /tmp/symheap-py .carry/wheels/symheap-*.whl
     export PYTHONPATH="/tmp/symheap-py${PYTHONPATH:+:$PYTHONPATH}"

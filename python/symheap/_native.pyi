@@ -301,3 +301,23 @@ class NvshmemProvider:
     def finalize(self) -> None:
         """Collective: frees every allocation and finalises NVSHMEM; a second call does
         nothing, any other later call raises."""
+    # The data path (not collective), to any PE; every address lies in a live allocation of
+    # this provider (NVSHMEM moves data only between its own allocations).
+    def put(self, dest: int, src: int, nbytes: int, pe: int) -> None:
+        """``nvshmem_putmem`` (GIL released); complete at ``pe`` after ``quiet``."""
+    def get(self, dest: int, src: int, nbytes: int, pe: int) -> None:
+        """``nvshmem_getmem`` (GIL released)."""
+    def put_on_stream(self, dest: int, src: int, nbytes: int, pe: int, stream: Optional[int] = None) -> None: ...
+    def get_on_stream(self, dest: int, src: int, nbytes: int, pe: int, stream: Optional[int] = None) -> None: ...
+    def put_signal(
+        self, dest: int, src: int, nbytes: int, sig: int, value: int, op: str, pe: int, stream: Optional[int] = None
+    ) -> None:
+        """On ``stream``: ``nvshmemx_putmem_signal_on_stream``; without: put, fence, atomic."""
+    def signal_on_stream(self, sig: int, value: int, op: str, pe: int, stream: Optional[int] = None) -> None: ...
+    def signal_wait_until(self, sig: int, cmp: str, value: int, stream: Optional[int] = None) -> Optional[int]:
+        """symheap's bounded wait: on ``stream`` (None returned), else on the host (the word)."""
+    def atomic(self, addr: int, pe: int, op: str, dtype: str, value: Any = None, compare: Any = None) -> int:
+        """An int64/uint64 atomic through NVSHMEM; the old value."""
+    def quiet(self) -> None: ...
+    def fence(self) -> None: ...
+    def quiet_on_stream(self, stream: Optional[int] = None) -> None: ...

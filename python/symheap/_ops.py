@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
+from . import _nvshmem_ops as _nv
 from ._core import (
     U64_MAX,
     Arr,
@@ -74,7 +75,11 @@ def _host_sync() -> None:
 def put(dest: Any, src: Any, pe: int, *, stream: StreamLike = None) -> None:
     """Copies local ``src`` into PE ``pe``'s copy of symmetric ``dest`` (same dtype and number
     of elements). Returns when ``src`` may be reused; the data is delivered by the next
-    :func:`quiet`, barrier or signal. Not collective."""
+    :func:`quiet`, barrier or signal. Not collective. With a tensor of the NVSHMEM provider
+    (both sides), the put reaches any PE, also one on another node (through NVSHMEM)."""
+    nv = _nv.provider_of(dest)
+    if nv is not None:
+        return _nv.put(nv, dest, src, pe, stream)
     d = symmetric(dest, "put destination")
     s = local(src, "put source")
     _same_size(d, s, "put")
@@ -90,7 +95,11 @@ def put(dest: Any, src: Any, pe: int, *, stream: StreamLike = None) -> None:
 def get(dest: Any, src: Any, pe: int, *, stream: StreamLike = None) -> None:
     """Copies PE ``pe``'s copy of symmetric ``src`` into local ``dest`` (same dtype and number
     of elements). On the host backend, or into host memory, it returns when the data is in
-    ``dest``; into a CUDA tensor it is enqueued on ``stream``. Not collective."""
+    ``dest``; into a CUDA tensor it is enqueued on ``stream``. Not collective. With a tensor of
+    the NVSHMEM provider (both sides), the get reaches any PE (another node through NVSHMEM)."""
+    nv = _nv.provider_of(src)
+    if nv is not None:
+        return _nv.get(nv, dest, src, pe, stream)
     s = symmetric(src, "get source")
     d = local(dest, "get destination")
     _same_size(d, s, "get")
@@ -119,7 +128,8 @@ def get_nbi(dest: Any, src: Any, pe: int, *, stream: StreamLike = None) -> None:
 @api
 def quiet(*, stream: StreamLike = None) -> None:
     """Completes every put, get and atomic this PE issued (on CUDA, also the stream operations
-    enqueued on ``stream``). Not collective."""
+    enqueued on ``stream``), NVSHMEM's included. Not collective."""
+    _nv.quiet(stream)
     native().quiet()
     s = world_stream(stream)
     if s is not None:
@@ -172,7 +182,12 @@ def put_signal(
 ) -> None:
     """Puts ``src`` into PE ``pe``'s ``dest``, then updates PE ``pe``'s signal word
     ``signal[sig_index]`` (a symmetric uint64/int64 array) with ``op`` (``"set"`` or ``"add"``)
-    and ``value``: a PE that sees the signal change also sees the data. Not collective."""
+    and ``value``: a PE that sees the signal change also sees the data. Not collective. With
+    tensors of the NVSHMEM provider (data and signal), it reaches any PE (another node through
+    NVSHMEM)."""
+    nv = _nv.provider_of(dest)
+    if nv is not None:
+        return _nv.put_signal(nv, dest, src, signal, _signal_value(value), pe, op, sig_index, stream)
     d = symmetric(dest, "put_signal destination")
     s = local(src, "put_signal source")
     _same_size(d, s, "put_signal")
@@ -191,7 +206,11 @@ def signal_wait_until(signal: Any, cmp: str, value: int, *, index: int = 0, stre
     """Waits until this PE's ``signal[index]`` satisfies ``word CMP value`` (``cmp`` one of
     eq ne gt ge lt le, or == != > >= < <=). Host backend: blocks (GIL released) and returns the
     word; fails after SYMHEAP_TIMEOUT or when the job fails. CUDA tensor: the wait is enqueued on
-    ``stream`` and None is returned (later work on the stream sees the data). Not collective."""
+    ``stream`` and None is returned (later work on the stream sees the data). Not collective.
+    An NVSHMEM provider's signal tensor waits the same way (symheap's bounded wait kernel)."""
+    nv = _nv.provider_of(signal)
+    if nv is not None:
+        return _nv.signal_wait_until(nv, signal, cmp, _signal_value(value), index, stream)
     a = symmetric(signal, "signal")
     addr = _word(signal, index, "signal")
     value = _signal_value(value)
@@ -204,6 +223,9 @@ def signal_wait_until(signal: Any, cmp: str, value: int, *, index: int = 0, stre
 @api
 def signal_fetch(signal: Any, index: int = 0) -> int:
     """Reads this PE's ``signal[index]`` atomically. Not collective."""
+    nv = _nv.provider_of(signal)
+    if nv is not None:
+        return _nv.signal_fetch(nv, signal, index)
     addr = _word(signal, index, "signal")
     me = native().my_pe
     _host_sync()
@@ -214,6 +236,9 @@ def signal_fetch(signal: Any, index: int = 0) -> int:
 
 
 def _atomic(op: str, dest: Any, pe: int, index: int, value: Any = None, compare: Any = None) -> Any:
+    nv = _nv.provider_of(dest)
+    if nv is not None:
+        return _nv.atomic(nv, op, dest, pe, index, value, compare)
     a = symmetric(dest, f"atomic_{op} destination")
     index = index_arg(index, "atomic index")
     if not index < a.numel:

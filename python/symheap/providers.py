@@ -271,6 +271,17 @@ class NvshmemProvider(Provider):
 
     One NVSHMEM runtime exists per process: :func:`nvshmem` returns the same object until it is
     finalized.
+
+    Data path: :func:`symheap.put`, :func:`symheap.get`, :func:`symheap.put_signal`,
+    :func:`symheap.signal_wait_until`, :func:`symheap.signal_fetch`, the ``symheap.atomic_*``
+    calls (int64/uint64 words) and :func:`symheap.quiet` take this provider's tensors and reach
+    **any** PE: a direct one by symheap's own copies, kernels and atomics on the memory NVSHMEM
+    maps, any other (another node) through NVSHMEM's host and on-stream calls over its network
+    transport; both sides of a transfer must be this provider's tensors. The peer table's 0 entries (``direct``
+    False) mark the PEs a kernel cannot store to through ``peer_bases``: a kernel reaches them
+    with NVSHMEM's device library (``nvshmem_putmem_signal`` and friends, in a kernel linked
+    against ``libnvshmem_device``), or the host/stream calls above. Waits are symheap's bounded
+    waits (``SYMHEAP_TIMEOUT``), never NVSHMEM's unbounded ones.
     """
 
     name = "nvshmem"
@@ -347,6 +358,10 @@ class NvshmemProvider(Provider):
         raw = self._alias(rec.addr, (rec.nbytes,), "|u1", rec)
         t = raw[:nbytes].view(dt).view(shape)
         return t, self._table(rec)
+
+    def _holds(self, ptr: int, nbytes: int) -> bool:
+        """Whether ``[ptr, ptr + nbytes)`` lies in one live allocation of this provider."""
+        return any(r.addr <= ptr and ptr + nbytes <= r.addr + r.nbytes for r in self._live.values())
 
     def _record_of(self, ptr: int) -> _NvAllocation:
         for rec in self._live.values():

@@ -16,7 +16,10 @@ PROVIDER is ``native``, ``nvshmem`` or ``torch_symm_mem`` (``mixed`` takes ``A+B
 - ``cuda:P``: the same with a CUDA C++ kernel using symheap.cuh (CuPy RawModule, NVRTC);
 - ``cross:P``: a kernel translating one allocation's pointers with another's table;
 - ``mixed:A+B``: one Triton kernel and one CUDA kernel reading A's tensor and writing B's tensor
-  with the two tables.
+  with the two tables;
+- ``rma:nvshmem``: symheap's put/get/put_signal/signal_wait_until/atomics/quiet on NVSHMEM
+  tensors (routed through NVSHMEM to every PE, direct or across simulated nodes), the
+  provider's host calls, and their errors.
 
 Random data, seeded by the case name (the same on every PE); exact expected values; outputs
 poisoned first. On the CUDA backend torch.distributed is initialised (NCCL, device = local
@@ -538,6 +541,130 @@ def case_left_open(name: str) -> None:
     LEAVE_OPEN = True
 
 
+def _rma_stream_ring(p: Any, blocks: Any, t: Dict[str, Any]) -> None:
+    """symheap.put_signal / signal_wait_until / get / put + quiet on the NVSHMEM tensors, in
+    stream order."""
+    import torch
+
+    me, n = p.my_pe(), p.n_pes()
+    to, frm = (me + 1) % n, (me - 1) % n
+    symheap.put_signal(t["dst"], t["src"], t["sig"], 7, to, op="set", sig_index=0)
+    assert symheap.signal_wait_until(t["sig"], "eq", 7, index=0) is None  # enqueued
+    symheap.sync_stream()
+    assert torch.equal(t["dst"].cpu(), blocks[frm]), "put_signal ring: wrong data"
+    assert symheap.signal_fetch(t["sig"], 0) == 7
+    symheap.get(t["back"], t["src"], to)
+    symheap.sync_stream()
+    assert torch.equal(t["back"].cpu(), blocks[to]), "get from the next PE: wrong data"
+    p.barrier()  # every PE read its dst before it is overwritten
+    # back (= blocks[to]) into the previous PE's dst: this PE's dst gets blocks[me + 2].
+    symheap.put(t["dst"], t["back"], frm)
+    symheap.quiet()
+    p.barrier()
+    assert torch.equal(t["dst"].cpu(), blocks[(me + 2) % n]), "put + quiet + barrier: wrong data"
+
+
+def _rma_atomics(p: Any) -> None:
+    """Every PE updates its own word of every PE's counters: fetch_add, compare_swap, fetch."""
+    import torch
+
+    me, n = p.my_pe(), p.n_pes()
+    cnt, _ = p.allocate_symmetric(n, dtype=torch.int64)
+    cnt.zero_()
+    p.barrier()
+    for r in range(n):
+        v = (me + 1) * (r + 1) * 1_000_003
+        assert symheap.atomic_fetch_add(cnt, v, r, index=me) == 0
+        assert symheap.atomic_compare_swap(cnt, v, -v, r, index=me) == v
+        assert symheap.atomic_fetch(cnt, r, index=me) == -v
+    symheap.quiet()
+    p.barrier()
+    want = torch.tensor([-(j + 1) * (me + 1) * 1_000_003 for j in range(n)], dtype=torch.int64)
+    assert torch.equal(cnt.cpu(), want), f"atomics: {cnt.cpu().tolist()} != {want.tolist()}"
+    p.free(cnt)
+
+
+def _rma_host_calls(p: Any, blocks: Any, t: Dict[str, Any]) -> None:
+    """The provider's host calls (nvshmem_putmem/getmem from the host, put + fence + atomic as a
+    host put_signal, symheap's host wait)."""
+    import torch
+
+    me, n = p.my_pe(), p.n_pes()
+    to, frm = (me + 1) % n, (me - 1) % n
+    nb = t["src"].numel() * 8
+    nv = p.native
+    t["back"].fill_(-1)
+    p.barrier()
+    nv.put(t["back"].data_ptr(), t["src"].data_ptr(), nb, to)
+    nv.quiet()
+    p.barrier()
+    assert torch.equal(t["back"].cpu(), blocks[frm]), "host put: wrong data"
+    nv.get(t["back"].data_ptr(), t["src"].data_ptr(), nb, to)
+    assert torch.equal(t["back"].cpu(), blocks[to]), "host get: wrong data"
+    p.barrier()
+    word = t["sig"].data_ptr() + 8
+    nv.put_signal(t["dst"].data_ptr(), t["src"].data_ptr(), nb, word, 5, "add", to)
+    assert nv.signal_wait_until(word, "ge", 5) == 5
+    assert torch.equal(t["dst"].cpu(), blocks[frm]), "host put_signal: wrong data"
+    nv.fence()
+    stream = torch.cuda.current_stream().cuda_stream
+    nv.signal_on_stream(word, 3, "add", to, stream)
+    assert nv.signal_wait_until(word, "eq", 8, stream) is None  # enqueued
+    nv.quiet_on_stream(stream)
+    symheap.sync_stream()
+    assert symheap.signal_fetch(t["sig"], 1) == 8
+
+
+def _rma_errors(p: Any, t: Dict[str, Any]) -> None:
+    import torch
+
+    plain = torch.zeros_like(t["src"])
+    e = raises(SymheapValueError, symheap.put, t["dst"], plain, 0)
+    assert "NVSHMEM provider" in str(e), e
+    f, _ = p.allocate_symmetric(4, dtype=torch.float32)
+    e = raises(SymheapValueError, symheap.atomic_fetch_add, f, 1.0, 0)
+    assert "int64" in str(e), e
+    raises(SymheapValueError, symheap.atomic_fetch, t["sig"], 0, index=2)
+    e = raises(SymheapValueError, p.native.put, t["dst"].data_ptr(), plain.data_ptr(), 8, 0)
+    assert "not inside one live NVSHMEM allocation" in str(e), e
+    raises(SymheapValueError, p.native.put, t["dst"].data_ptr(), t["src"].data_ptr(), 8, p.n_pes())
+    p.free(f)
+
+
+@case
+def case_rma(name: str) -> None:
+    """symheap's RMA, signal and atomic calls on NVSHMEM tensors, to every PE whether NVSHMEM
+    reaches it by load/store or over its network transport: a put_signal ring with random data,
+    a get back, put + quiet, atomics on every PE, the provider's host calls, and the errors."""
+    import torch
+
+    p = make(name)
+    me, n = p.my_pe(), p.n_pes()
+    blocks = torch.from_numpy(rng_for("rma").integers(-(2**40), 2**40, size=(n, N), dtype=np.int64))
+    t: Dict[str, Any] = {}
+    for k in ("src", "dst", "back"):
+        t[k], _ = p.allocate_symmetric(N, dtype=torch.int64)
+    t["sig"], _ = p.allocate_symmetric(2, dtype=torch.int64)
+    direct = list(p.symmetric_address_map(t["dst"]).direct)
+    print(f"rma: PE {me} direct {direct}", flush=True)
+    if os.environ.get("NVSHMEM_DISABLE_P2P") == "1":
+        # The simulated-node run must take NVSHMEM's network transport to every peer.
+        assert not any(d for r, d in enumerate(direct) if r != me), f"direct peers with P2P off: {direct}"
+
+    t["src"].copy_(blocks[me].to(p.device()))
+    t["dst"].fill_(int(POISON))
+    t["back"].fill_(-1)
+    t["sig"].zero_()
+    p.barrier()
+    _rma_stream_ring(p, blocks, t)
+    _rma_atomics(p)
+    _rma_host_calls(p, blocks, t)
+    _rma_errors(p, t)
+    p.barrier()
+    for v in t.values():
+        p.free(v)
+
+
 def _have(module: str) -> bool:
     try:
         __import__(module)
@@ -553,8 +680,9 @@ def _setup(needs: List[str]) -> None:
     if on_gpu():
         import torch
 
+        # Several PEs may share a GPU (the 1-GPU machine, simulated nodes).
         local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
+        torch.cuda.set_device(local % max(torch.cuda.device_count(), 1))
         if "torch_symm_mem" in needs:
             import torch.distributed as dist
 

@@ -137,3 +137,49 @@ def test_nvshmem_left_open_is_finalized_by_symheap(torch_module, cupy_module, pe
     (collectively, before the context goes) and the processes exit cleanly."""
     _available("nvshmem", torch_module)
     run_cases(pes, "left_open:nvshmem", env=GPU_ENV, script=PROVIDER_CASES, timeout=LIMIT)
+
+
+def _ucx_lib_dir() -> str:
+    """UCX's libraries for NVSHMEM's UCX transport: ``$SYMHEAP_UCX_LIB_DIR``, else the
+    ``libucx-cu13`` package (``libucx/lib``) on ``sys.path``; "" when neither is here."""
+    env = os.environ.get("SYMHEAP_UCX_LIB_DIR", "")
+    if env:
+        return env if os.path.exists(os.path.join(env, "libucp.so.0")) else ""
+    for d in sys.path:
+        lib = os.path.join(d or ".", "libucx", "lib")
+        if os.path.exists(os.path.join(lib, "libucp.so.0")):
+            return lib
+    return ""
+
+
+def test_nvshmem_rma_gpu(torch_module, cupy_module, cuda_gpus: int) -> None:
+    """symheap.put/get/put_signal/signal_wait_until/atomics/quiet on NVSHMEM tensors at 2 PEs
+    (sharing the GPU when there is one: NVSHMEM's limited MPG mode, every peer direct), the
+    provider's host calls, and their errors."""
+    _available("nvshmem", torch_module)
+    run_cases(2, "rma:nvshmem", env=GPU_ENV, script=PROVIDER_CASES, timeout=LIMIT)
+
+
+def test_nvshmem_rma_across_simulated_nodes(torch_module, cupy_module, cuda_gpus: int) -> None:
+    """The same program with the 2 PEs on 2 simulated nodes: NVSHMEM's P2P off, so every peer is
+    not direct (the case asserts it) and each call crosses NVSHMEM's UCX transport over TCP on
+    loopback, the path a real second node takes."""
+    _available("nvshmem", torch_module)
+    if not os.path.exists("/dev/gdrdrv"):
+        # Measured on the H200 machine (NVSHMEM 3.4.5, libucx-cu13 1.22, UCX over TCP on lo):
+        # "nvshmemt_ucx_local_amo: AMO 8 not supported with the current configuration (GDRCopy
+        # Disabled)", then NVSHMEM ends both processes at its first barrier.
+        pytest.skip("NVSHMEM's UCX transport needs GDRCopy (/dev/gdrdrv) for its proxy's atomics")
+    ucx = _ucx_lib_dir()
+    if not ucx:
+        pytest.skip("UCX is not installed (pip install libucx-cu13, or set SYMHEAP_UCX_LIB_DIR)")
+    env = dict(GPU_ENV)
+    env.update(
+        SYMHEAP_SIMULATE_NODES="2",
+        NVSHMEM_DISABLE_P2P="1",
+        NVSHMEM_REMOTE_TRANSPORT="ucx",
+        UCX_TLS=os.environ.get("SYMHEAP_TEST_UCX_TLS", "tcp,cuda_copy,self"),
+        UCX_NET_DEVICES="lo",
+        LD_LIBRARY_PATH=ucx + (":" + os.environ["LD_LIBRARY_PATH"] if os.environ.get("LD_LIBRARY_PATH") else ""),
+    )
+    run_cases(2, "rma:nvshmem", env=env, script=PROVIDER_CASES, timeout=LIMIT)

@@ -7,9 +7,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
-use symheap::{Allocation, Nvshmem, Provider};
+use symheap::{Allocation, At, AtomicOp, DType, Nvshmem, Provider};
 
+use crate::buffer::parse_dtype;
 use crate::context::PyContext;
+use crate::convert::{from_bits, parse_atomic, parse_cmp, parse_signal_op, stream_or, to_bits};
 use crate::errors::{raise, value_error, Class, IntoPyResult};
 
 /// What `allocate` returns: `(addr, nbytes, table_addr, peer_bases, direct)`.
@@ -27,8 +29,9 @@ pub struct PyNvshmem {
     nv: Arc<Nvshmem>,
     /// Keeps the context alive while the provider is (NVSHMEM finalises before it).
     _ctx: Arc<symheap::Context>,
-    /// Live allocations by address (`free` takes the address).
-    live: Mutex<HashMap<u64, Allocation>>,
+    /// Live allocations by address (`free` takes the address). Shared so that a host wait can
+    /// hold its signal's allocation without holding this table.
+    live: Mutex<HashMap<u64, Arc<Allocation>>>,
 }
 
 impl PyNvshmem {
@@ -39,9 +42,36 @@ impl PyNvshmem {
         Ok(&self.nv)
     }
 
-    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Allocation>> {
+    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Allocation>>> {
         self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// The place `[addr, addr + len)` in one of `live`'s allocations (the Rust side checks the
+/// length against it again).
+fn place<'a>(
+    live: &'a HashMap<u64, Arc<Allocation>>,
+    addr: u64,
+    len: u64,
+    what: &str,
+) -> PyResult<At<'a>> {
+    holder(live, addr, len, what).map(|a| a.at(addr - a.ptr()))
+}
+
+/// The allocation holding `[addr, addr + len)`.
+fn holder<'a>(
+    live: &'a HashMap<u64, Arc<Allocation>>,
+    addr: u64,
+    len: u64,
+    what: &str,
+) -> PyResult<&'a Arc<Allocation>> {
+    live.values()
+        .find(|a| addr >= a.ptr() && addr.saturating_add(len) <= a.ptr() + a.bytes())
+        .ok_or_else(|| {
+            value_error(format!(
+                "the {what} ({len} bytes at {addr:#x}) is not inside one live NVSHMEM allocation of this provider (NVSHMEM moves data only between its own allocations)"
+            ))
+        })
 }
 
 #[pymethods]
@@ -91,18 +121,26 @@ impl PyNvshmem {
             a.peer_bases().to_vec(),
             a.direct().to_vec(),
         );
-        self.live().insert(a.ptr(), a);
+        self.live().insert(a.ptr(), Arc::new(a));
         Ok(out)
     }
 
     /// Collective: `nvshmem_free` of the allocation at `addr` (from `allocate`).
     fn free(&self, py: Python<'_>, addr: u64) -> PyResult<()> {
         let nv = self.usable()?.clone();
-        let a = self.live().remove(&addr).ok_or_else(|| {
+        let mut live = self.live();
+        let a = live.remove(&addr).ok_or_else(|| {
             value_error(format!(
                 "no live NVSHMEM allocation starts at {addr:#x} (already freed, or not from this provider)"
             ))
         })?;
+        let a = Arc::try_unwrap(a).map_err(|a| {
+            live.insert(addr, a);
+            value_error(format!(
+                "the NVSHMEM allocation at {addr:#x} is in use by a signal wait of another thread"
+            ))
+        })?;
+        drop(live);
         py.detach(move || nv.free(a)).py()
     }
 
@@ -110,6 +148,204 @@ impl PyNvshmem {
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
         let nv = self.usable()?.clone();
         py.detach(move || nv.barrier()).py()
+    }
+
+    /// `nbytes` from this PE's `src` to PE `pe`'s `dest` through NVSHMEM (both addresses in
+    /// this provider's allocations); returns once `src` may be reused, complete after `quiet`.
+    fn put(&self, py: Python<'_>, dest: u64, src: u64, nbytes: u64, pe: usize) -> PyResult<()> {
+        let nv = self.usable()?.clone();
+        let live = self.live();
+        let (d, s) = (
+            place(&live, dest, nbytes, "destination")?,
+            place(&live, src, nbytes, "source")?,
+        );
+        py.detach(|| nv.put(d, s, nbytes, pe)).py()
+    }
+
+    /// `nbytes` from PE `pe`'s `src` into this PE's `dest`; the data is there on return.
+    fn get(&self, py: Python<'_>, dest: u64, src: u64, nbytes: u64, pe: usize) -> PyResult<()> {
+        let nv = self.usable()?.clone();
+        let live = self.live();
+        let (d, s) = (
+            place(&live, dest, nbytes, "destination")?,
+            place(&live, src, nbytes, "source")?,
+        );
+        py.detach(|| nv.get(d, s, nbytes, pe)).py()
+    }
+
+    /// Enqueues a put (`nvshmemx_putmem_on_stream`) on `stream` (0: the legacy default).
+    #[pyo3(signature = (dest, src, nbytes, pe, stream = None))]
+    fn put_on_stream(
+        &self,
+        dest: u64,
+        src: u64,
+        nbytes: u64,
+        pe: usize,
+        stream: Option<u64>,
+    ) -> PyResult<()> {
+        let nv = self.usable()?;
+        let live = self.live();
+        let (d, s) = (
+            place(&live, dest, nbytes, "destination")?,
+            place(&live, src, nbytes, "source")?,
+        );
+        nv.put_on_stream(d, s, nbytes, pe, &stream_or(stream)).py()
+    }
+
+    /// Enqueues a get (`nvshmemx_getmem_on_stream`) on `stream`.
+    #[pyo3(signature = (dest, src, nbytes, pe, stream = None))]
+    fn get_on_stream(
+        &self,
+        dest: u64,
+        src: u64,
+        nbytes: u64,
+        pe: usize,
+        stream: Option<u64>,
+    ) -> PyResult<()> {
+        let nv = self.usable()?;
+        let live = self.live();
+        let (d, s) = (
+            place(&live, dest, nbytes, "destination")?,
+            place(&live, src, nbytes, "source")?,
+        );
+        nv.get_on_stream(d, s, nbytes, pe, &stream_or(stream)).py()
+    }
+
+    /// A put, then PE `pe`'s 64-bit signal word at `sig` updated with `op` ("set" or "add") and
+    /// `value`; with `stream`, enqueued there (`nvshmemx_putmem_signal_on_stream`), else from
+    /// the host (put, fence, atomic).
+    #[pyo3(signature = (dest, src, nbytes, sig, value, op, pe, stream = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn put_signal(
+        &self,
+        py: Python<'_>,
+        dest: u64,
+        src: u64,
+        nbytes: u64,
+        sig: u64,
+        value: u64,
+        op: &str,
+        pe: usize,
+        stream: Option<u64>,
+    ) -> PyResult<()> {
+        let op = parse_signal_op(op)?;
+        let nv = self.usable()?.clone();
+        let live = self.live();
+        let (d, s) = (
+            place(&live, dest, nbytes, "destination")?,
+            place(&live, src, nbytes, "source")?,
+        );
+        let g = place(&live, sig, 8, "signal")?;
+        match stream {
+            Some(st) => nv
+                .put_signal_on_stream(d, s, nbytes, g, value, op, pe, &stream_or(Some(st)))
+                .py(),
+            None => py
+                .detach(|| nv.put_signal(d, s, nbytes, g, value, op, pe))
+                .py(),
+        }
+    }
+
+    /// Enqueues on `stream` the update of PE `pe`'s signal word at `sig` with `op` and `value`.
+    #[pyo3(signature = (sig, value, op, pe, stream = None))]
+    fn signal_on_stream(
+        &self,
+        sig: u64,
+        value: u64,
+        op: &str,
+        pe: usize,
+        stream: Option<u64>,
+    ) -> PyResult<()> {
+        let op = parse_signal_op(op)?;
+        let nv = self.usable()?;
+        let live = self.live();
+        let g = place(&live, sig, 8, "signal")?;
+        nv.signal_on_stream(g, value, op, pe, &stream_or(stream))
+            .py()
+    }
+
+    /// Waits until this PE's 64-bit word at `sig` satisfies `word CMP value`: on `stream`
+    /// (symheap's bounded wait kernel; `sync_stream` reports a timeout) or, without a stream,
+    /// on the host (GIL released), returning the word.
+    #[pyo3(signature = (sig, cmp, value, stream = None))]
+    fn signal_wait_until(
+        &self,
+        py: Python<'_>,
+        sig: u64,
+        cmp: &str,
+        value: u64,
+        stream: Option<u64>,
+    ) -> PyResult<Option<u64>> {
+        let cmp = parse_cmp(cmp)?;
+        let nv = self.usable()?.clone();
+        // The wait must not hold the allocation table: a put it waits for may come from
+        // another thread. The address is checked now; a free before the wait ends is the
+        // program's error (as freeing memory a kernel still reads).
+        let a = holder(&self.live(), sig, 8, "signal")?.clone();
+        let g = a.at(sig - a.ptr());
+        match stream {
+            Some(st) => nv
+                .signal_wait_until_on_stream(g, cmp, value, &stream_or(Some(st)))
+                .map(|()| None)
+                .py(),
+            None => py
+                .detach(|| nv.signal_wait_until(g, cmp, value))
+                .map(Some)
+                .py(),
+        }
+    }
+
+    /// Atomic `op` (fetch, set, swap, compare_swap, add, and, or, xor) on PE `pe`'s int64 or
+    /// uint64 word at `addr` through NVSHMEM; returns the old value.
+    #[pyo3(signature = (addr, pe, op, dtype, value = None, compare = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn atomic(
+        &self,
+        py: Python<'_>,
+        addr: u64,
+        pe: usize,
+        op: &str,
+        dtype: &str,
+        value: Option<Bound<'_, PyAny>>,
+        compare: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let op = parse_atomic(op)?;
+        let dt = parse_dtype(dtype)?;
+        if !matches!(dt, DType::I64 | DType::U64) {
+            return Err(value_error(format!(
+                "NVSHMEM's host atomics are int64 here; the word is {dt} (use an int64 or uint64 tensor)"
+            )));
+        }
+        if value.is_none() && op != AtomicOp::Load {
+            return Err(value_error(format!("atomic {} needs a value", op.name())));
+        }
+        if compare.is_none() && op == AtomicOp::CompareSwap {
+            return Err(value_error("compare_swap needs the compare value"));
+        }
+        let bits = |v: Option<Bound<'_, PyAny>>| v.map_or(Ok(0), |v| to_bits(&v, dt));
+        let (v, c) = (bits(value)? as i64, bits(compare)? as i64);
+        let nv = self.usable()?.clone();
+        let live = self.live();
+        let d = place(&live, addr, 8, "atomic word")?;
+        let old = py.detach(|| nv.atomic_i64(d, op, v, c, pe)).py()?;
+        from_bits(py, old as u64, dt)
+    }
+
+    /// Completes every put and atomic this PE issued from the host through NVSHMEM.
+    fn quiet(&self, py: Python<'_>) -> PyResult<()> {
+        let nv = self.usable()?.clone();
+        py.detach(move || nv.quiet()).py()
+    }
+
+    /// Orders this PE's host-issued NVSHMEM puts to each PE.
+    fn fence(&self) -> PyResult<()> {
+        self.usable()?.fence().py()
+    }
+
+    /// Enqueues on `stream` the completion of this PE's stream-ordered NVSHMEM operations.
+    #[pyo3(signature = (stream = None))]
+    fn quiet_on_stream(&self, stream: Option<u64>) -> PyResult<()> {
+        self.usable()?.quiet_on_stream(&stream_or(stream)).py()
     }
 
     /// This PE's rank.

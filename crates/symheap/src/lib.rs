@@ -46,7 +46,7 @@ pub use ops::{
     AllReduceAlgo, AtomicBitwise, AtomicElement, AtomicInt, Cmp, SignalOp, StreamColl, Team,
     NODES_ALL_REDUCE_SMALL,
 };
-pub use provider::{Allocation, NativeHeap, Nvshmem, NvshmemLibrary, Provider};
+pub use provider::{Allocation, At, NativeHeap, Nvshmem, NvshmemLibrary, Provider};
 pub use stream::Stream;
 pub use table::{translate, PeerMask, SymmetricAddressMap};
 pub use util::human_bytes;

@@ -15,7 +15,7 @@ use crate::error::{err, invalid, ErrorKind, Result};
 use crate::ops::rma::{Cmp, SignalOp};
 use crate::stream::Stream;
 
-fn cmp_code(c: Cmp) -> i32 {
+pub(crate) fn cmp_code(c: Cmp) -> i32 {
     match c {
         Cmp::Eq => 0,
         Cmp::Ne => 1,

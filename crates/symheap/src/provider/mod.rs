@@ -20,6 +20,7 @@
 
 mod native;
 mod nvshmem;
+mod nvshmem_rma;
 mod nvshmem_sys;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -162,6 +163,15 @@ impl Allocation {
         }
     }
 
+    /// The place `offset` bytes into this allocation, on whichever PE a call names (every
+    /// PE's copy has it at the same offset). Data-path calls check it lies in the allocation.
+    pub fn at(&self, offset: u64) -> At<'_> {
+        At {
+            alloc: self,
+            offset,
+        }
+    }
+
     /// The native heap's buffer behind this allocation (None for other providers), for the
     /// rest of symheap's API (RMA, atomics, collectives).
     pub fn buffer(&self) -> Option<&SymmetricBuffer> {
@@ -199,6 +209,24 @@ impl Allocation {
             .with_pe(self.my_pe));
         }
         Ok(())
+    }
+}
+
+/// A place in an [`Allocation`]: `offset` bytes into it, on the PE a call names (from
+/// [`Allocation::at`]).
+#[derive(Debug, Clone, Copy)]
+pub struct At<'a> {
+    alloc: &'a Allocation,
+    offset: u64,
+}
+
+impl At<'_> {
+    /// This PE's address of the place, once `[offset, offset + len)` is checked to lie in an
+    /// allocation of provider `id`.
+    fn addr(&self, id: u64, call: &'static str, len: u64) -> Result<u64> {
+        let n = usize::try_from(len).map_err(|_| invalid(call, format!("{len} bytes")))?;
+        self.alloc.check_range(id, call, self.offset, n)?;
+        Ok(self.alloc.ptr + self.offset)
     }
 }
 

@@ -21,8 +21,8 @@ pub struct NvshmemLibrary {
     pub version: (i32, i32, i32),
 }
 
-struct State {
-    session: Option<Session>,
+pub(super) struct State {
+    pub(super) session: Option<Session>,
     /// Allocations made so far (the same on every PE: allocation is collective).
     serial: u64,
 }
@@ -51,6 +51,13 @@ struct State {
 ///   `nvshmem_free` is a collective barrier: a destructor runs at different points on
 ///   different PEs (garbage collection, unwinding), and a barrier started there would deadlock.
 ///   An allocation dropped without `free` stays allocated until [`finalize`](Self::finalize).
+/// * Data path (not collective): [`put`](Self::put), [`get`](Self::get),
+///   [`put_signal`](Self::put_signal), [`signal_wait_until`](Self::signal_wait_until),
+///   [`atomic_i64`](Self::atomic_i64), [`quiet`](Self::quiet) and their `*_on_stream` forms move
+///   data between places of this provider's allocations ([`Allocation::at`]) to any PE, direct
+///   or on another node (NVSHMEM's network transport); see `nvshmem_rma.rs`. A PE whose peers
+///   on other nodes are not direct is fine; one that reaches none of its own node's PEs
+///   directly is refused at initialisation.
 /// * Finalisation: [`finalize`](Self::finalize) (collective); dropping the provider finalises
 ///   it too, after a symheap collective point confirms every PE is finalising (when that
 ///   fails, NVSHMEM is left initialised rather than risk a hang).
@@ -61,14 +68,14 @@ struct State {
 /// not at all, fails every PE with the call named, or a timeout naming the missing PE, instead
 /// of hanging inside NVSHMEM (which has no timeout).
 pub struct Nvshmem {
-    inner: Arc<Inner>,
-    id: u64,
-    rank: usize,
-    world: usize,
+    pub(super) inner: Arc<Inner>,
+    pub(super) id: u64,
+    pub(super) rank: usize,
+    pub(super) world: usize,
     device: usize,
     lib: NvshmemLibrary,
     /// `nvshmem_ptr(p, r) - p` for every PE (None: not direct), measured at initialisation.
-    offsets: Vec<Option<i64>>,
+    pub(super) offsets: Vec<Option<i64>>,
     state: Mutex<State>,
 }
 
@@ -197,15 +204,15 @@ impl Nvshmem {
         self.lock().session.is_none()
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn finalized_error(&self, call: &'static str) -> Error {
+    pub(super) fn finalized_error(&self, call: &'static str) -> Error {
         invalid(call, "the NVSHMEM provider was finalized").with_pe(self.rank)
     }
 
-    fn bind(&self) -> Result<()> {
+    pub(super) fn bind(&self) -> Result<()> {
         match self.inner.backend.as_cuda() {
             Some(cu) => cu.bind(),
             None => Ok(()),
@@ -336,7 +343,10 @@ fn start_session(
 
 /// Collective (third step): the per-peer offsets, measured once on a probe allocation every PE
 /// makes; every PE reports how that went before the next collective NVSHMEM call (the probe's
-/// free), and a PE that reaches no peer directly fails every PE alike.
+/// free). A PE that reaches none of the other PEs of its own node directly fails every PE
+/// alike: on one node that is a missing P2P path, not a layout NVSHMEM's transports are for.
+/// PEs on other nodes may be unreachable by load/store; the data-path calls
+/// (`nvshmem_rma.rs`) reach them through NVSHMEM's network transport.
 fn probe_offsets(inner: &Arc<Inner>, mut session: Session) -> Result<(Session, Vec<Option<i64>>)> {
     const CALL: &str = "Nvshmem::new";
     let (rank, world) = (inner.rank, inner.world);
@@ -349,13 +359,15 @@ fn probe_offsets(inner: &Arc<Inner>, mut session: Session) -> Result<(Session, V
             (q != 0).then(|| q.wrapping_sub(probe.unwrap_or(0)) as i64)
         })
         .collect();
-    let reach = (0..world)
-        .filter(|&r| r != rank && offsets[r].is_some())
-        .count();
-    // 0: no probe; 1: fine; 2: no other PE directly addressable.
+    let node_of = &inner.node.node_of;
+    let on_my_node: Vec<usize> = (0..world)
+        .filter(|&r| r != rank && node_of.get(r) == node_of.get(rank))
+        .collect();
+    let reach = on_my_node.iter().filter(|&&r| offsets[r].is_some()).count();
+    // 0: no probe; 1: fine; 2: no other PE of this node directly addressable.
     let verdict = match probe {
         None => 0u8,
-        Some(_) if world > 1 && reach == 0 => 2,
+        Some(_) if !on_my_node.is_empty() && reach == 0 => 2,
         Some(_) => 1,
     };
     let verdicts = inner.collective("Nvshmem::new (probe)", String::new(), &[verdict])?;
@@ -396,7 +408,7 @@ fn probe_offsets(inner: &Arc<Inner>, mut session: Session) -> Result<(Session, V
         return Err(unsupported(
             CALL,
             format!(
-                "NVSHMEM reports no other PE as load/store-addressable from {} (nvshmem_ptr returned NULL for every peer): the GPUs have no peer-to-peer path, or NVSHMEM's P2P transport is off; symheap's kernels need direct access",
+                "NVSHMEM reports none of the other PEs of the same node as load/store-addressable from {} (nvshmem_ptr returned NULL for each): the GPUs have no peer-to-peer path, or NVSHMEM's P2P transport is off (NVSHMEM_DISABLE_P2P); symheap's kernels need direct access within a node",
                 list(&blind)
             ),
         )

@@ -11,7 +11,7 @@
 //! Why the library is never unloaded: NVSHMEM starts threads and registers exit handlers while
 //! initialising; unloading its code under them would crash. A process loads it at most once.
 
-use std::collections::HashSet;
+use std::collections::BTreeMap;
 use std::ffi::{c_int, c_uint, c_void};
 use std::mem::ManuallyDrop;
 use std::path::{Path, PathBuf};
@@ -35,6 +35,11 @@ const UNIQUEID_PADDING: usize = 124;
 /// `NVSHMEM_STATUS_IS_INITIALIZED` (device_host_transport/nvshmem_constants.h): bootstrapped
 /// *and* set up on a GPU. `NVSHMEM_STATUS_LIMITED_MPG` and `_FULL_MPG` (3, 4) are above it.
 pub(crate) const STATUS_IS_INITIALIZED: c_int = 2;
+
+/// `NVSHMEM_STATUS_LIMITED_MPG`: several PEs share a GPU without MPS. NVSHMEM then refuses
+/// (ends the process in) `nvshmem_quiet` and `nvshmem_fence`, and its host atomics to PEs it
+/// maps are not implemented (measured with NVSHMEM 3.4.5 on an H200, 2 PEs sharing it).
+pub(crate) const STATUS_LIMITED_MPG: c_int = 3;
 
 /// `INIT_ARGS_PADDING` (device_host/nvshmem_types.h).
 const INIT_ARGS_PADDING: usize = 96;
@@ -138,6 +143,52 @@ type Malloc = unsafe extern "C" fn(usize) -> *mut c_void;
 type Free = unsafe extern "C" fn(*mut c_void);
 type Ptr = unsafe extern "C" fn(*const c_void, c_int) -> *mut c_void;
 type VersionInfo = unsafe extern "C" fn(*mut c_int, *mut c_int, *mut c_int);
+/// `nvshmem_putmem` / `nvshmem_getmem`: (dest, source, bytes, pe).
+type Rma = unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int);
+/// `nvshmemx_putmem_on_stream` / `nvshmemx_getmem_on_stream`: (dest, source, bytes, pe, stream).
+type RmaOnStream = unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int, *mut c_void);
+/// `nvshmemx_putmem_signal_on_stream`: (dest, source, bytes, sig_addr, signal, sig_op, pe,
+/// stream).
+type PutSignalOnStream = unsafe extern "C" fn(
+    *mut c_void,
+    *const c_void,
+    usize,
+    *mut u64,
+    u64,
+    c_int,
+    c_int,
+    *mut c_void,
+);
+/// `nvshmemx_signal_op_on_stream`: (sig_addr, signal, sig_op, pe, stream).
+type SignalOpOnStream = unsafe extern "C" fn(*mut u64, u64, c_int, c_int, *mut c_void);
+/// `nvshmemx_quiet_on_stream`.
+type StreamFn = unsafe extern "C" fn(*mut c_void);
+/// `nvshmem_int64_atomic_{fetch_add,swap,fetch_and,fetch_or,fetch_xor}`: (dest, value, pe).
+type Amo = unsafe extern "C" fn(*mut i64, i64, c_int) -> i64;
+/// `nvshmem_int64_atomic_set`: (dest, value, pe).
+type AmoSet = unsafe extern "C" fn(*mut i64, i64, c_int);
+/// `nvshmem_int64_atomic_fetch`: (source, pe).
+type AmoFetch = unsafe extern "C" fn(*const i64, c_int) -> i64;
+/// `nvshmem_int64_atomic_compare_swap`: (dest, cond, value, pe).
+type AmoCas = unsafe extern "C" fn(*mut i64, i64, i64, c_int) -> i64;
+
+/// `NVSHMEM_SIGNAL_SET` and `NVSHMEM_SIGNAL_ADD` (device_host_transport/
+/// nvshmem_common_transport.h).
+pub(crate) const SIGNAL_SET: c_int = 9;
+pub(crate) const SIGNAL_ADD: c_int = 10;
+
+/// The int64 atomic operations of NVSHMEM's host API that symheap calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Amo64 {
+    Fetch,
+    Set,
+    Swap,
+    CompareSwap,
+    FetchAdd,
+    FetchAnd,
+    FetchOr,
+    FetchXor,
+}
 
 /// The loaded library and the entry points symheap uses.
 pub(crate) struct Api {
@@ -156,6 +207,23 @@ pub(crate) struct Api {
     free: Free,
     ptr: Ptr,
     barrier_all: VoidFn,
+    putmem: Rma,
+    getmem: Rma,
+    fence: VoidFn,
+    quiet: VoidFn,
+    putmem_on_stream: RmaOnStream,
+    getmem_on_stream: RmaOnStream,
+    putmem_signal_on_stream: PutSignalOnStream,
+    signal_op_on_stream: SignalOpOnStream,
+    quiet_on_stream: StreamFn,
+    amo_fetch: AmoFetch,
+    amo_set: AmoSet,
+    amo_swap: Amo,
+    amo_compare_swap: AmoCas,
+    amo_fetch_add: Amo,
+    amo_fetch_and: Amo,
+    amo_fetch_or: Amo,
+    amo_fetch_xor: Amo,
     _lib: ManuallyDrop<libloading::Library>,
 }
 
@@ -205,6 +273,23 @@ fn resolve(lib: libloading::Library, path: &Path) -> Result<Api, String> {
         free: sym!("nvshmem_free", Free),
         ptr: sym!("nvshmem_ptr", Ptr),
         barrier_all: sym!("nvshmem_barrier_all", VoidFn),
+        putmem: sym!("nvshmem_putmem", Rma),
+        getmem: sym!("nvshmem_getmem", Rma),
+        fence: sym!("nvshmem_fence", VoidFn),
+        quiet: sym!("nvshmem_quiet", VoidFn),
+        putmem_on_stream: sym!("nvshmemx_putmem_on_stream", RmaOnStream),
+        getmem_on_stream: sym!("nvshmemx_getmem_on_stream", RmaOnStream),
+        putmem_signal_on_stream: sym!("nvshmemx_putmem_signal_on_stream", PutSignalOnStream),
+        signal_op_on_stream: sym!("nvshmemx_signal_op_on_stream", SignalOpOnStream),
+        quiet_on_stream: sym!("nvshmemx_quiet_on_stream", StreamFn),
+        amo_fetch: sym!("nvshmem_int64_atomic_fetch", AmoFetch),
+        amo_set: sym!("nvshmem_int64_atomic_set", AmoSet),
+        amo_swap: sym!("nvshmem_int64_atomic_swap", Amo),
+        amo_compare_swap: sym!("nvshmem_int64_atomic_compare_swap", AmoCas),
+        amo_fetch_add: sym!("nvshmem_int64_atomic_fetch_add", Amo),
+        amo_fetch_and: sym!("nvshmem_int64_atomic_fetch_and", Amo),
+        amo_fetch_or: sym!("nvshmem_int64_atomic_fetch_or", Amo),
+        amo_fetch_xor: sym!("nvshmem_int64_atomic_fetch_xor", Amo),
         _lib: lib,
     })
 }
@@ -278,8 +363,40 @@ pub(crate) fn unique_id(api: &'static Api) -> Result<[u8; UNIQUEID_BYTES], Strin
 pub(crate) struct Session {
     api: &'static Api,
     n: usize,
-    /// Pointers returned by `malloc` and not yet freed: `free` accepts only these.
-    live: HashSet<u64>,
+    /// Pointers returned by `malloc` and not yet freed, with their sizes: `free` accepts only
+    /// these, and every data-path call checks its ranges against them.
+    live: BTreeMap<u64, u64>,
+    /// NVSHMEM runs in its limited multiple-PEs-per-GPU mode (see [`STATUS_LIMITED_MPG`]).
+    limited_mpg: bool,
+}
+
+/// Whether `[p, p + len)` lies inside one of `live`'s `(base, size)` ranges.
+fn covers(live: &BTreeMap<u64, u64>, p: u64, len: u64) -> bool {
+    live.range(..=p).next_back().is_some_and(|(&base, &size)| {
+        p.checked_add(len)
+            .is_some_and(|end| base.checked_add(size).is_some_and(|lim| end <= lim))
+    })
+}
+
+/// A stream handle checked for this context's device (`Inner::stream_handle`), the only way
+/// a raw handle reaches NVSHMEM's `*_on_stream` calls.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CheckedStream(u64);
+
+impl CheckedStream {
+    /// `stream`, once the context has checked it belongs to its device.
+    pub(crate) fn new(
+        inner: &crate::context::Inner,
+        stream: &crate::Stream,
+        call: &'static str,
+    ) -> crate::Result<CheckedStream> {
+        inner.stream_handle(stream, call).map(CheckedStream)
+    }
+
+    /// The handle, for symheap's own stream operations.
+    pub(crate) fn raw(self) -> u64 {
+        self.0
+    }
 }
 
 impl Session {
@@ -324,10 +441,11 @@ impl Session {
                 "nvshmemx_hostlib_init_attr failed with status {rc} (NVSHMEM_DEBUG=WARN shows why)"
             )));
         }
-        let s = Session {
+        let mut s = Session {
             api,
             n: nranks,
-            live: HashSet::new(),
+            live: BTreeMap::new(),
+            limited_mpg: false,
         };
         // Without a usable current CUDA context, NVSHMEM only bootstraps and defers its GPU
         // setup to the first allocation, which then calls exit() if it fails. Checking here
@@ -339,6 +457,7 @@ impl Session {
                 "NVSHMEM bootstrapped but did not set up on the GPU (nvshmemx_init_status = {status}): no usable CUDA device or driver for NVSHMEM? (NVSHMEM_DEBUG=WARN shows why)"
             ));
         }
+        s.limited_mpg = status == STATUS_LIMITED_MPG;
         let (me, n) = (s.my_pe(), s.n_pes());
         if me != rank as i64 || n != nranks as i64 {
             // Leave it initialised: finalising alone would wait for PEs that may not come.
@@ -347,6 +466,11 @@ impl Session {
             ));
         }
         Ok(s)
+    }
+
+    /// Whether NVSHMEM runs in its limited multiple-PEs-per-GPU mode.
+    pub(crate) fn limited_mpg(&self) -> bool {
+        self.limited_mpg
     }
 
     /// `nvshmem_my_pe()`.
@@ -368,7 +492,7 @@ impl Session {
         // the same size (it is collective).
         let p = unsafe { (self.api.malloc)(size) } as u64;
         (p != 0).then(|| {
-            self.live.insert(p);
+            self.live.insert(p, bytes);
             p
         })
     }
@@ -376,7 +500,7 @@ impl Session {
     /// Collective: `nvshmem_free(p)`. False (and nothing called) when `p` is not a live
     /// pointer from `malloc`.
     pub(crate) fn free(&mut self, p: u64) -> bool {
-        if !self.live.remove(&p) {
+        if self.live.remove(&p).is_none() {
             return false;
         }
         // SAFETY: `p` came from `nvshmem_malloc` and was not freed yet (the live set); every PE
@@ -388,7 +512,7 @@ impl Session {
     /// `nvshmem_ptr(p, pe)`: PE `pe`'s copy of live allocation `p` as this process addresses
     /// it, 0 when not load/store-reachable (or `p` is not live, or `pe` is out of range).
     pub(crate) fn ptr(&self, p: u64, pe: usize) -> u64 {
-        if pe >= self.n || !self.live.contains(&p) {
+        if pe >= self.n || !self.live.contains_key(&p) {
             return 0;
         }
         // SAFETY: `p` is a live symmetric address and `pe` a valid PE; the call only reads
@@ -401,6 +525,226 @@ impl Session {
         // SAFETY: NVSHMEM is initialised; every PE reaches this call (the caller's collective
         // check), so it returns.
         unsafe { (self.api.barrier_all)() }
+    }
+
+    /// Whether `[p, p + len)` lies inside one live allocation: a symmetric address, which
+    /// NVSHMEM translates for every PE (its data-path calls take no other remote address).
+    pub(crate) fn covers(&self, p: u64, len: u64) -> bool {
+        covers(&self.live, p, len)
+    }
+
+    /// The checks every data-path call makes: `pe` in range, both ranges symmetric. Returns
+    /// the size and PE as NVSHMEM takes them.
+    fn rma_args(
+        &self,
+        dst: u64,
+        src: u64,
+        bytes: u64,
+        pe: usize,
+    ) -> Result<(usize, c_int), String> {
+        let size =
+            usize::try_from(bytes).map_err(|_| format!("{bytes} bytes do not fit size_t"))?;
+        let pe_c = self.pe_arg(pe)?;
+        for (what, p) in [("destination", dst), ("source", src)] {
+            if !self.covers(p, bytes) {
+                return Err(format!(
+                    "the {what} range [{p:#x}, +{bytes}) is not inside one live NVSHMEM allocation (NVSHMEM moves data only between symmetric allocations)"
+                ));
+            }
+        }
+        Ok((size, pe_c))
+    }
+
+    fn pe_arg(&self, pe: usize) -> Result<c_int, String> {
+        if pe >= self.n {
+            return Err(format!("PE {pe} is out of range (0..{})", self.n));
+        }
+        Ok(pe as c_int)
+    }
+
+    /// An 8-byte aligned word of a live allocation (signals, int64 atomics).
+    fn word_arg(&self, p: u64, pe: usize) -> Result<c_int, String> {
+        if p % 8 != 0 || !self.covers(p, 8) {
+            return Err(format!(
+                "{p:#x} is not an 8-byte aligned word inside a live NVSHMEM allocation"
+            ));
+        }
+        self.pe_arg(pe)
+    }
+
+    /// `nvshmem_putmem`: returns once `src` may be reused; complete at PE `pe` after
+    /// [`quiet`](Self::quiet).
+    pub(crate) fn putmem(&self, dst: u64, src: u64, bytes: u64, pe: usize) -> Result<(), String> {
+        let (size, pe) = self.rma_args(dst, src, bytes, pe)?;
+        if size > 0 {
+            // SAFETY: NVSHMEM is initialised (a live Session); both ranges lie inside live
+            // symmetric allocations (checked above) and `pe` is a valid PE, so NVSHMEM reads
+            // and writes only memory it allocated. The caller made the device current.
+            unsafe { (self.api.putmem)(dst as *mut c_void, src as *const c_void, size, pe) };
+        }
+        Ok(())
+    }
+
+    /// `nvshmem_getmem`: returns once PE `pe`'s `src` arrived in the local `dst`.
+    pub(crate) fn getmem(&self, dst: u64, src: u64, bytes: u64, pe: usize) -> Result<(), String> {
+        let (size, pe) = self.rma_args(dst, src, bytes, pe)?;
+        if size > 0 {
+            // SAFETY: as in `putmem`.
+            unsafe { (self.api.getmem)(dst as *mut c_void, src as *const c_void, size, pe) };
+        }
+        Ok(())
+    }
+
+    /// `nvshmem_fence`: this PE's puts to one PE arrive in order across it.
+    pub(crate) fn fence(&self) {
+        // SAFETY: NVSHMEM is initialised; the call takes no arguments.
+        unsafe { (self.api.fence)() }
+    }
+
+    /// `nvshmem_quiet`: every put and AMO this PE issued from the host is complete.
+    pub(crate) fn quiet(&self) {
+        // SAFETY: NVSHMEM is initialised; the call takes no arguments.
+        unsafe { (self.api.quiet)() }
+    }
+
+    /// `nvshmemx_putmem_on_stream`.
+    pub(crate) fn putmem_on_stream(
+        &self,
+        dst: u64,
+        src: u64,
+        bytes: u64,
+        pe: usize,
+        s: CheckedStream,
+    ) -> Result<(), String> {
+        let (size, pe) = self.rma_args(dst, src, bytes, pe)?;
+        if size > 0 {
+            // SAFETY: as in `putmem`; the stream is live (a `Stream`'s contract) and on this
+            // context's device (`CheckedStream`).
+            unsafe {
+                (self.api.putmem_on_stream)(
+                    dst as *mut c_void,
+                    src as *const c_void,
+                    size,
+                    pe,
+                    s.0 as *mut c_void,
+                )
+            };
+        }
+        Ok(())
+    }
+
+    /// `nvshmemx_getmem_on_stream`.
+    pub(crate) fn getmem_on_stream(
+        &self,
+        dst: u64,
+        src: u64,
+        bytes: u64,
+        pe: usize,
+        s: CheckedStream,
+    ) -> Result<(), String> {
+        let (size, pe) = self.rma_args(dst, src, bytes, pe)?;
+        if size > 0 {
+            // SAFETY: as in `putmem_on_stream`.
+            unsafe {
+                (self.api.getmem_on_stream)(
+                    dst as *mut c_void,
+                    src as *const c_void,
+                    size,
+                    pe,
+                    s.0 as *mut c_void,
+                )
+            };
+        }
+        Ok(())
+    }
+
+    /// `nvshmemx_putmem_signal_on_stream`: the data, then PE `pe`'s signal word `sig` updated
+    /// with `op` (`SIGNAL_SET` / `SIGNAL_ADD`) and `value`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn putmem_signal_on_stream(
+        &self,
+        dst: u64,
+        src: u64,
+        bytes: u64,
+        sig: u64,
+        value: u64,
+        op: c_int,
+        pe: usize,
+        s: CheckedStream,
+    ) -> Result<(), String> {
+        let (size, pe) = self.rma_args(dst, src, bytes, pe)?;
+        self.word_arg(sig, pe as usize)?;
+        // SAFETY: as in `putmem_on_stream`; `sig` is an aligned word of a live allocation and
+        // `op` one of NVSHMEM's two signal operations (the callers pass the constants).
+        unsafe {
+            (self.api.putmem_signal_on_stream)(
+                dst as *mut c_void,
+                src as *const c_void,
+                size,
+                sig as *mut u64,
+                value,
+                op,
+                pe,
+                s.0 as *mut c_void,
+            )
+        };
+        Ok(())
+    }
+
+    /// `nvshmemx_signal_op_on_stream`.
+    pub(crate) fn signal_op_on_stream(
+        &self,
+        sig: u64,
+        value: u64,
+        op: c_int,
+        pe: usize,
+        s: CheckedStream,
+    ) -> Result<(), String> {
+        let pe = self.word_arg(sig, pe)?;
+        // SAFETY: as in `putmem_signal_on_stream`.
+        unsafe {
+            (self.api.signal_op_on_stream)(sig as *mut u64, value, op, pe, s.0 as *mut c_void)
+        };
+        Ok(())
+    }
+
+    /// `nvshmemx_quiet_on_stream`: work after it on the stream sees this PE's stream-ordered
+    /// puts complete at their targets.
+    pub(crate) fn quiet_on_stream(&self, s: CheckedStream) {
+        // SAFETY: NVSHMEM is initialised; the stream is live and on this device.
+        unsafe { (self.api.quiet_on_stream)(s.0 as *mut c_void) }
+    }
+
+    /// An int64 atomic on PE `pe`'s word `dst` (host-initiated); returns the old value (or the
+    /// value read; 0 for `Set`). `cond` is used by `CompareSwap` only.
+    pub(crate) fn amo(
+        &self,
+        op: Amo64,
+        dst: u64,
+        value: i64,
+        cond: i64,
+        pe: usize,
+    ) -> Result<i64, String> {
+        let pe = self.word_arg(dst, pe)?;
+        let p = dst as *mut i64;
+        // SAFETY: NVSHMEM is initialised; `dst` is an aligned int64 word of a live symmetric
+        // allocation and `pe` a valid PE (checked above); the caller made the device current.
+        let old = unsafe {
+            match op {
+                Amo64::Fetch => (self.api.amo_fetch)(p, pe),
+                Amo64::Set => {
+                    (self.api.amo_set)(p, value, pe);
+                    0
+                }
+                Amo64::Swap => (self.api.amo_swap)(p, value, pe),
+                Amo64::CompareSwap => (self.api.amo_compare_swap)(p, cond, value, pe),
+                Amo64::FetchAdd => (self.api.amo_fetch_add)(p, value, pe),
+                Amo64::FetchAnd => (self.api.amo_fetch_and)(p, value, pe),
+                Amo64::FetchOr => (self.api.amo_fetch_or)(p, value, pe),
+                Amo64::FetchXor => (self.api.amo_fetch_xor)(p, value, pe),
+            }
+        };
+        Ok(old)
     }
 
     /// Collective: `nvshmemx_hostlib_finalize()`. Frees every NVSHMEM allocation.
@@ -446,6 +790,27 @@ mod tests {
         assert_eq!((a.args.uid_args.myrank, a.args.uid_args.nranks), (-1, -1));
         assert_eq!(UniqueId::new().version, (1 << 16) + 128);
         assert_eq!(INIT_WITH_UNIQUEID, 8);
+    }
+
+    #[test]
+    fn covers_only_ranges_inside_one_live_allocation() {
+        let live: BTreeMap<u64, u64> = [(0x1000, 0x100), (0x1100, 0x40), (u64::MAX - 8, 8)]
+            .into_iter()
+            .collect();
+        assert!(covers(&live, 0x1000, 0x100));
+        assert!(covers(&live, 0x10f8, 8));
+        assert!(covers(&live, 0x1100, 0x40));
+        assert!(covers(&live, 0x1050, 0));
+        // Across the boundary of two adjacent allocations: not one allocation.
+        assert!(!covers(&live, 0x10f8, 16));
+        assert!(!covers(&live, 0x1000, 0x101));
+        assert!(!covers(&live, 0xfff, 1));
+        assert!(!covers(&live, 0x1140, 1));
+        // Lengths that overflow the address space.
+        assert!(!covers(&live, 0x1000, u64::MAX));
+        assert!(covers(&live, u64::MAX - 8, 8));
+        assert!(!covers(&live, u64::MAX - 8, 9));
+        assert!(!covers(&BTreeMap::new(), 0x1000, 1));
     }
 
     #[test]
