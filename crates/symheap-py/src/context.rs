@@ -12,8 +12,7 @@ use symheap::{AtomicOp, BackendChoice, DType, SignalOp, StreamColl, Team};
 
 use crate::buffer::{numel, parse_dtype, HeapView, SymmetricBuffer};
 use crate::convert::{
-    from_bits, parse_algo, parse_atomic, parse_cmp, parse_reduce, parse_signal_op, stream_or,
-    to_bits,
+    atomic_args, from_bits, parse_algo, parse_cmp, parse_reduce, parse_signal_op, stream_or,
 };
 use crate::errors::{to_py, value_error, IntoPyResult};
 use crate::store::{PyBootstrap, Source, Watcher};
@@ -557,22 +556,7 @@ impl PyContext {
         value: Option<Bound<'_, PyAny>>,
         compare: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        let op = parse_atomic(op)?;
-        let dt = parse_dtype(dtype)?;
-        let bits = |v: Option<Bound<'_, PyAny>>| -> PyResult<u64> {
-            match v {
-                Some(v) => to_bits(&v, dt),
-                None => Ok(0),
-            }
-        };
-        if value.is_none() && !matches!(op, AtomicOp::Load) {
-            return Err(value_error(format!("atomic {} needs a value", op.name())));
-        }
-        if compare.is_none() && op == AtomicOp::CompareSwap {
-            return Err(value_error("compare_swap needs the compare value"));
-        }
-        let v = bits(value)?;
-        let c = bits(compare)?;
+        let (op, dt, v, c) = atomic_args(op, dtype, value, compare)?;
         let ctx = self.ctx.clone();
         let old = py
             .detach(move || ctx.atomic_op(addr, pe, op, dt, v, c))

@@ -64,6 +64,27 @@ pub(crate) fn parse_atomic(s: &str) -> PyResult<AtomicOp> {
     })
 }
 
+/// An atomic call's arguments from Python: the op, the word's dtype, and the operand and
+/// compare value as `dtype` bits (0 where absent). `value` is required except for `fetch`,
+/// `compare` for `compare_swap`.
+pub(crate) fn atomic_args(
+    op: &str,
+    dtype: &str,
+    value: Option<Bound<'_, PyAny>>,
+    compare: Option<Bound<'_, PyAny>>,
+) -> PyResult<(AtomicOp, DType, u64, u64)> {
+    let op = parse_atomic(op)?;
+    let dt = crate::buffer::parse_dtype(dtype)?;
+    if value.is_none() && op != AtomicOp::Load {
+        return Err(value_error(format!("atomic {} needs a value", op.name())));
+    }
+    if compare.is_none() && op == AtomicOp::CompareSwap {
+        return Err(value_error("compare_swap needs the compare value"));
+    }
+    let bits = |v: Option<Bound<'_, PyAny>>| v.map_or(Ok(0), |v| to_bits(&v, dt));
+    Ok((op, dt, bits(value)?, bits(compare)?))
+}
+
 /// The bits of Python number `v` as a `dtype` word (integers wrap modulo the width; values
 /// outside `[-2^(w-1), 2^w)` are rejected).
 pub(crate) fn to_bits(v: &Bound<'_, PyAny>, dtype: DType) -> PyResult<u64> {

@@ -7,11 +7,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
-use symheap::{Allocation, At, AtomicOp, DType, Nvshmem, Provider};
+use symheap::{Allocation, At, DType, Nvshmem, Provider};
 
-use crate::buffer::parse_dtype;
 use crate::context::PyContext;
-use crate::convert::{from_bits, parse_atomic, parse_cmp, parse_signal_op, stream_or, to_bits};
+use crate::convert::{atomic_args, from_bits, parse_cmp, parse_signal_op, stream_or};
 use crate::errors::{raise, value_error, Class, IntoPyResult};
 
 /// What `allocate` returns: `(addr, nbytes, table_addr, peer_bases, direct)`.
@@ -309,21 +308,13 @@ impl PyNvshmem {
         value: Option<Bound<'_, PyAny>>,
         compare: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        let op = parse_atomic(op)?;
-        let dt = parse_dtype(dtype)?;
+        let (op, dt, v, c) = atomic_args(op, dtype, value, compare)?;
         if !matches!(dt, DType::I64 | DType::U64) {
             return Err(value_error(format!(
                 "NVSHMEM's host atomics are int64 here; the word is {dt} (use an int64 or uint64 tensor)"
             )));
         }
-        if value.is_none() && op != AtomicOp::Load {
-            return Err(value_error(format!("atomic {} needs a value", op.name())));
-        }
-        if compare.is_none() && op == AtomicOp::CompareSwap {
-            return Err(value_error("compare_swap needs the compare value"));
-        }
-        let bits = |v: Option<Bound<'_, PyAny>>| v.map_or(Ok(0), |v| to_bits(&v, dt));
-        let (v, c) = (bits(value)? as i64, bits(compare)? as i64);
+        let (v, c) = (v as i64, c as i64);
         let nv = self.usable()?.clone();
         let live = self.live();
         let d = place(&live, addr, 8, "atomic word")?;

@@ -575,22 +575,23 @@ impl Session {
     /// `nvshmem_putmem`: returns once `src` may be reused; complete at PE `pe` after
     /// [`quiet`](Self::quiet).
     pub(crate) fn putmem(&self, dst: u64, src: u64, bytes: u64, pe: usize) -> Result<(), String> {
-        let (size, pe) = self.rma_args(dst, src, bytes, pe)?;
-        if size > 0 {
-            // SAFETY: NVSHMEM is initialised (a live Session); both ranges lie inside live
-            // symmetric allocations (checked above) and `pe` is a valid PE, so NVSHMEM reads
-            // and writes only memory it allocated. The caller made the device current.
-            unsafe { (self.api.putmem)(dst as *mut c_void, src as *const c_void, size, pe) };
-        }
-        Ok(())
+        self.rma(self.api.putmem, dst, src, bytes, pe)
     }
 
     /// `nvshmem_getmem`: returns once PE `pe`'s `src` arrived in the local `dst`.
     pub(crate) fn getmem(&self, dst: u64, src: u64, bytes: u64, pe: usize) -> Result<(), String> {
+        self.rma(self.api.getmem, dst, src, bytes, pe)
+    }
+
+    /// `putmem` or `getmem` (`f`), once the ranges and PE are checked.
+    fn rma(&self, f: Rma, dst: u64, src: u64, bytes: u64, pe: usize) -> Result<(), String> {
         let (size, pe) = self.rma_args(dst, src, bytes, pe)?;
         if size > 0 {
-            // SAFETY: as in `putmem`.
-            unsafe { (self.api.getmem)(dst as *mut c_void, src as *const c_void, size, pe) };
+            // SAFETY: `f` is `nvshmem_putmem` or `nvshmem_getmem` of a live session; both
+            // ranges lie inside live symmetric allocations (checked above) and `pe` is a valid
+            // PE, so NVSHMEM reads and writes only memory it allocated. The caller made the
+            // device current.
+            unsafe { f(dst as *mut c_void, src as *const c_void, size, pe) };
         }
         Ok(())
     }
@@ -616,21 +617,7 @@ impl Session {
         pe: usize,
         s: CheckedStream,
     ) -> Result<(), String> {
-        let (size, pe) = self.rma_args(dst, src, bytes, pe)?;
-        if size > 0 {
-            // SAFETY: as in `putmem`; the stream is live (a `Stream`'s contract) and on this
-            // context's device (`CheckedStream`).
-            unsafe {
-                (self.api.putmem_on_stream)(
-                    dst as *mut c_void,
-                    src as *const c_void,
-                    size,
-                    pe,
-                    s.0 as *mut c_void,
-                )
-            };
-        }
-        Ok(())
+        self.rma_on_stream(self.api.putmem_on_stream, dst, src, bytes, pe, s)
     }
 
     /// `nvshmemx_getmem_on_stream`.
@@ -642,11 +629,25 @@ impl Session {
         pe: usize,
         s: CheckedStream,
     ) -> Result<(), String> {
+        self.rma_on_stream(self.api.getmem_on_stream, dst, src, bytes, pe, s)
+    }
+
+    /// `putmem_on_stream` or `getmem_on_stream` (`f`), once the ranges and PE are checked.
+    fn rma_on_stream(
+        &self,
+        f: RmaOnStream,
+        dst: u64,
+        src: u64,
+        bytes: u64,
+        pe: usize,
+        s: CheckedStream,
+    ) -> Result<(), String> {
         let (size, pe) = self.rma_args(dst, src, bytes, pe)?;
         if size > 0 {
-            // SAFETY: as in `putmem_on_stream`.
+            // SAFETY: as in `rma`; the stream is live (a `Stream`'s contract) and on this
+            // context's device (`CheckedStream`).
             unsafe {
-                (self.api.getmem_on_stream)(
+                f(
                     dst as *mut c_void,
                     src as *const c_void,
                     size,
@@ -674,7 +675,7 @@ impl Session {
     ) -> Result<(), String> {
         let (size, pe) = self.rma_args(dst, src, bytes, pe)?;
         self.word_arg(sig, pe as usize)?;
-        // SAFETY: as in `putmem_on_stream`; `sig` is an aligned word of a live allocation and
+        // SAFETY: as in `rma_on_stream`; `sig` is an aligned word of a live allocation and
         // `op` one of NVSHMEM's two signal operations (the callers pass the constants).
         unsafe {
             (self.api.putmem_signal_on_stream)(
