@@ -2,7 +2,8 @@
 //! PE): the heap's bytes are touched only with atomic accesses, so the race is defined
 //! behaviour, and every aligned 8-byte word a reader sees is one some writer stored whole.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use symheap::{BackendChoice, Context};
 
@@ -24,9 +25,10 @@ fn racing_puts_gets_and_copies_see_whole_words() {
     buf.write(0, &vec![patterns[0]; WORDS]).unwrap();
     other.write(0, &vec![patterns[2]; WORDS]).unwrap();
     let stop = AtomicBool::new(false);
+    let landed = AtomicUsize::new(0);
     let torn = std::thread::scope(|s| {
-        for &p in &patterns[..2] {
-            let (ctx, buf, stop) = (&ctx, &buf, &stop);
+        for (i, &p) in patterns[..2].iter().enumerate() {
+            let (ctx, buf, stop, landed) = (&ctx, &buf, &stop, &landed);
             s.spawn(move || {
                 let bytes: Vec<u8> = std::iter::repeat_n(p.to_le_bytes(), WORDS)
                     .flatten()
@@ -34,19 +36,22 @@ fn racing_puts_gets_and_copies_see_whole_words() {
                 while !stop.load(Ordering::Relaxed) {
                     ctx.put_bytes(buf.addr(), &bytes, 0).unwrap();
                     ctx.write_at(buf.addr() + 8, &[p; 7]).unwrap();
+                    landed.fetch_or(1 << i, Ordering::Release);
                 }
             });
         }
         {
-            let (ctx, buf, other, stop) = (&ctx, &buf, &other, &stop);
+            let (ctx, buf, other, stop, landed) = (&ctx, &buf, &other, &stop, &landed);
             s.spawn(move || {
                 let s = ctx.create_stream().unwrap();
                 while !stop.load(Ordering::Relaxed) {
                     ctx.put_on_stream(buf.addr(), other.addr(), 64, 0, &s)
                         .unwrap();
+                    landed.fetch_or(1 << 2, Ordering::Release);
                 }
             });
         }
+        wait_for_puts(&landed, 0b111, &stop);
         let mut torn = 0usize;
         let mut out = vec![0u8; WORDS * 8];
         for _ in 0..300 {
@@ -93,18 +98,24 @@ fn racing_big_puts_see_whole_words(words: usize) {
     let at = buf.addr() + 8;
     let patterns: [u64; 2] = [0x1111_1111_1111_1111, 0xa5a5_a5a5_a5a5_a5a5];
     let stop = AtomicBool::new(false);
+    let landed = AtomicUsize::new(0);
     let torn = std::thread::scope(|s| {
-        for &p in &patterns {
-            let (ctx, stop) = (&ctx, &stop);
+        for (i, &p) in patterns.iter().enumerate() {
+            let (ctx, stop, landed) = (&ctx, &stop, &landed);
             s.spawn(move || {
                 let bytes: Vec<u8> = std::iter::repeat_n(p.to_le_bytes(), words)
                     .flatten()
                     .collect();
                 while !stop.load(Ordering::Relaxed) {
                     ctx.put_bytes(at, &bytes, 0).unwrap();
+                    landed.fetch_or(1 << i, Ordering::Release);
                 }
             });
         }
+        // On a loaded two-core machine the writers may not have started when the reader's gets
+        // are over (CI saw "no put landed"): read only once both have put at least once each,
+        // so every get races a writer.
+        wait_for_puts(&landed, 0b11, &stop);
         let mut torn = 0usize;
         let mut out = vec![0u8; words * 8];
         let mut seen = 0;
@@ -132,6 +143,19 @@ fn racing_big_puts_see_whole_words(words: usize) {
     ctx.get_bytes(&mut out, at, 0).unwrap();
     assert!(out == data, "a streaming put or get changed the bytes");
     ctx.finalize().unwrap();
+}
+
+/// Waits (bounded: 60 s) until every writer bit in `all` is set in `landed` (writer `i` sets
+/// bit `i` after each put); on timeout stops the writers and fails.
+fn wait_for_puts(landed: &AtomicUsize, all: usize, stop: &AtomicBool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while landed.load(Ordering::Acquire) & all != all {
+        if Instant::now() > deadline {
+            stop.store(true, Ordering::Relaxed);
+            panic!("the writer threads did not put within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// A buffer this thread just used (so its validation is remembered) is refused as soon as it
