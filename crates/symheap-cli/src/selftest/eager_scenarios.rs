@@ -18,7 +18,8 @@ pub fn eager(ctx: &Context, a: PeArgs) -> Outcome {
     let world = ctx.world_team();
     let src = ctx.malloc(96).map_err(e2s)?;
     let dst = ctx.malloc(96).map_err(e2s)?;
-    let burst = 3 * 4 + 1;
+    // More than the most slots a root has (32, `SyncArea::eager_slots`), twice over.
+    let burst = 2 * 32 + 1;
     for root in 0..n {
         ctx.barrier_all().map_err(e2s)?;
         if me != root {

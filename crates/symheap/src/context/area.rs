@@ -14,7 +14,7 @@
 //!        double-buffered by barrier parity): what `src` pushed here at its arrival at a
 //!        barrier of the slot's team, two cache lines: {epoch, count, hash, flags, aux, NARROW
 //!        payload bytes} and {epoch, the rest of INLINE payload bytes}
-//!        then, per member `root` of the world, EAGER_SLOTS eager-broadcast slots (EAGER_SLOT
+//!        then, per member `root` of the world, eager_slots(world) eager-broadcast slots (EAGER_SLOT
 //!        bytes each: {sequence, count, hash, bytes, EAGER_INLINE data bytes}) that `root`
 //!        writes here, then one line: how many eager broadcasts of the team this PE consumed
 //! ...    the watch (see `context/watch.rs`): the wait this PE is blocked in (WAIT_WORDS words),
@@ -32,8 +32,8 @@ pub const MAX_TEAMS: usize = 32;
 pub const MAILBOX: u64 = 16 << 10;
 /// Words of the wait record.
 pub const WAIT_WORDS: u64 = 8;
-/// Recent calls kept per team slot.
-pub const RING: u64 = 16;
+/// Recent calls kept per team slot (more than a root may run ahead: see [`EAGER_SLOTS_MAX`]).
+pub const RING: u64 = 64;
 /// Words of one ring entry: seq, position, hash, text length, then the text.
 pub const ENTRY_WORDS: u64 = 32;
 /// Bytes a one-pass collective publishes per member, team and barrier parity.
@@ -47,11 +47,11 @@ pub const INLINE: u64 = NARROW + 64 - 8;
 /// Payload bytes that fit in an entry's first line, after epoch, count, hash, flags and aux.
 pub const NARROW: u64 = 64 - 8 * 5;
 
-/// Eager-broadcast slots per (receiver, root, team): how far a root may run ahead of the
-/// slowest receiver (see `context/eager.rs`). Fewer than [`RING`] - 1, so a receiver that finds
-/// the root diverged still finds the root's call in the root's ring of recent calls.
-pub const EAGER_SLOTS: u64 = 8;
-const _: () = assert!(EAGER_SLOTS < RING - 1);
+/// The most eager-broadcast slots per (receiver, root, team) (see [`SyncArea::eager_slots`]).
+/// Fewer than [`RING`] - 1, so a receiver that finds the root diverged still finds the root's
+/// call in the root's ring of recent calls.
+pub const EAGER_SLOTS_MAX: u64 = 32;
+const _: () = assert!(EAGER_SLOTS_MAX < RING - 1);
 /// Bytes of one eager-broadcast slot (two cache lines).
 pub const EAGER_SLOT: u64 = 128;
 /// Words of an eager slot before its data: sequence, count, hash, bytes.
@@ -75,6 +75,8 @@ pub struct SyncArea {
     slot_stride: u64,
     /// Every base is non-zero (asked by every small collective: kept, not recomputed).
     all_direct: bool,
+    /// `eager_slots_for(world)`, kept.
+    eager_slots: u64,
 }
 
 impl SyncArea {
@@ -122,7 +124,27 @@ impl SyncArea {
     }
 
     fn stride(world: usize) -> u64 {
-        Self::eager_at(world) + EAGER_SLOTS * EAGER_SLOT * world as u64 + 64
+        Self::eager_at(world) + Self::eager_slots_for(world) * EAGER_SLOT * world as u64 + 64
+    }
+
+    /// Eager-broadcast slots per (receiver, root, team) in a world of `world` PEs: how far a
+    /// root may run ahead of its slowest receiver (see `context/eager.rs`). A power of two.
+    /// Deep where the world is small: with 8 slots a root in a loop of 8-byte broadcasts
+    /// between 2 PEs polled its receiver's consumed count every 4 calls, a line transfer each,
+    /// and 32 slots made such a loop 10-15 % faster on the 2-vCPU VM (64: no better). The slots
+    /// take `world` x slots x 128 bytes per team slot of every PE's area, so large worlds keep
+    /// the 8 they had.
+    fn eager_slots_for(world: usize) -> u64 {
+        match world {
+            0..=8 => EAGER_SLOTS_MAX,
+            9..=16 => EAGER_SLOTS_MAX / 2,
+            _ => EAGER_SLOTS_MAX / 4,
+        }
+    }
+
+    /// This area's eager-broadcast slots per (receiver, root, team).
+    pub fn eager_slots(&self) -> u64 {
+        self.eager_slots
     }
 
     /// Where a slot's eager-broadcast slots start, after its entries.
@@ -138,6 +160,7 @@ impl SyncArea {
             bases,
             world,
             slot_stride: Self::stride(world),
+            eager_slots: Self::eager_slots_for(world),
         }
     }
 
@@ -202,11 +225,12 @@ impl SyncArea {
         }
     }
 
-    /// Eager slot `j % EAGER_SLOTS` that member `root` writes for its eager broadcast `j` on
+    /// Eager slot `j % eager_slots` that member `root` writes for its eager broadcast `j` on
     /// team `slot` into PE `pe`'s area.
     pub fn eager_slot(&self, pe: usize, slot: usize, root: usize, j: u64) -> u64 {
         debug_assert!(root < self.world);
-        let i = root as u64 * EAGER_SLOTS + j % EAGER_SLOTS;
+        let n = self.eager_slots;
+        let i = root as u64 * n + (j & (n - 1));
         self.slot(pe, slot) + Self::eager_at(self.world) + i * EAGER_SLOT
     }
 
@@ -229,7 +253,25 @@ mod tests {
 
     #[test]
     fn layout_is_disjoint_and_in_bounds() {
-        let world = 5;
+        for world in [1, 2, 5, 8, 9, 16, 17, 40] {
+            layout_is_disjoint_and_in_bounds_at(world);
+        }
+    }
+
+    #[test]
+    fn eager_slots_are_a_power_of_two_below_the_ring() {
+        for world in 1..200 {
+            let n = SyncArea::new(vec![1 << 20; world]).eager_slots();
+            assert!(
+                n.is_power_of_two() && (8..RING - 1).contains(&n),
+                "{world}: {n}"
+            );
+        }
+        assert_eq!(SyncArea::new(vec![1 << 20; 2]).eager_slots(), 32);
+        assert_eq!(SyncArea::new(vec![1 << 20; 64]).eager_slots(), 8);
+    }
+
+    fn layout_is_disjoint_and_in_bounds_at(world: usize) {
         let a = SyncArea::new(vec![1 << 20; world]);
         let end = (1 << 20) + SyncArea::bytes(world);
         let mut words = vec![
@@ -251,10 +293,11 @@ mod tests {
         }
         for slot in 0..MAX_TEAMS {
             for root in 0..world {
-                for j in 0..EAGER_SLOTS {
+                let n = a.eager_slots();
+                for j in 0..n {
                     let e = a.eager_slot(0, slot, root, j);
                     assert_eq!(e % 64, 0);
-                    assert_eq!(e, a.eager_slot(0, slot, root, j + EAGER_SLOTS));
+                    assert_eq!(e, a.eager_slot(0, slot, root, j + n));
                     for w in 0..EAGER_SLOT / 8 {
                         words.push(e + 8 * w);
                     }

@@ -3,11 +3,12 @@
 //! A synchronous broadcast costs its root a meeting with every receiver per call; MPI's eager
 //! protocol costs it one push into a queue the receivers drain. Here the root of a team's eager
 //! broadcast `j` (the team's `j`-th, counted alike by every member) writes the data, its ledger
-//! digest and the sequence `j + 1` into slot `j % EAGER_SLOTS` of its slots in every receiver's
+//! digest and the sequence `j + 1` into slot `j % S` of its `S` slots in every receiver's
 //! area, and returns. A receiver waits for that sequence in its own area, checks the digest
 //! against its own (the ledger check a barrier makes), copies the data and counts the broadcast
 //! consumed. A root reuses a slot only once every receiver has consumed the broadcast that last
-//! used it, so it runs at most `EAGER_SLOTS` broadcasts ahead of the slowest receiver.
+//! used it, so it runs at most `S` broadcasts ahead of the slowest receiver (`S` is
+//! `SyncArea::eager_slots`: 32 in worlds of up to 8 PEs, fewer in larger ones).
 //!
 //! Slots are per root, so no two PEs write one line even when they diverged over who is the
 //! root. A divergence a receiver sees is named from the published rings of recent calls (as the
@@ -18,7 +19,7 @@
 
 use std::sync::atomic::{fence, Ordering};
 
-use super::area::{EAGER_HEADER_WORDS, EAGER_INLINE, EAGER_SLOT, EAGER_SLOTS};
+use super::area::{EAGER_HEADER_WORDS, EAGER_INLINE, EAGER_SLOT};
 use super::team::{TeamInner, TeamState};
 use super::watch::Watching;
 use super::Inner;
@@ -56,15 +57,15 @@ impl Inner {
     }
 
     /// Counts eager broadcast `j` consumed by this PE, its ledger hash then being `hash`. The
-    /// count is published every `EAGER_SLOTS / 2` broadcasts only: a root waiting for slots
+    /// count is published every `S / 2` broadcasts only (`S` slots): a root waiting for slots
     /// polls the counter's line, and every store into it would then cost its writer a line
     /// transfer. That granularity never holds a root up for good: a receiver that consumed
-    /// everything before broadcast `j` has published at least `j - EAGER_SLOTS / 2`, which frees
-    /// the slot of `j` (it needs `j + 1 - EAGER_SLOTS`). Finalize publishes the exact count.
+    /// everything before broadcast `j` has published at least `j - S / 2`, which frees the slot
+    /// of `j` (it needs `j + 1 - S`). Finalize publishes the exact count.
     fn mark_consumed(&self, team: &TeamInner, st: &mut TeamState, j: u64, hash: u64) {
         st.eager = j + 1;
         st.eager_hash = hash;
-        if st.eager % (EAGER_SLOTS / 2) == 0 {
+        if st.eager & (self.area.eager_slots() / 2 - 1) == 0 {
             self.publish_consumed(team, st);
         }
     }
@@ -102,8 +103,8 @@ impl Inner {
         let (count, hash) = st.ledger.digest();
         let me = team.my_global();
         let a = &self.area;
-        // The slot was last used by broadcast j - EAGER_SLOTS: every receiver must be past it.
-        let need = (j + 1).saturating_sub(EAGER_SLOTS);
+        // The slot was last used by broadcast j - S: every receiver must be past it.
+        let need = (j + 1).saturating_sub(self.area.eager_slots());
         let mut published = false;
         if st.eager_acked < need {
             let least = || {

@@ -77,7 +77,7 @@ impl TeamInner {
             }),
             destroyed: AtomicBool::new(false),
             last_stream: Mutex::new(None),
-            ring_text: Default::default(),
+            ring_text: std::array::from_fn(|_| Default::default()),
             scratch: false,
             spans: false,
         }

@@ -436,7 +436,7 @@ impl Context {
 
     /// A broadcast small enough for the eager channel (see `context/eager.rs`): the root pushes
     /// its data into every receiver's sync area and returns without waiting for them (unless
-    /// it is `EAGER_SLOTS` broadcasts ahead of one); a receiver waits for it, checks the root
+    /// it is as many broadcasts ahead of one as it has slots); a receiver waits for it, checks the root
     /// made the same call, and copies it out. On return this PE's destination is complete and
     /// its source reusable, as for the one-pass broadcast.
     #[allow(clippy::too_many_arguments)]
