@@ -41,6 +41,7 @@ is made.
 from __future__ import annotations
 
 import math
+import os
 import weakref
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
@@ -279,8 +280,10 @@ class NvshmemProvider(Provider):
     maps, any other (another node) through NVSHMEM's host and on-stream calls over its network
     transport; both sides of a transfer must be this provider's tensors. The peer table's 0 entries (``direct``
     False) mark the PEs a kernel cannot store to through ``peer_bases``: a kernel reaches them
-    with NVSHMEM's device library (``nvshmem_putmem_signal`` and friends, in a kernel linked
-    against ``libnvshmem_device``), or the host/stream calls above. Waits are symheap's bounded
+    with NVSHMEM's device library (``nvshmem_putmem_signal`` and friends, in a kernel
+    device-linked with ``libnvshmem_device``: :meth:`device_library` says where it is, and
+    :meth:`init_module` must set up each such module before its kernels run;
+    ``examples/cuda/nvshmem_ring.cu``), or the host/stream calls above. Waits are symheap's bounded
     waits (``SYMHEAP_TIMEOUT``), never NVSHMEM's unbounded ones.
     """
 
@@ -314,6 +317,45 @@ class NvshmemProvider(Provider):
     def lib_path(self) -> str:
         """Path ``libnvshmem_host.so.3`` was loaded from."""
         return str(self._p.lib_path())
+
+    def device_library(self) -> Dict[str, str]:
+        """Where NVSHMEM's device library is, beside the host library in use: ``include`` (the
+        headers' directory), ``static`` (``libnvshmem_device.a``, for ``nvcc -dlink``) and
+        ``bitcode`` (``libnvshmem_device.bc``, for LLVM/LTO linkers). Raises
+        :class:`SymheapUnsupportedError` when that installation has none (the
+        ``nvidia-nvshmem-cu13`` wheel has both)."""
+        lib_dir = os.path.dirname(os.path.realpath(self.lib_path()))
+        found = {
+            "include": os.path.join(os.path.dirname(lib_dir), "include"),
+            "static": os.path.join(lib_dir, "libnvshmem_device.a"),
+            "bitcode": os.path.join(lib_dir, "libnvshmem_device.bc"),
+        }
+        missing = [p for p in found.values() if not os.path.exists(p)]
+        if missing:
+            raise SymheapUnsupportedError(
+                f"NVSHMEM's device library is not beside {self.lib_path()}: missing {', '.join(missing)}"
+            )
+        return found
+
+    def init_module(self, module: int) -> None:
+        """Sets up NVSHMEM's device state in ``module``, a ``CUmodule`` handle (an int: CuPy's
+        ``cupy.cuda.function.Module().ptr``, ``cuda.bindings``' ``int(CUmodule)``) whose code was
+        compiled with ``nvcc -rdc=true`` and device-linked with ``libnvshmem_device.a`` (see
+        :meth:`device_library` and README, "NVSHMEM's device library"). NVSHMEM's device
+        functions read state kept in each module: call this once per module, before launching
+        any of its kernels. Not collective. The module must be loaded in this device's primary
+        context and still loaded (a dangling handle is undefined behaviour in the driver). A
+        module not linked with the device library raises :class:`SymheapValueError`."""
+        if self._finalized:
+            raise SymheapError("the NVSHMEM provider was finalized")
+        self._p.init_module(int(module))
+
+    def finalize_module(self, module: int) -> None:
+        """Releases what :meth:`init_module` set up in ``module``; call it before unloading the
+        module. Not collective."""
+        if self._finalized:
+            raise SymheapError("the NVSHMEM provider was finalized")
+        self._p.finalize_module(int(module))
 
     def my_pe(self) -> int:
         """This PE's NVSHMEM rank (= symheap's)."""

@@ -665,6 +665,134 @@ def case_rma(name: str) -> None:
         p.free(v)
 
 
+RING_CU = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "cuda", "nvshmem_ring.cu")
+
+
+def _nvcc() -> str:
+    import shutil
+
+    return shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+
+
+def _nvcc_run(args: List[str]) -> None:
+    import subprocess
+
+    r = subprocess.run([_nvcc(), *args], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"nvcc {' '.join(args)} failed ({r.returncode}):\n{r.stdout}{r.stderr}")
+
+
+def _build_cubin(source: str, p: Any, link_nvshmem: bool) -> bytes:
+    """``source`` compiled for this GPU with relocatable device code, then device-linked (with
+    NVSHMEM's device library when ``link_nvshmem``) into a cubin: the documented build."""
+    import tempfile
+
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"-arch=sm_{major}{minor}"
+    lib = p.device_library()
+    with tempfile.TemporaryDirectory() as d:
+        obj, cubin = os.path.join(d, "k.o"), os.path.join(d, "k.cubin")
+        inc = ["-I" + lib["include"], "-I" + symheap.get_include()]
+        _nvcc_run([arch, "-rdc=true", *inc, "-c", source, "-o", obj])
+        _nvcc_run([arch, "-dlink", "-cubin", obj, *([lib["static"]] if link_nvshmem else []), "-o", cubin])
+        with open(cubin, "rb") as f:
+            return f.read()
+
+
+def _ring_round(p: Any, fn: Any, t: Dict[str, Any], blocks: Any, rnd: int, force: bool) -> List[int]:
+    """One launch of nvshmem_ring on every PE; checks the data from the previous PE exactly and
+    returns the kernel's status words."""
+    import torch
+
+    me, n = p.my_pe(), p.n_pes()
+    t["dst"].fill_(int(POISON))
+    status = torch.zeros(3, dtype=torch.int32, device=p.device())
+    torch.cuda.synchronize()
+    p.barrier()  # every PE reset its dst before any PE writes it
+    cuda_launch(
+        fn,
+        1,
+        BLOCK,
+        t["dst"],
+        t["src"],
+        np.uint64(N),
+        t["sig"],
+        t["table"],
+        np.uint64(rnd),
+        np.int32(force),
+        np.uint64(WAIT_NS),
+        status,
+    )
+    torch.cuda.synchronize()
+    st = [int(v) for v in status.cpu()]
+    assert st[0] == me and st[1] == 1, f"round {rnd}: status {st} (PE {me}: nvshmem_my_pe, signal)"
+    assert torch.equal(t["dst"].cpu(), blocks[(me - 1) % n]), f"round {rnd} (force {force}): wrong data"
+    p.barrier()
+    return st
+
+
+@case
+def case_device_lib(name: str) -> None:
+    """examples/cuda/nvshmem_ring.cu, device-linked with NVSHMEM's device library and set up with
+    init_module: a put-with-signal ring of random int64 through NVSHMEM's device API for every
+    peer (forced), then through the peer table (symheap's stores where an entry is non-zero,
+    NVSHMEM's device API where it is 0), exact data both times."""
+    import cupy
+    import torch
+
+    p = make(name)
+    me, n = p.my_pe(), p.n_pes()
+    blocks = torch.from_numpy(rng_for("device_lib").integers(-(2**50), 2**50, size=(n, N), dtype=np.int64))
+    t: Dict[str, Any] = {}
+    t["dst"], t["table"] = p.allocate_symmetric(N, dtype=torch.int64)
+    t["src"], _ = p.allocate_symmetric(N, dtype=torch.int64)
+    t["sig"], _ = p.allocate_symmetric(1, dtype=torch.int64)
+    t["src"].copy_(blocks[me].to(p.device()))
+    t["sig"].zero_()
+    cubin = _build_cubin(RING_CU, p, link_nvshmem=True)
+    with cupy.cuda.Device(p.device().index):
+        mod = cupy.cuda.function.Module()
+        mod.load(cubin)
+        p.init_module(mod.ptr)
+        fn = mod.get_function("nvshmem_ring")
+        forced = _ring_round(p, fn, t, blocks, 1, True)
+        assert forced[2] == 1, f"forced round took symheap's stores: {forced}"
+        table = _ring_round(p, fn, t, blocks, 2, False)
+        direct = p.symmetric_address_map(t["dst"]).direct
+        assert table[2] == (0 if direct[(me + 1) % n] else 1), f"table round: {table}, direct {direct}"
+        print(f"device_lib: PE {me} forced {forced} table {table} direct {list(direct)}", flush=True)
+        p.finalize_module(mod.ptr)
+    for v in ("dst", "src", "sig"):
+        p.free(t[v])
+
+
+@case
+def case_device_lib_errors(name: str) -> None:
+    """init_module's errors: a handle of 0, a module not linked with NVSHMEM's device library,
+    and any call after finalize."""
+    import tempfile
+
+    import cupy
+
+    p = make(name)
+    raises(SymheapValueError, p.init_module, 0)
+    with tempfile.TemporaryDirectory() as d:
+        plain = os.path.join(d, "plain.cu")
+        with open(plain, "w") as f:
+            f.write('extern "C" __global__ void k(int* x) { *x = 1; }\n')
+        cubin = _build_cubin(plain, p, link_nvshmem=False)
+    with cupy.cuda.Device(p.device().index):
+        mod = cupy.cuda.function.Module()
+        mod.load(cubin)
+        e = raises(SymheapValueError, p.init_module, mod.ptr)
+        assert "libnvshmem_device" in str(e), e
+    p.barrier()
+    p.finalize()
+    raises(SymheapError, p.init_module, 1)
+
+
 def _have(module: str) -> bool:
     try:
         __import__(module)

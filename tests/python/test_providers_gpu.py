@@ -160,6 +160,35 @@ def test_nvshmem_rma_gpu(torch_module, cupy_module, cuda_gpus: int) -> None:
     run_cases(2, "rma:nvshmem", env=GPU_ENV, script=PROVIDER_CASES, timeout=LIMIT)
 
 
+def _nvshmem_device_toolchain() -> None:
+    """Skips without nvcc or NVSHMEM's device library (both needed to build a kernel with it)."""
+    import shutil
+
+    if not (shutil.which("nvcc") or os.path.exists("/usr/local/cuda/bin/nvcc")):
+        pytest.skip("nvcc is not installed (the CUDA toolkit builds kernels with NVSHMEM's device library)")
+    host = _nvshmem_lib()
+    lib = os.path.dirname(os.path.realpath(host)) if "/" in host else ""
+    if not lib or not os.path.exists(os.path.join(lib, "libnvshmem_device.a")):
+        pytest.skip("NVSHMEM's device library (libnvshmem_device.a) is not beside its host library")
+
+
+def test_nvshmem_device_library_kernel(torch_module, cupy_module, cuda_gpus: int) -> None:
+    """examples/cuda/nvshmem_ring.cu built with nvcc against NVSHMEM's device library, set up
+    with NvshmemProvider.init_module, at 2 PEs: the ring through NVSHMEM's device API for every
+    peer, then through the peer table, exact data."""
+    _available("nvshmem", torch_module)
+    _nvshmem_device_toolchain()
+    run_cases(2, "device_lib:nvshmem", env=GPU_ENV, script=PROVIDER_CASES, timeout=LIMIT)
+
+
+def test_nvshmem_init_module_errors(torch_module, cupy_module, cuda_gpus: int) -> None:
+    """init_module refuses a handle of 0 and a module without NVSHMEM's device library, and any
+    call after finalize."""
+    _available("nvshmem", torch_module)
+    _nvshmem_device_toolchain()
+    run_cases(2, "device_lib_errors:nvshmem", env=GPU_ENV, script=PROVIDER_CASES, timeout=LIMIT)
+
+
 def test_nvshmem_rma_across_simulated_nodes(torch_module, cupy_module, cuda_gpus: int) -> None:
     """The same program with the 2 PEs on 2 simulated nodes: NVSHMEM's P2P off, so every peer is
     not direct (the case asserts it) and each call crosses NVSHMEM's UCX transport over TCP on

@@ -339,6 +339,25 @@ impl PyNvshmem {
         self.usable()?.quiet_on_stream(&stream_or(stream)).py()
     }
 
+    /// Sets up NVSHMEM's device state in `module` (a `CUmodule` handle of this device's primary
+    /// context, its code device-linked with `libnvshmem_device`); before any launch of its
+    /// kernels. The handle must be live: the driver cannot tell a dangling one.
+    fn init_module(&self, py: Python<'_>, module: u64) -> PyResult<()> {
+        let nv = self.usable()?.clone();
+        // SAFETY: Python cannot prove the handle live; the method's documented contract (as
+        // for every raw CUDA handle a Python library takes) is that it is a loaded CUmodule of
+        // this device's primary context.
+        py.detach(move || unsafe { nv.init_module(module) }).py()
+    }
+
+    /// Releases what `init_module` set up in `module`; before unloading it.
+    fn finalize_module(&self, py: Python<'_>, module: u64) -> PyResult<()> {
+        let nv = self.usable()?.clone();
+        // SAFETY: as in `init_module`.
+        py.detach(move || unsafe { nv.finalize_module(module) })
+            .py()
+    }
+
     /// This PE's rank.
     fn my_pe(&self) -> PyResult<usize> {
         Ok(self.usable()?.my_pe())

@@ -199,6 +199,41 @@ impl Nvshmem {
         &self.lib
     }
 
+    /// Not collective: sets up NVSHMEM's device state in `module`, a CUDA module (a `CUmodule`
+    /// handle as an integer) whose kernels use NVSHMEM's device API: compiled with
+    /// `nvcc -rdc=true` and device-linked with `libnvshmem_device` (see README, "NVSHMEM's
+    /// device library"). NVSHMEM's device functions read state that lives in each module;
+    /// before this call a kernel of `module` reads it uninitialised (a wrong PE, a fault).
+    /// Call it once per module after [`new`](Self::new), before any launch; release with
+    /// [`finalize_module`](Self::finalize_module) before unloading the module. A module that
+    /// was not linked with the device library, a handle of 0 or a finalized provider is an
+    /// error.
+    ///
+    /// # Safety
+    /// `module` must be a live `CUmodule` loaded in the primary context of this provider's
+    /// device (the context CUDA's runtime, torch, CuPy and Triton use), not unloaded before
+    /// this call returns. A handle symheap cannot check: the driver may crash on a dangling
+    /// one.
+    pub unsafe fn init_module(&self, module: u64) -> Result<()> {
+        // SAFETY: the caller's contract; `on_session` made this device's primary context
+        // current.
+        self.on_session("Nvshmem::init_module", |s| unsafe {
+            s.cumodule(module, true)
+        })
+    }
+
+    /// Not collective: releases what [`init_module`](Self::init_module) set up in `module`;
+    /// call it before unloading the module.
+    ///
+    /// # Safety
+    /// As for [`init_module`](Self::init_module).
+    pub unsafe fn finalize_module(&self, module: u64) -> Result<()> {
+        // SAFETY: as in `init_module`.
+        self.on_session("Nvshmem::finalize_module", |s| unsafe {
+            s.cumodule(module, false)
+        })
+    }
+
     /// Whether [`finalize`](Self::finalize) has run (every later call fails).
     pub fn is_finalized(&self) -> bool {
         self.lock().session.is_none()

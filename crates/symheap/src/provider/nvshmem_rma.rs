@@ -43,7 +43,7 @@ fn signal_code(op: SignalOp) -> i32 {
 impl Nvshmem {
     /// Runs `f` on the live session with this PE's device current; its message becomes an
     /// `Invalid` error naming `call` and this PE.
-    fn on_session<T>(
+    pub(super) fn on_session<T>(
         &self,
         call: &'static str,
         f: impl FnOnce(&Session) -> std::result::Result<T, String>,

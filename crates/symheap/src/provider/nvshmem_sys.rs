@@ -20,6 +20,9 @@ use std::sync::Mutex;
 
 use crate::util::libsearch::{self, Candidate, Library};
 
+#[path = "nvshmem_sys_rma.rs"]
+mod rma;
+
 /// The host library's file name (the loader name of the 3.x ABI).
 pub(crate) const LIB_NAME: &str = "libnvshmem_host.so.3";
 
@@ -143,6 +146,8 @@ type Malloc = unsafe extern "C" fn(usize) -> *mut c_void;
 type Free = unsafe extern "C" fn(*mut c_void);
 type Ptr = unsafe extern "C" fn(*const c_void, c_int) -> *mut c_void;
 type VersionInfo = unsafe extern "C" fn(*mut c_int, *mut c_int, *mut c_int);
+/// `nvshmemx_cumodule_init` / `nvshmemx_cumodule_finalize`: (CUmodule) -> status.
+type CuModuleFn = unsafe extern "C" fn(*mut c_void) -> c_int;
 /// `nvshmem_putmem` / `nvshmem_getmem`: (dest, source, bytes, pe).
 type Rma = unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int);
 /// `nvshmemx_putmem_on_stream` / `nvshmemx_getmem_on_stream`: (dest, source, bytes, pe, stream).
@@ -224,6 +229,8 @@ pub(crate) struct Api {
     amo_fetch_and: Amo,
     amo_fetch_or: Amo,
     amo_fetch_xor: Amo,
+    cumodule_init: CuModuleFn,
+    cumodule_finalize: CuModuleFn,
     _lib: ManuallyDrop<libloading::Library>,
 }
 
@@ -290,6 +297,8 @@ fn resolve(lib: libloading::Library, path: &Path) -> Result<Api, String> {
         amo_fetch_and: sym!("nvshmem_int64_atomic_fetch_and", Amo),
         amo_fetch_or: sym!("nvshmem_int64_atomic_fetch_or", Amo),
         amo_fetch_xor: sym!("nvshmem_int64_atomic_fetch_xor", Amo),
+        cumodule_init: sym!("nvshmemx_cumodule_init", CuModuleFn),
+        cumodule_finalize: sym!("nvshmemx_cumodule_finalize", CuModuleFn),
         _lib: lib,
     })
 }
@@ -533,219 +542,33 @@ impl Session {
         covers(&self.live, p, len)
     }
 
-    /// The checks every data-path call makes: `pe` in range, both ranges symmetric. Returns
-    /// the size and PE as NVSHMEM takes them.
-    fn rma_args(
-        &self,
-        dst: u64,
-        src: u64,
-        bytes: u64,
-        pe: usize,
-    ) -> Result<(usize, c_int), String> {
-        let size =
-            usize::try_from(bytes).map_err(|_| format!("{bytes} bytes do not fit size_t"))?;
-        let pe_c = self.pe_arg(pe)?;
-        for (what, p) in [("destination", dst), ("source", src)] {
-            if !self.covers(p, bytes) {
-                return Err(format!(
-                    "the {what} range [{p:#x}, +{bytes}) is not inside one live NVSHMEM allocation (NVSHMEM moves data only between symmetric allocations)"
-                ));
-            }
+    /// `nvshmemx_cumodule_init` (`init`) or `nvshmemx_cumodule_finalize`: sets up, or releases,
+    /// NVSHMEM's device state in `module`, a CUDA module whose code was linked with NVSHMEM's
+    /// device library (`libnvshmem_device`). A kernel of such a module calling NVSHMEM's
+    /// device API before `init` reads uninitialised state.
+    ///
+    /// # Safety
+    /// `module` is a live `CUmodule` of the current CUDA context (loaded, not yet unloaded).
+    pub(crate) unsafe fn cumodule(&self, module: u64, init: bool) -> Result<(), String> {
+        if module == 0 {
+            return Err("the module handle is 0 (no CUmodule)".into());
         }
-        Ok((size, pe_c))
-    }
-
-    fn pe_arg(&self, pe: usize) -> Result<c_int, String> {
-        if pe >= self.n {
-            return Err(format!("PE {pe} is out of range (0..{})", self.n));
-        }
-        Ok(pe as c_int)
-    }
-
-    /// An 8-byte aligned word of a live allocation (signals, int64 atomics).
-    fn word_arg(&self, p: u64, pe: usize) -> Result<c_int, String> {
-        if p % 8 != 0 || !self.covers(p, 8) {
+        let (f, name) = if init {
+            (self.api.cumodule_init, "nvshmemx_cumodule_init")
+        } else {
+            (self.api.cumodule_finalize, "nvshmemx_cumodule_finalize")
+        };
+        // SAFETY: NVSHMEM is initialised (this Session); `module` is a live CUmodule of the
+        // current context (the caller's contract). NVSHMEM looks its device-state symbols up
+        // in the module and copies its state there, or reports that they are missing.
+        let rc = unsafe { f(module as *mut c_void) };
+        if rc != 0 {
             return Err(format!(
-                "{p:#x} is not an 8-byte aligned word inside a live NVSHMEM allocation"
+                "{name} failed with status {rc} (a module whose code was not device-linked with \
+                 libnvshmem_device: nvcc -rdc=true, then nvcc -dlink with the library)"
             ));
         }
-        self.pe_arg(pe)
-    }
-
-    /// `nvshmem_putmem`: returns once `src` may be reused; complete at PE `pe` after
-    /// [`quiet`](Self::quiet).
-    pub(crate) fn putmem(&self, dst: u64, src: u64, bytes: u64, pe: usize) -> Result<(), String> {
-        self.rma(self.api.putmem, dst, src, bytes, pe)
-    }
-
-    /// `nvshmem_getmem`: returns once PE `pe`'s `src` arrived in the local `dst`.
-    pub(crate) fn getmem(&self, dst: u64, src: u64, bytes: u64, pe: usize) -> Result<(), String> {
-        self.rma(self.api.getmem, dst, src, bytes, pe)
-    }
-
-    /// `putmem` or `getmem` (`f`), once the ranges and PE are checked.
-    fn rma(&self, f: Rma, dst: u64, src: u64, bytes: u64, pe: usize) -> Result<(), String> {
-        let (size, pe) = self.rma_args(dst, src, bytes, pe)?;
-        if size > 0 {
-            // SAFETY: `f` is `nvshmem_putmem` or `nvshmem_getmem` of a live session; both
-            // ranges lie inside live symmetric allocations (checked above) and `pe` is a valid
-            // PE, so NVSHMEM reads and writes only memory it allocated. The caller made the
-            // device current.
-            unsafe { f(dst as *mut c_void, src as *const c_void, size, pe) };
-        }
         Ok(())
-    }
-
-    /// `nvshmem_fence`: this PE's puts to one PE arrive in order across it.
-    pub(crate) fn fence(&self) {
-        // SAFETY: NVSHMEM is initialised; the call takes no arguments.
-        unsafe { (self.api.fence)() }
-    }
-
-    /// `nvshmem_quiet`: every put and AMO this PE issued from the host is complete.
-    pub(crate) fn quiet(&self) {
-        // SAFETY: NVSHMEM is initialised; the call takes no arguments.
-        unsafe { (self.api.quiet)() }
-    }
-
-    /// `nvshmemx_putmem_on_stream`.
-    pub(crate) fn putmem_on_stream(
-        &self,
-        dst: u64,
-        src: u64,
-        bytes: u64,
-        pe: usize,
-        s: CheckedStream,
-    ) -> Result<(), String> {
-        self.rma_on_stream(self.api.putmem_on_stream, dst, src, bytes, pe, s)
-    }
-
-    /// `nvshmemx_getmem_on_stream`.
-    pub(crate) fn getmem_on_stream(
-        &self,
-        dst: u64,
-        src: u64,
-        bytes: u64,
-        pe: usize,
-        s: CheckedStream,
-    ) -> Result<(), String> {
-        self.rma_on_stream(self.api.getmem_on_stream, dst, src, bytes, pe, s)
-    }
-
-    /// `putmem_on_stream` or `getmem_on_stream` (`f`), once the ranges and PE are checked.
-    fn rma_on_stream(
-        &self,
-        f: RmaOnStream,
-        dst: u64,
-        src: u64,
-        bytes: u64,
-        pe: usize,
-        s: CheckedStream,
-    ) -> Result<(), String> {
-        let (size, pe) = self.rma_args(dst, src, bytes, pe)?;
-        if size > 0 {
-            // SAFETY: as in `rma`; the stream is live (a `Stream`'s contract) and on this
-            // context's device (`CheckedStream`).
-            unsafe {
-                f(
-                    dst as *mut c_void,
-                    src as *const c_void,
-                    size,
-                    pe,
-                    s.0 as *mut c_void,
-                )
-            };
-        }
-        Ok(())
-    }
-
-    /// `nvshmemx_putmem_signal_on_stream`: the data, then PE `pe`'s signal word `sig` updated
-    /// with `op` (`SIGNAL_SET` / `SIGNAL_ADD`) and `value`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn putmem_signal_on_stream(
-        &self,
-        dst: u64,
-        src: u64,
-        bytes: u64,
-        sig: u64,
-        value: u64,
-        op: c_int,
-        pe: usize,
-        s: CheckedStream,
-    ) -> Result<(), String> {
-        let (size, pe) = self.rma_args(dst, src, bytes, pe)?;
-        self.word_arg(sig, pe as usize)?;
-        // SAFETY: as in `rma_on_stream`; `sig` is an aligned word of a live allocation and
-        // `op` one of NVSHMEM's two signal operations (the callers pass the constants).
-        unsafe {
-            (self.api.putmem_signal_on_stream)(
-                dst as *mut c_void,
-                src as *const c_void,
-                size,
-                sig as *mut u64,
-                value,
-                op,
-                pe,
-                s.0 as *mut c_void,
-            )
-        };
-        Ok(())
-    }
-
-    /// `nvshmemx_signal_op_on_stream`.
-    pub(crate) fn signal_op_on_stream(
-        &self,
-        sig: u64,
-        value: u64,
-        op: c_int,
-        pe: usize,
-        s: CheckedStream,
-    ) -> Result<(), String> {
-        let pe = self.word_arg(sig, pe)?;
-        // SAFETY: as in `putmem_signal_on_stream`.
-        unsafe {
-            (self.api.signal_op_on_stream)(sig as *mut u64, value, op, pe, s.0 as *mut c_void)
-        };
-        Ok(())
-    }
-
-    /// `nvshmemx_quiet_on_stream`: work after it on the stream sees this PE's stream-ordered
-    /// puts complete at their targets.
-    pub(crate) fn quiet_on_stream(&self, s: CheckedStream) {
-        // SAFETY: NVSHMEM is initialised; the stream is live and on this device.
-        unsafe { (self.api.quiet_on_stream)(s.0 as *mut c_void) }
-    }
-
-    /// An int64 atomic on PE `pe`'s word `dst` (host-initiated); returns the old value (or the
-    /// value read; 0 for `Set`). `cond` is used by `CompareSwap` only.
-    pub(crate) fn amo(
-        &self,
-        op: Amo64,
-        dst: u64,
-        value: i64,
-        cond: i64,
-        pe: usize,
-    ) -> Result<i64, String> {
-        let pe = self.word_arg(dst, pe)?;
-        let p = dst as *mut i64;
-        // SAFETY: NVSHMEM is initialised; `dst` is an aligned int64 word of a live symmetric
-        // allocation and `pe` a valid PE (checked above); the caller made the device current.
-        let old = unsafe {
-            match op {
-                Amo64::Fetch => (self.api.amo_fetch)(p, pe),
-                Amo64::Set => {
-                    (self.api.amo_set)(p, value, pe);
-                    0
-                }
-                Amo64::Swap => (self.api.amo_swap)(p, value, pe),
-                Amo64::CompareSwap => (self.api.amo_compare_swap)(p, cond, value, pe),
-                Amo64::FetchAdd => (self.api.amo_fetch_add)(p, value, pe),
-                Amo64::FetchAnd => (self.api.amo_fetch_and)(p, value, pe),
-                Amo64::FetchOr => (self.api.amo_fetch_or)(p, value, pe),
-                Amo64::FetchXor => (self.api.amo_fetch_xor)(p, value, pe),
-            }
-        };
-        Ok(old)
     }
 
     /// Collective: `nvshmemx_hostlib_finalize()`. Frees every NVSHMEM allocation.
