@@ -341,9 +341,9 @@ class NvshmemProvider(Provider):
         """Sets up NVSHMEM's device state in ``module``, a ``CUmodule`` handle (an int: CuPy's
         ``cupy.cuda.function.Module().ptr``, ``cuda.bindings``' ``int(CUmodule)``) whose code was
         compiled with ``nvcc -rdc=true`` and device-linked with ``libnvshmem_device.a`` (see
-        :meth:`device_library` and README, "NVSHMEM's device library"). NVSHMEM's device
-        functions read state kept in each module: call this once per module, before launching
-        any of its kernels. Not collective. The module must be loaded in this device's primary
+        :meth:`device_library` and README, "NVSHMEM's device library in your kernel").
+        NVSHMEM's device functions read state kept in each module: call this once per module,
+        before launching any of its kernels. Not collective. The module must be loaded in this device's primary
         context and still loaded (a dangling handle is undefined behaviour in the driver). A
         module not linked with the device library raises :class:`SymheapValueError`."""
         if self._finalized:

@@ -14,9 +14,9 @@
 //!        double-buffered by barrier parity): what `src` pushed here at its arrival at a
 //!        barrier of the slot's team, two cache lines: {epoch, count, hash, flags, aux, NARROW
 //!        payload bytes} and {epoch, the rest of INLINE payload bytes}
-//!        then, per member `root` of the world, eager_slots(world) eager-broadcast slots (EAGER_SLOT
-//!        bytes each: {sequence, count, hash, bytes, EAGER_INLINE data bytes}) that `root`
-//!        writes here, then one line: how many eager broadcasts of the team this PE consumed
+//!        then, per member `root` of the world, `eager_slots` eager-broadcast slots
+//!        (EAGER_SLOT bytes each: {sequence, count, hash, bytes, EAGER_INLINE data bytes}) that
+//!        `root` writes here, then one line: how many eager broadcasts of the team this PE consumed
 //! ...    the watch (see `context/watch.rs`): the wait this PE is blocked in (WAIT_WORDS words),
 //!        per team slot a ring of RING recent calls (ENTRY_WORDS words each), and a verdict
 //!        (VERDICT_WORDS words; only PE 0's is used: the first PE to name a divergence

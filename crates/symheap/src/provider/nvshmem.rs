@@ -202,8 +202,9 @@ impl Nvshmem {
     /// Not collective: sets up NVSHMEM's device state in `module`, a CUDA module (a `CUmodule`
     /// handle as an integer) whose kernels use NVSHMEM's device API: compiled with
     /// `nvcc -rdc=true` and device-linked with `libnvshmem_device` (see README, "NVSHMEM's
-    /// device library"). NVSHMEM's device functions read state that lives in each module;
-    /// before this call a kernel of `module` reads it uninitialised (a wrong PE, a fault).
+    /// device library in your kernel"). NVSHMEM's device functions read state that lives in
+    /// each module; before this call a kernel of `module` reads it uninitialised (a wrong PE,
+    /// a fault).
     /// Call it once per module after [`new`](Self::new), before any launch; release with
     /// [`finalize_module`](Self::finalize_module) before unloading the module. A module that
     /// was not linked with the device library, a handle of 0 or a finalized provider is an
