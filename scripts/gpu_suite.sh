@@ -264,7 +264,7 @@ run)
     cat "$OUTDIR/triton-hint.log"
     # The newcomer examples as their README launches them, 2 PEs (sharing a GPU when there is
     # one); numpy_ring picks the host backend itself. A GPU example's skip (77) counts as FAIL.
-    [ "${SKIP_EXAMPLES:-0}" = 1 ] && EXAMPLES_RUST="" EXAMPLES_PY="" || EXAMPLES_RUST="peer_write stream_ring" EXAMPLES_PY="numpy_ring torch_tensors triton_kernel cuda_kernel tp_mlp"
+    [ "${SKIP_EXAMPLES:-0}" = 1 ] && EXAMPLES_RUST="" EXAMPLES_PY="" || EXAMPLES_RUST="peer_write stream_ring" EXAMPLES_PY="numpy_ring torch_tensors triton_kernel cuda_kernel tp_mlp nvshmem_ring"
     for ex in $EXAMPLES_RUST; do
       step "example-rust-$ex" 60 env SYMHEAP_TIMEOUT=30 "$B" launch -n 2 -- ".carry/bin/$ex"
     done
@@ -273,6 +273,9 @@ run)
         # The tensor-parallel MLP block (Llama-70B-like sizes, 2 PEs): eager, torch.compile, CUDA
         # graphs, against torch.distributed (NCCL with a GPU per PE, else gloo on CPU copies).
         tp_mlp) step example-tp_mlp "${TP_MLP_LIMIT:-300}" env SYMHEAP_TIMEOUT=60 SYMHEAP_BACKEND=cuda "$B" launch -n 2 -- python3 examples/python/tp_mlp.py ;;
+        # NVSHMEM's device library: forced through it to every peer, since on one node every
+        # peer is direct and the table path would run symheap's stores only (nvcc builds it).
+        nvshmem_ring) step example-nvshmem_ring 180 env SYMHEAP_TIMEOUT=30 "$B" launch -n 2 -- python3 examples/python/nvshmem_ring.py --force-nvshmem ;;
         *) step "example-$ex" 120 env SYMHEAP_TIMEOUT=30 "$B" launch -n 2 -- python3 "examples/python/$ex.py" ;;
       esac
       grep -E "^\[PE 0\] $ex" "$OUTDIR/example-$ex.log" || true

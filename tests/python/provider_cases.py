@@ -19,7 +19,12 @@ PROVIDER is ``native``, ``nvshmem`` or ``torch_symm_mem`` (``mixed`` takes ``A+B
   with the two tables;
 - ``rma:nvshmem``: symheap's put/get/put_signal/signal_wait_until/atomics/quiet on NVSHMEM
   tensors (routed through NVSHMEM to every PE, direct or across simulated nodes), the
-  provider's host calls, and their errors.
+  provider's host calls, and their errors;
+- ``device_lib:nvshmem``: examples/cuda/nvshmem_ring.cu built with NVSHMEM's device library,
+  loaded with CuPy and set up with ``init_module``: the ring forced through NVSHMEM's device
+  API, then through the peer table;
+- ``device_lib_errors:nvshmem``: ``init_module``'s errors (a 0 handle, a module without the
+  device library, a finalized provider).
 
 Random data, seeded by the case name (the same on every PE); exact expected values; outputs
 poisoned first. On the CUDA backend torch.distributed is initialised (NCCL, device = local
@@ -665,40 +670,27 @@ def case_rma(name: str) -> None:
         p.free(v)
 
 
-RING_CU = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "cuda", "nvshmem_ring.cu")
-
-
-def _nvcc() -> str:
-    import shutil
-
-    return shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
-
-
-def _nvcc_run(args: List[str]) -> None:
-    import subprocess
-
-    r = subprocess.run([_nvcc(), *args], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"nvcc {' '.join(args)} failed ({r.returncode}):\n{r.stdout}{r.stderr}")
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
+RING_CU = os.path.join(EXAMPLES, "cuda", "nvshmem_ring.cu")
 
 
 def _build_cubin(source: str, p: Any, link_nvshmem: bool) -> bytes:
-    """``source`` compiled for this GPU with relocatable device code, then device-linked (with
-    NVSHMEM's device library when ``link_nvshmem``) into a cubin: the documented build."""
-    import tempfile
+    """``source`` built for this GPU by examples/python/nvshmem_ring.py's ``build_cubin``, the
+    documented build: relocatable device code, then a device link into a cubin (with NVSHMEM's
+    device library when ``link_nvshmem``). One copy of the nvcc lines: the example's."""
+    import importlib.util
 
     import torch
 
+    spec = importlib.util.spec_from_file_location(
+        "nvshmem_ring_example", os.path.join(EXAMPLES, "python", "nvshmem_ring.py")
+    )
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
     major, minor = torch.cuda.get_device_capability()
-    arch = f"-arch=sm_{major}{minor}"
-    lib = p.device_library()
-    with tempfile.TemporaryDirectory() as d:
-        obj, cubin = os.path.join(d, "k.o"), os.path.join(d, "k.cubin")
-        inc = ["-I" + lib["include"], "-I" + symheap.get_include()]
-        _nvcc_run([arch, "-rdc=true", *inc, "-c", source, "-o", obj])
-        _nvcc_run([arch, "-dlink", "-cubin", obj, *([lib["static"]] if link_nvshmem else []), "-o", cubin])
-        with open(cubin, "rb") as f:
-            return f.read()
+    nvcc = example.find_nvcc() or "nvcc"
+    return example.build_cubin(nvcc, source, p.device_library(), f"sm_{major}{minor}", link_nvshmem)
 
 
 def _ring_round(p: Any, fn: Any, t: Dict[str, Any], blocks: Any, rnd: int, force: bool) -> List[int]:

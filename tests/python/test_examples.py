@@ -1,6 +1,6 @@
 """The newcomer examples of examples/python, run as a user runs them: through the launcher, on
 the host backend. Their GPU-only siblings must skip here with status 77; the GPU suite
-(scripts/gpu_suite.sh run) runs all four on the CUDA backend. tp_mlp.py runs here at its small
+(scripts/gpu_suite.sh run) runs them all on the CUDA backend. tp_mlp.py runs here at its small
 sizes (under a minute on two cores) and in the GPU suite at Llama-70B-like ones."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def test_torch_tensors_on_cpu(torch_module) -> None:
     assert "[PE 0] torch_tensors OK: 2 PEs on host (cpu), 65536 float32 per PE" in out, out
 
 
-@pytest.mark.parametrize("name", ["triton_kernel.py", "cuda_kernel.py"])
+@pytest.mark.parametrize("name", ["triton_kernel.py", "cuda_kernel.py", "nvshmem_ring.py"])
 def test_gpu_examples_skip_on_the_host_backend(name: str, torch_module) -> None:
     # Without the CUDA backend there is nothing for these kernels to run on: status 77 ("skipped",
     # as automake's test harness reads it) with the reason, never 0, a pass that tested nothing.

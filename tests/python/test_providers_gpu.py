@@ -2,11 +2,13 @@
 (symheap.triton) and the same CUDA C++ kernel (symheap.cuh through CuPy/NVRTC) drive the tensors
 of symheap's heap, NVSHMEM and torch SymmetricMemory; one kernel mixes two providers' tensors
 with two tables; cross-allocation translation where a provider promises constant per-peer
-offsets; the contract's invariants. Cases: provider_cases.py.
+offsets; the contract's invariants; a kernel using NVSHMEM's device library (built with nvcc,
+set up with ``init_module``; examples/python/nvshmem_ring.py). Cases: provider_cases.py.
 
-Every requirement is a fixture that skips with the reason: a CUDA GPU and torch, Triton, CuPy,
-NVSHMEM (the ``nvidia-nvshmem-cu13`` package, ``$SYMHEAP_NVSHMEM_LIB`` or the loader's path) and
-torch SymmetricMemory (torch.distributed with NCCL).
+Every requirement is a fixture or check that skips with the reason: a CUDA GPU and torch,
+Triton, CuPy, NVSHMEM (the ``nvidia-nvshmem-cu13`` package, ``$SYMHEAP_NVSHMEM_LIB`` or the
+loader's path), nvcc and cuda-bindings (the device-library kernels) and torch SymmetricMemory
+(torch.distributed with NCCL).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import List
 
 import pytest
 
-from conftest import PROVIDER_CASES, run_cases
+from conftest import PROVIDER_CASES, ROOT, launch, run_cases
 
 # Never NVLink multicast on shared machines (gpu_suite.sh exports these too).
 GPU_ENV = {
@@ -187,6 +189,27 @@ def test_nvshmem_init_module_errors(torch_module, cupy_module, cuda_gpus: int) -
     _available("nvshmem", torch_module)
     _nvshmem_device_toolchain()
     run_cases(2, "device_lib_errors:nvshmem", env=GPU_ENV, script=PROVIDER_CASES, timeout=LIMIT)
+
+
+@pytest.mark.parametrize("force", [True, False], ids=["forced-nvshmem", "table"])
+def test_nvshmem_ring_example(torch_module, cuda_gpus: int, force: bool) -> None:
+    """examples/python/nvshmem_ring.py as its docstring launches it, at 2 PEs: the kernel built
+    with nvcc against NVSHMEM's device library and loaded through cuda.bindings (no CuPy), every
+    value of 3 rounds checked; ``--force-nvshmem`` takes NVSHMEM's device API to every peer, so
+    it runs NVSHMEM's device code on one node, where every peer is direct."""
+    _available("nvshmem", torch_module)
+    _nvshmem_device_toolchain()
+    try:
+        from cuda.bindings import driver  # noqa: F401
+    except ImportError:
+        pytest.skip("cuda-bindings is not installed (pip install cuda-bindings): the example loads its cubin with it")
+    argv = [sys.executable, str(ROOT / "examples" / "python" / "nvshmem_ring.py")]
+    p = launch(2, argv + (["--force-nvshmem"] if force else []), env=GPU_ENV, timeout=LIMIT)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, f"exit status {p.returncode}\n{out}"
+    how = "NVSHMEM's device API to every peer (forced)" if force else "the peer table"
+    assert "[PE 0] nvshmem_ring OK: 2 PEs on cuda:" in p.stdout, out
+    assert f"3 rounds of 100003 int64 through {how}" in p.stdout, out
 
 
 def test_nvshmem_rma_across_simulated_nodes(torch_module, cupy_module, cuda_gpus: int) -> None:
