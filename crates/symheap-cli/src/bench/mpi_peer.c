@@ -13,6 +13,12 @@
 
 static double now(void) { return MPI_Wtime(); }
 
+/* Operations per trial by message size: the same as symheap's side (`bench::iters`), so the
+ * barrier that starts each trial weighs the same on both sides. */
+static int iters(long bytes) {
+    return bytes <= (1 << 16) ? 200 : bytes <= (1 << 20) ? 40 : bytes <= (1 << 24) ? 8 : 3;
+}
+
 static int cmp(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -56,7 +62,7 @@ int main(int argc, char **argv) {
         for (int a = 1; a < argc; a++) {
             if (strncmp(argv[a], "rma:", 4) != 0) continue;
             long bytes = atol(argv[a] + 4);
-            int k = bytes <= (1 << 16) ? 200 : bytes <= (1 << 20) ? 20 : 4;
+            int k = iters(bytes);
             double tp[64], tg[64];
             MPI_Barrier(MPI_COMM_WORLD);
             if (rank == 0) {
@@ -93,7 +99,7 @@ int main(int argc, char **argv) {
         long n = bytes / 4;
         float *src = malloc(bytes), *dst = malloc(bytes);
         for (long i = 0; i < n; i++) src[i] = (float)((i * 7 + rank) % 13) * 0.25f;
-        int k = bytes <= (1 << 16) ? 100 : bytes <= (1 << 20) ? 20 : 4;
+        int k = iters(bytes);
         for (int w = 0; w < 3; w++) MPI_Allreduce(src, dst, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         for (int i = 0; i < trials; i++) {
             MPI_Barrier(MPI_COMM_WORLD);
@@ -111,7 +117,7 @@ int main(int argc, char **argv) {
         long bytes = atol(argv[a] + 3);
         char *buf = malloc(bytes > 0 ? bytes : 1);
         for (long i = 0; i < bytes; i++) buf[i] = (char)((i * 7 + rank) % 13);
-        int k = bytes <= (1 << 16) ? 100 : bytes <= (1 << 20) ? 20 : 4;
+        int k = iters(bytes);
         for (int w = 0; w < 3; w++) MPI_Bcast(buf, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD);
         for (int i = 0; i < trials; i++) {
             MPI_Barrier(MPI_COMM_WORLD);
