@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use symheap::{BackendChoice, Context};
+use symheap::{BackendChoice, Context, DType};
 
 #[test]
 fn racing_puts_gets_and_copies_see_whole_words() {
@@ -180,5 +180,67 @@ fn a_released_buffer_is_refused_right_after_use() {
     assert!(e.to_string().contains("freed"), "{e}");
     let mut out = [0u8; 8];
     assert!(ctx.get_bytes(&mut out, addr, 0).is_err());
+    ctx.finalize().unwrap();
+}
+
+/// A small broadcast repeated in a loop skips its range checks (`ops/coll_eager.rs`) only while
+/// nothing was released: once its source or destination is freed, the next repeat is refused.
+#[test]
+fn a_repeated_broadcast_is_refused_once_its_buffer_is_released() {
+    let ctx: Context = Context::builder()
+        .unwrap()
+        .backend(BackendChoice::Host)
+        .init()
+        .unwrap();
+    let w = ctx.world_team();
+    for freed in ["source", "destination"] {
+        let src = ctx.malloc(64).unwrap();
+        let dst = ctx.malloc(64).unwrap();
+        let (s, d) = (src.addr(), dst.addr());
+        for round in 0..4u8 {
+            ctx.put_bytes(s, &[round + 1; 8], 0).unwrap();
+            ctx.broadcast_raw(&w, d, s, 8, DType::U8, 0).unwrap();
+            let mut out = [0u8; 8];
+            ctx.get_bytes(&mut out, d, 0).unwrap();
+            assert_eq!(out, [round + 1; 8]);
+        }
+        if freed == "source" {
+            drop(src);
+        } else {
+            drop(dst);
+        }
+        let e = ctx.broadcast_raw(&w, d, s, 8, DType::U8, 0).unwrap_err();
+        assert!(e.to_string().contains(freed), "{freed}: {e}");
+    }
+    ctx.finalize().unwrap();
+}
+
+/// Threads of one PE making broadcasts on one team at once take turns at the team's lock (a
+/// spin lock that yields) and every broadcast completes with its own data.
+#[test]
+fn threads_sharing_a_team_take_turns() {
+    let ctx: Context = Context::builder()
+        .unwrap()
+        .backend(BackendChoice::Host)
+        .init()
+        .unwrap();
+    let w = ctx.world_team();
+    std::thread::scope(|sc| {
+        for t in 0..3u64 {
+            let (ctx, w) = (&ctx, &w);
+            sc.spawn(move || {
+                let src = ctx.malloc(8).unwrap();
+                let dst = ctx.malloc(8).unwrap();
+                for i in 0..20_000u64 {
+                    let v = (t << 32) | i;
+                    src.write(0, &[v]).unwrap();
+                    ctx.broadcast::<u64>(w, &dst, &src, 1, 0).unwrap();
+                    let mut out = [0u64];
+                    dst.read(0, &mut out).unwrap();
+                    assert_eq!(out[0], v);
+                }
+            });
+        }
+    });
     ctx.finalize().unwrap();
 }

@@ -5,8 +5,8 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::host::futex;
 use super::host::reservation::{memfd, Reservation};
+use super::host::{futex, membarrier};
 use crate::bootstrap::{Bootstrap, NodeChannel, NodeInfo};
 use crate::error::{backend, Result};
 
@@ -18,6 +18,9 @@ pub struct SharedArea {
     stride: u64,
     shift: u32,
     direct: Vec<bool>,
+    /// This process is registered for the sleepers' membarriers: a waker's fence is then a
+    /// compiler fence (see `backend/host/membarrier.rs`).
+    light_wake: bool,
 }
 
 impl SharedArea {
@@ -51,6 +54,7 @@ impl SharedArea {
             stride,
             shift: stride.trailing_zeros(),
             direct,
+            light_wake: membarrier::register(),
         })
     }
 
@@ -117,6 +121,32 @@ impl SharedArea {
         }
     }
 
+    /// Writes a seqlock-protected record at `addr` (one range check for it all): word 0 set to
+    /// `seq` (odd: being written), then `head` from word 1 and `tail` after it, then word 0 set
+    /// to `seq + 1`. A release fence keeps the words from being seen before the odd sequence,
+    /// the final release store keeps them before the even one; a reader loads the sequence,
+    /// the words and the sequence again (a published call, `Inner::publish`).
+    #[inline]
+    pub fn store_seqlocked(&self, addr: u64, seq: u64, head: &[u64], tail: &[u64]) {
+        let n = 1 + head.len() + tail.len();
+        self.check_range(addr, 8 * n);
+        assert!(addr % 8 == 0, "control word {addr:#x} misaligned");
+        let p = addr as *mut u64;
+        let word = |k: usize| {
+            debug_assert!(k < n);
+            // SAFETY: `check_range` put the record's `n` words inside mapped blocks of the
+            // reservation (which lives as long as `self`), aligned; every index used below is
+            // under `n`. These words are only ever accessed atomically, as in `load64`.
+            unsafe { AtomicU64::from_ptr(p.add(k)) }
+        };
+        word(0).store(seq, Ordering::Release);
+        std::sync::atomic::fence(Ordering::Release);
+        for (k, &v) in head.iter().chain(tail).enumerate() {
+            word(1 + k).store(v, Ordering::Release);
+        }
+        word(0).store(seq + 1, Ordering::Release);
+    }
+
     /// The `n` consecutive words from `addr`, checked once (aligned, inside directly mapped
     /// blocks): a record read or written word by word (a ring entry, an eager slot) then
     /// costs one range check instead of one per word. Panics as `load64` does on a bad range.
@@ -163,6 +193,19 @@ impl SharedArea {
     /// Sleeps while the 32-bit word at `addr` reads `seen` (at most `timeout`).
     pub fn sleep(&self, addr: u64, seen: u32, timeout: Duration) {
         futex::wait(self.word::<4>(addr), seen, timeout);
+    }
+
+    /// The waker's fence of the sleep handshake, between its stores (what a sleeper waits
+    /// for) and its load of the sleeper count: see `Inner::ring_if`.
+    #[inline]
+    pub fn waker_fence(&self) {
+        membarrier::light(self.light_wake);
+    }
+
+    /// The sleeper's fence of the sleep handshake, between its store of the sleeper count and
+    /// its load of the condition.
+    pub fn sleeper_fence(&self) {
+        membarrier::heavy();
     }
 
     /// Wakes every sleeper on the word at `addr`.
@@ -232,19 +275,5 @@ impl Words<'_> {
     #[inline]
     pub fn load_acquire(&self, k: usize) -> u64 {
         self.at(k).load(Ordering::Acquire)
-    }
-
-    /// Stores `v` into word `k` with release (as [`SharedArea::store64_release`]).
-    #[inline]
-    pub fn store_release(&self, k: usize, v: u64) {
-        self.at(k).store(v, Ordering::Release)
-    }
-
-    /// `store_release` of `vals` into the words from `k` on.
-    #[inline]
-    pub fn store_all_release(&self, k: usize, vals: &[u64]) {
-        for (i, &v) in vals.iter().enumerate() {
-            self.store_release(k + i, v);
-        }
     }
 }

@@ -17,8 +17,6 @@
 //! last eager broadcast on each team with the same ledger hash (a receiver that made another
 //! call never does, and the watch names it).
 
-use std::sync::atomic::{fence, Ordering};
-
 use super::area::{EAGER_HEADER_WORDS, EAGER_INLINE, EAGER_SLOT};
 use super::team::{TeamInner, TeamState};
 use super::watch::Watching;
@@ -160,7 +158,7 @@ impl Inner {
         if !published {
             self.publish_recent(team, st, recorded);
         }
-        fence(Ordering::SeqCst);
+        self.control.waker_fence();
         for &m in &team.members {
             self.ring_fenced(m, |a| a.sleepers(m));
         }

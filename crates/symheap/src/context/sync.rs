@@ -10,7 +10,7 @@
 //! Entries are double-buffered by epoch parity: a PE can be at most one barrier ahead of the
 //! slowest member, so the entry being read is never the one being rewritten.
 
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -141,20 +141,22 @@ impl Inner {
     /// Only a sleeping waiter needs the doorbell; spinning ones see the change themselves. The
     /// check is the two-sided fence handshake of `sleep_until`: this PE stores (the change),
     /// fences, then loads the sleeper count; a sleeper stores the count, fences, then loads the
-    /// condition. With both fences sequentially consistent at least one side sees the other's
-    /// store, so either the sleeper sees the change and does not sleep, or this PE sees the
-    /// sleeper and bumps the doorbell it sleeps on (it read the doorbell before counting
+    /// condition. With both fences ordering store before load, at least one side sees the
+    /// other's store, so either the sleeper sees the change and does not sleep, or this PE sees
+    /// the sleeper and bumps the doorbell it sleeps on (it read the doorbell before counting
     /// itself, so the futex returns at once). That spares every put and arrival a
-    /// read-modify-write of a line the other PE owns.
+    /// read-modify-write of a line the other PE owns. The fences are asymmetric where Linux
+    /// allows (`SharedArea::waker_fence`, `sleeper_fence`): the sleeper's membarrier makes
+    /// every running PE fence, so this side, on every call's path, needs none of its own.
     fn ring_if(&self, pe: usize, count: impl Fn(&SyncArea) -> u64) {
         if pe != self.rank && self.area().is_direct(pe) {
-            fence(Ordering::SeqCst);
+            self.control.waker_fence();
             self.ring_fenced(pe, count);
         }
     }
 
-    /// The check of `ring_if` after the caller's own sequentially consistent fence (one fence
-    /// after stores to several PEs serves them all).
+    /// The check of `ring_if` after the caller's own fence (`SharedArea::waker_fence`, or a
+    /// sequentially consistent one; one fence after stores to several PEs serves them all).
     pub(super) fn ring_fenced(&self, pe: usize, count: impl Fn(&SyncArea) -> u64) {
         let a = self.area();
         if pe == self.rank || !a.is_direct(pe) {
@@ -267,7 +269,7 @@ impl Inner {
             // is read again, so a writer either sees this sleeper or this sleeper sees the
             // change. A ring between `seen` and here makes the futex return at once (the
             // kernel re-reads the doorbell).
-            fence(Ordering::SeqCst);
+            self.control.sleeper_fence();
             if !cond() {
                 self.control.sleep(bell, seen, nap.min(deadline - now));
             }
@@ -349,7 +351,7 @@ impl Inner {
                 self.control.store64_release(at, e);
             }
         }
-        fence(Ordering::SeqCst);
+        self.control.waker_fence();
         for &m in &team.members {
             self.ring_fenced(m, |a| a.sleepers(m));
         }

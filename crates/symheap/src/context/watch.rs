@@ -192,7 +192,7 @@ fn call_words(call: &str, args: &str) -> (u64, [u64; TEXT_WORDS as usize]) {
 /// A call recently recorded on a team, kept for [`Inner::record_keyed`].
 #[derive(Debug)]
 pub(crate) struct Recorded {
-    key: CallKey,
+    pub(super) key: CallKey,
     hash: u64,
     args: Arc<str>,
     len: u64,
@@ -294,12 +294,19 @@ impl Inner {
                     st.recent.pop();
                 }
                 st.recent.insert(0, r);
+                st.recent_inserts += 1;
                 0
             }
         };
         let r = &st.recent[i];
         st.ledger.record_hashed(key.call, &r.args, r.hash);
         i
+    }
+
+    /// Records `st.recent[i]` in the ledger again, unpublished (a repeat of a known call).
+    pub(crate) fn record_again(&self, st: &mut TeamState, i: usize) {
+        let r = &st.recent[i];
+        st.ledger.record_hashed(r.key.call, &r.args, r.hash);
     }
 
     /// Publishes the call last recorded in `st`'s ledger, `st.recent[i]`, in this PE's ring.
@@ -316,26 +323,21 @@ impl Inner {
             return;
         }
         let i = pos % RING;
-        let w = self.control.words(
-            self.area.ring_word(self.rank, team.slot, i, 0),
-            ENTRY_WORDS as usize,
-        );
-        let words = &words[..(len as usize).div_ceil(8)];
+        let at = self.area.ring_word(self.rank, team.slot, i, 0);
         // A call in a loop lands on ring entries that already hold its text: only the header
         // changes then (most of a small collective's publishing cost was rewriting the text).
         let cached = &team.ring_text[i as usize];
         let same_text = cached.load(Ordering::Relaxed) == text;
-        // A seqlock: odd while written. Readers (`entry`) load the sequence, the words, and the
-        // sequence again; the release fence keeps the words from being seen before the odd
-        // sequence, the final release store keeps them before the even one.
-        w.store_release(0, 2 * pos + 1);
-        std::sync::atomic::fence(Ordering::Release);
-        w.store_all_release(1, &[pos, hash, team.id, len]);
+        let body = if same_text {
+            &[][..]
+        } else {
+            &words[..(len as usize).div_ceil(8)]
+        };
+        self.control
+            .store_seqlocked(at, 2 * pos + 1, &[pos, hash, team.id, len], body);
         if !same_text {
-            w.store_all_release(5, words);
             cached.store(text, Ordering::Relaxed);
         }
-        w.store_release(0, 2 * pos + 2);
     }
 
     /// PE `pe`'s published call at `pos` on team `team` (slot `slot`), if its ring still holds

@@ -26,8 +26,8 @@ use std::sync::Arc;
 
 use super::coll_nodes::NodesOp;
 use crate::backend::ReduceOp;
-use crate::context::area::{EAGER_INLINE, INLINE, NARROW, PAYLOAD};
-use crate::context::team::{Team, TeamInner, TeamState};
+use crate::context::area::{INLINE, NARROW, PAYLOAD};
+use crate::context::team::{Team, TeamGuard, TeamInner};
 use crate::context::watch::CallKey;
 use crate::context::{Context, Inner};
 use crate::element::{DType, Element};
@@ -72,7 +72,7 @@ pub const ONE_SHOT_MAX_BYTES: usize = 64 << 10;
 struct Coll<'a> {
     inner: &'a Inner,
     team: &'a TeamInner,
-    st: std::sync::MutexGuard<'a, TeamState>,
+    st: TeamGuard<'a>,
     call: &'static str,
     /// The entry barrier's payloads rode inline in the arrivals (see `Coll::payload`).
     inline: bool,
@@ -282,7 +282,13 @@ impl<'a> Coll<'a> {
 }
 
 #[inline]
-fn check_len(inner: &Inner, call: &'static str, what: &str, addr: u64, bytes: usize) -> Result<()> {
+pub(super) fn check_len(
+    inner: &Inner,
+    call: &'static str,
+    what: &str,
+    addr: u64,
+    bytes: usize,
+) -> Result<()> {
     match inner.own_offset(addr, bytes as u64, call) {
         Ok(_) => Ok(()),
         Err(e) => Err(len_error(inner, call, what, addr, bytes, &e)),
@@ -380,15 +386,18 @@ impl Context {
                 |s| self.broadcast_on_stream(team, dest, src, count, dtype, root, s),
             );
         }
-        if team.is_valid() {
-            check_len(&self.inner, CALL, "destination", dest, bytes)?;
-            check_len(&self.inner, CALL, "source", src, bytes)?;
-        }
         let nums = [root as u64, count as u64, dtype as u64, 0, 0, 0, dest, src];
         let args = || {
             self.inner
                 .coll_args(format!("root {root}, {count} x {dtype}"), dest, src)
         };
+        if self.inner.eager_fits(bytes) {
+            return self.broadcast_eager(team, dest, src, bytes, root, nums, args);
+        }
+        if team.is_valid() {
+            check_len(&self.inner, CALL, "destination", dest, bytes)?;
+            check_len(&self.inner, CALL, "source", src, bytes)?;
+        }
         if self.across_nodes(
             team,
             CALL,
@@ -398,9 +407,6 @@ impl Context {
             NodesOp::Broadcast { bytes, root },
         )? {
             return Ok(());
-        }
-        if self.one_pass(bytes) && self.inner.eager_fits(bytes) {
-            return self.broadcast_eager(team, dest, src, bytes, root, nums, args);
         }
         if self.one_pass(bytes) {
             // One pass: the root's data rides on its arrival at the entry barrier, which also
@@ -432,49 +438,6 @@ impl Context {
         };
         c.copy(dest, c.at(root, src), bytes)?;
         c.end()
-    }
-
-    /// A broadcast small enough for the eager channel (see `context/eager.rs`): the root pushes
-    /// its data into every receiver's sync area and returns without waiting for them (unless
-    /// it is as many broadcasts ahead of one as it has slots); a receiver waits for it, checks the root
-    /// made the same call, and copies it out. On return this PE's destination is complete and
-    /// its source reusable, as for the one-pass broadcast.
-    #[allow(clippy::too_many_arguments)]
-    fn broadcast_eager(
-        &self,
-        team: &Team,
-        dest: u64,
-        src: u64,
-        bytes: usize,
-        root: usize,
-        nums: [u64; 8],
-        args: impl FnOnce() -> String,
-    ) -> Result<()> {
-        const CALL: &str = "broadcast";
-        let Some(mut c) = Coll::lock(&self.inner, team, CALL, false)? else {
-            return Ok(());
-        };
-        let be = &self.inner.backend;
-        let mut buf = [0u8; EAGER_INLINE as usize];
-        let data = &mut buf[..bytes];
-        let is_root = c.me() == root;
-        if is_root {
-            be.read_bytes(src, data)?;
-        }
-        let key = CallKey { call: CALL, nums };
-        let recorded = self.inner.record_keyed_unpublished(&mut c.st, key, args);
-        if is_root {
-            // The root publishes the call in its ring after storing its slots (see eager_send).
-            self.inner
-                .eager_send(c.team, &mut c.st, CALL, data, recorded)?;
-            if dest == src {
-                return Ok(());
-            }
-        } else {
-            self.inner.publish_recent(c.team, &c.st, recorded);
-            self.inner.eager_recv(c.team, &mut c.st, CALL, root, data)?;
-        }
-        be.write_bytes(dest, data)
     }
 
     /// Collective over `team`: member j's `count` elements at `src` land at

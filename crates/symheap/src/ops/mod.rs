@@ -4,6 +4,7 @@
 
 pub mod atomics;
 pub mod coll;
+mod coll_eager;
 mod coll_nodes;
 mod coll_plan;
 mod coll_span;

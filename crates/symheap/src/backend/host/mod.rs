@@ -6,6 +6,7 @@
 //! unmapped slots and are not direct.
 
 pub(crate) mod futex;
+pub(crate) mod membarrier;
 pub(crate) mod mpi;
 pub(crate) mod reservation;
 
