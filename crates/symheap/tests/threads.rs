@@ -7,13 +7,18 @@ use std::time::{Duration, Instant};
 
 use symheap::{BackendChoice, Context, DType};
 
-#[test]
-fn racing_puts_gets_and_copies_see_whole_words() {
-    let ctx: Context = Context::builder()
+/// A one-PE job on the host backend.
+fn host_pe() -> Context {
+    Context::builder()
         .unwrap()
         .backend(BackendChoice::Host)
         .init()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn racing_puts_gets_and_copies_see_whole_words() {
+    let ctx = host_pe();
     const WORDS: usize = 4096;
     let buf = ctx.malloc((WORDS * 8) as u64).unwrap();
     let other = ctx.malloc((WORDS * 8) as u64).unwrap();
@@ -162,11 +167,7 @@ fn wait_for_puts(landed: &AtomicUsize, all: usize, stop: &AtomicBool) {
 /// is released, and a buffer allocated later in its place is accepted.
 #[test]
 fn a_released_buffer_is_refused_right_after_use() {
-    let ctx: Context = Context::builder()
-        .unwrap()
-        .backend(BackendChoice::Host)
-        .init()
-        .unwrap();
+    let ctx = host_pe();
     let buf = ctx.malloc(4096).unwrap();
     let addr = buf.addr();
     for _ in 0..3 {
@@ -187,11 +188,7 @@ fn a_released_buffer_is_refused_right_after_use() {
 /// nothing was released: once its source or destination is freed, the next repeat is refused.
 #[test]
 fn a_repeated_broadcast_is_refused_once_its_buffer_is_released() {
-    let ctx: Context = Context::builder()
-        .unwrap()
-        .backend(BackendChoice::Host)
-        .init()
-        .unwrap();
+    let ctx = host_pe();
     let w = ctx.world_team();
     for freed in ["source", "destination"] {
         let src = ctx.malloc(64).unwrap();
@@ -219,11 +216,7 @@ fn a_repeated_broadcast_is_refused_once_its_buffer_is_released() {
 /// spin lock that yields) and every broadcast completes with its own data.
 #[test]
 fn threads_sharing_a_team_take_turns() {
-    let ctx: Context = Context::builder()
-        .unwrap()
-        .backend(BackendChoice::Host)
-        .init()
-        .unwrap();
+    let ctx = host_pe();
     let w = ctx.world_team();
     std::thread::scope(|sc| {
         for t in 0..3u64 {
