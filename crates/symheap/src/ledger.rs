@@ -96,12 +96,18 @@ impl Ledger {
     /// is formatted, hashed or copied again). Kept for the message while fewer than [`KEPT`]
     /// calls are; the same call as the last one (the same name and text, by address) extends
     /// the last run instead of cloning `args`.
+    #[inline]
     pub fn record_hashed(&mut self, call: &'static str, args: &Arc<str>, h: u64) {
         self.hash = chain(self.hash, h);
         self.count += 1;
-        if self.kept == KEPT {
-            return;
+        // Inline up to here: a call in a long loop is past `KEPT` and stops at this test.
+        if self.kept < KEPT {
+            self.keep(call, args);
         }
+    }
+
+    /// Keeps a call just recorded for the message (see `record_hashed`).
+    fn keep(&mut self, call: &'static str, args: &Arc<str>) {
         self.kept += 1;
         if let Some((e, n)) = self.since.last_mut() {
             let same_call = matches!(e.call, Cow::Borrowed(c) if std::ptr::eq(c, call));

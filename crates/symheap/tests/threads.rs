@@ -212,6 +212,24 @@ fn a_repeated_broadcast_is_refused_once_its_buffer_is_released() {
     ctx.finalize().unwrap();
 }
 
+/// A small (eager) broadcast checks its root and its size before anything else, as a large
+/// one does: a root outside the team and a count whose byte size overflows are refused.
+#[test]
+fn a_small_broadcast_refuses_a_bad_root_and_an_overflowing_count() {
+    let ctx = host_pe();
+    let w = ctx.world_team();
+    let buf = ctx.malloc(64).unwrap();
+    let a = buf.addr();
+    let e = ctx.broadcast_raw(&w, a, a, 8, DType::U8, 1).unwrap_err();
+    assert!(e.to_string().contains("root 1 is not a member"), "{e}");
+    let e = ctx
+        .broadcast_raw(&w, a, a, usize::MAX / 2, DType::U64, 0)
+        .unwrap_err();
+    assert!(e.to_string().contains("overflows"), "{e}");
+    ctx.broadcast_raw(&w, a, a, 8, DType::U8, 0).unwrap();
+    ctx.finalize().unwrap();
+}
+
 /// Threads of one PE making broadcasts on one team at once take turns at the team's lock (a
 /// spin lock that yields) and every broadcast completes with its own data.
 #[test]

@@ -18,6 +18,8 @@ pub struct SharedArea {
     stride: u64,
     shift: u32,
     direct: Vec<bool>,
+    /// Every block is direct (one node): a range inside the reservation needs no lookup.
+    all_direct: bool,
     /// This process is registered for the sleepers' membarriers: a waker's fence is then a
     /// compiler fence (see `backend/host/membarrier.rs`).
     light_wake: bool,
@@ -46,13 +48,14 @@ impl SharedArea {
                 .ok_or_else(|| backend("init", format!("PE {pe} passed no control block")))?;
             res.map_fixed(pe as u64 * stride, stride, f)?;
         }
-        let direct = (0..world)
+        let direct: Vec<bool> = (0..world)
             .map(|r| node.node_of[r] == node.node_index)
             .collect();
         Ok(SharedArea {
             res,
             stride,
             shift: stride.trailing_zeros(),
+            all_direct: direct.iter().all(|&d| d),
             direct,
             light_wake: membarrier::register(),
         })
@@ -74,8 +77,10 @@ impl SharedArea {
             addr >= lo && addr + W <= lo + self.res.len() && addr % W == 0,
             "control word {addr:#x} outside the control area or misaligned"
         );
-        let pe = ((addr - lo) >> self.shift) as usize;
-        assert!(self.direct[pe], "control word of PE {pe} on another node");
+        if !self.all_direct {
+            let pe = ((addr - lo) >> self.shift) as usize;
+            assert!(self.direct[pe], "control word of PE {pe} on another node");
+        }
         addr
     }
 
@@ -128,23 +133,12 @@ impl SharedArea {
     /// the words and the sequence again (a published call, `Inner::publish`).
     #[inline]
     pub fn store_seqlocked(&self, addr: u64, seq: u64, head: &[u64], tail: &[u64]) {
-        let n = 1 + head.len() + tail.len();
-        self.check_range(addr, 8 * n);
-        assert!(addr % 8 == 0, "control word {addr:#x} misaligned");
-        let p = addr as *mut u64;
-        let word = |k: usize| {
-            debug_assert!(k < n);
-            // SAFETY: `check_range` put the record's `n` words inside mapped blocks of the
-            // reservation (which lives as long as `self`), aligned; every index used below is
-            // under `n`. These words are only ever accessed atomically, as in `load64`.
-            unsafe { AtomicU64::from_ptr(p.add(k)) }
-        };
-        word(0).store(seq, Ordering::Release);
+        let w = self.words(addr, 1 + head.len() + tail.len());
+        w.store_release(0, seq);
         std::sync::atomic::fence(Ordering::Release);
-        for (k, &v) in head.iter().chain(tail).enumerate() {
-            word(1 + k).store(v, Ordering::Release);
-        }
-        word(0).store(seq + 1, Ordering::Release);
+        w.store_all_release(1, head);
+        w.store_all_release(1 + head.len(), tail);
+        w.store_release(0, seq + 1);
     }
 
     /// The `n` consecutive words from `addr`, checked once (aligned, inside directly mapped
@@ -220,6 +214,9 @@ impl SharedArea {
             addr >= lo && addr + len as u64 <= lo + self.res.len(),
             "outside the control area"
         );
+        if self.all_direct {
+            return;
+        }
         let first = ((addr - lo) >> self.shift) as usize;
         let last = ((addr + len.max(1) as u64 - 1 - lo) >> self.shift) as usize;
         // One block, as every record is: one lookup, no loop.
@@ -275,5 +272,28 @@ impl Words<'_> {
     #[inline]
     pub fn load_acquire(&self, k: usize) -> u64 {
         self.at(k).load(Ordering::Acquire)
+    }
+
+    /// Stores `v` in word `k` with release: a reader that acquires it sees every store made
+    /// before it (as [`SharedArea::store64_release`]).
+    #[inline]
+    pub fn store_release(&self, k: usize, v: u64) {
+        self.at(k).store(v, Ordering::Release)
+    }
+
+    /// Stores `vals` in words `k..k + vals.len()` with release, in order; the run is checked
+    /// once, not per word.
+    #[inline]
+    pub fn store_all_release(&self, k: usize, vals: &[u64]) {
+        assert!(
+            k <= self.n && vals.len() <= self.n - k,
+            "control words {k}..{} outside a run of {}",
+            k + vals.len(),
+            self.n
+        );
+        for (i, &v) in vals.iter().enumerate() {
+            // SAFETY: as in `at`: `k + i < n` (checked above for the whole run).
+            unsafe { &*self.base.add(k + i) }.store(v, Ordering::Release);
+        }
     }
 }

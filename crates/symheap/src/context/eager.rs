@@ -23,6 +23,9 @@ use super::watch::Watching;
 use super::Inner;
 use crate::error::{Error, Result};
 
+/// An eager broadcast's data, as the words of its slot.
+pub(crate) type EagerBody = [u64; (EAGER_INLINE / 8) as usize];
+
 /// This PE's last eager broadcast as root on a team, until every receiver is known to have
 /// consumed it: its number on the team and the ledger digest it carried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,10 +36,11 @@ pub(crate) struct Unsettled {
 }
 
 impl Inner {
-    /// Whether a broadcast of `bytes` may go eager: it fits a slot, and every PE of the job is
-    /// on this node (a divergence is then named from the rings, without a meeting).
+    /// Whether a broadcast of `bytes` may go eager: it fits a slot, the host backend holds the
+    /// data, and every PE of the job is on this node (a divergence is then named from the
+    /// rings, without a meeting).
     pub(crate) fn eager_fits(&self, bytes: usize) -> bool {
-        bytes as u64 <= EAGER_INLINE && self.area.all_direct()
+        bytes as u64 <= EAGER_INLINE && self.area.all_direct() && self.backend.as_cuda().is_none()
     }
 
     /// Member `m`'s count of consumed eager broadcasts on `team`, and its ledger hash after the
@@ -82,21 +86,23 @@ impl Inner {
         self.control.store64_release(at, st.eager);
     }
 
-    /// Root of the team's next eager broadcast: `data` (at most `EAGER_INLINE` bytes) to every
-    /// other member, without waiting for them unless the slot is still unconsumed. The call is
-    /// already recorded in the team's ledger, as `st.recent[recorded]`, and is published in
-    /// this PE's ring here: before a wait for a slot (whose watch compares rings), else right
-    /// after the slots are stored, so the transfers of their lines to this PE, which the
-    /// stores start, overlap the publishing instead of following it.
+    /// Root of the team's next eager broadcast: `bytes` bytes (at most `EAGER_INLINE`), the
+    /// start of `body`, to every other member, without waiting for them unless the slot is
+    /// still unconsumed. The call is already recorded in the team's ledger, as
+    /// `st.recent[recorded]`, and is published in this PE's ring here: before a wait for a
+    /// slot (whose watch compares rings), else right after the slots are stored, so the
+    /// transfers of their lines to this PE, which the stores start, overlap the publishing
+    /// instead of following it.
     pub(crate) fn eager_send(
         &self,
         team: &TeamInner,
         st: &mut TeamState,
         call: &'static str,
-        data: &[u8],
+        body: &EagerBody,
+        bytes: usize,
         recorded: usize,
     ) -> Result<()> {
-        debug_assert!(data.len() as u64 <= EAGER_INLINE);
+        debug_assert!(bytes as u64 <= EAGER_INLINE);
         let j = st.eager;
         let (count, hash) = st.ledger.digest();
         let me = team.my_global();
@@ -140,19 +146,19 @@ impl Inner {
             }
             st.eager_acked = seen;
         }
+        let h = EAGER_HEADER_WORDS as usize;
         let mut words = [0u64; (EAGER_SLOT / 8) as usize];
-        words[1..EAGER_HEADER_WORDS as usize].copy_from_slice(&[count, hash, data.len() as u64]);
-        let body = &mut words[EAGER_HEADER_WORDS as usize..];
-        bytemuck::cast_slice_mut::<u64, u8>(body)[..data.len()].copy_from_slice(data);
-        let used = EAGER_HEADER_WORDS as usize + data.len().div_ceil(8);
-        // The sequence goes last, with release: a receiver that sees it sees the rest. (One
-        // run of words per receiver: writing the header and the body as two runs through a
-        // checked `Words` made a 64-byte broadcast 50 % slower on the 2-vCPU VM.)
+        words[1..h].copy_from_slice(&[count, hash, bytes as u64]);
+        let used = h + bytes.div_ceil(8);
+        words[h..used].copy_from_slice(&body[..used - h]);
+        // The sequence goes last, with release: a receiver that sees it sees the rest. One
+        // run of stores per receiver, from a staged slot: writing the header and the body as
+        // two runs made a 64-byte broadcast 15-50 % slower on the 2-vCPU VM (twice measured).
         for &m in &team.members {
             if m != me {
-                let at = a.eager_slot(m, team.slot, me, j);
-                self.control.store64s_release(at + 8, &words[1..used]);
-                self.control.store64_release(at, j + 1);
+                let s = self.control.words(a.eager_slot(m, team.slot, me, j), used);
+                s.store_all_release(1, &words[1..used]);
+                s.store_release(0, j + 1);
             }
         }
         if !published {
@@ -160,7 +166,9 @@ impl Inner {
         }
         self.control.waker_fence();
         for &m in &team.members {
-            self.ring_fenced(m, |a| a.sleepers(m));
+            if m != me {
+                self.ring_fenced(m, |a| a.sleepers(m));
+            }
         }
         self.mark_consumed(team, st, j, hash);
         st.eager_unsettled = Some(Unsettled { j, count, hash });
@@ -168,21 +176,24 @@ impl Inner {
     }
 
     /// Receiver of the team's next eager broadcast, from member `root` (an index in the team):
-    /// waits for it, checks the root made this same call, and copies its data into `out`.
+    /// waits for it, checks the root made this same call (`bytes` bytes), and copies its data
+    /// into the start of `out`.
     pub(crate) fn eager_recv(
         &self,
         team: &TeamInner,
         st: &mut TeamState,
         call: &'static str,
         root: usize,
-        out: &mut [u8],
+        out: &mut EagerBody,
+        bytes: usize,
     ) -> Result<()> {
         let j = st.eager;
         let (count, hash) = st.ledger.digest();
         let r = team.members[root];
+        let h = EAGER_HEADER_WORDS as usize;
         let s = self.control.words(
             self.area.eager_slot(self.rank, team.slot, r, j),
-            (EAGER_SLOT / 8) as usize,
+            h + bytes.div_ceil(8),
         );
         // Ready already when the root runs ahead, as in a loop: no wait set up at all.
         let ready = |s: &crate::backend::shared::Words<'_>| s.load_acquire(0) == j + 1;
@@ -205,15 +216,12 @@ impl Inner {
                 }),
             )?;
         }
-        if (s.load(1), s.load(2), s.load(3)) != (count, hash, out.len() as u64) {
+        if (s.load(1), s.load(2), s.load(3)) != (count, hash, bytes as u64) {
             return Err(self.eager_diverged(team, call, count, r));
         }
-        let mut body = [0u64; (EAGER_INLINE / 8) as usize];
-        let h = EAGER_HEADER_WORDS as usize;
-        for (k, v) in body.iter_mut().enumerate().take(out.len().div_ceil(8)) {
+        for (k, v) in out[..bytes.div_ceil(8)].iter_mut().enumerate() {
             *v = s.load(h + k);
         }
-        out.copy_from_slice(&bytemuck::cast_slice::<u64, u8>(&body)[..out.len()]);
         self.mark_consumed(team, st, j, hash);
         Ok(())
     }

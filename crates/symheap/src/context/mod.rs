@@ -6,7 +6,7 @@ pub(crate) mod area;
 mod banner;
 mod buffer;
 pub(crate) mod device_state;
-mod eager;
+pub(crate) mod eager;
 mod init;
 mod ranges;
 pub(crate) mod span;

@@ -310,6 +310,7 @@ impl Inner {
     }
 
     /// Publishes the call last recorded in `st`'s ledger, `st.recent[i]`, in this PE's ring.
+    #[inline]
     pub(crate) fn publish_recent(&self, team: &TeamInner, st: &TeamState, i: usize) {
         let r = &st.recent[i];
         let (pos, hash) = st.ledger.digest();
@@ -318,6 +319,9 @@ impl Inner {
 
     /// Publishes call `pos` (running ledger hash `hash`; `text` the hash of its text, `len`
     /// bytes in `words`) in this PE's ring for `team`.
+    /// Inline up to the header's stores: a call in a loop takes only that much, and publishing
+    /// was an eighth of an eager broadcast's instructions while it was a call of its own.
+    #[inline]
     fn publish(&self, team: &TeamInner, pos: u64, hash: u64, text: u64, len: u64, words: &[u64]) {
         if !self.area.is_direct(self.rank) {
             return;
@@ -327,17 +331,29 @@ impl Inner {
         // A call in a loop lands on ring entries that already hold its text: only the header
         // changes then (most of a small collective's publishing cost was rewriting the text).
         let cached = &team.ring_text[i as usize];
-        let same_text = cached.load(Ordering::Relaxed) == text;
-        let body = if same_text {
-            &[][..]
+        if cached.load(Ordering::Relaxed) == text {
+            let head = [pos, hash, team.id, len];
+            self.control.store_seqlocked(at, 2 * pos + 1, &head, &[]);
         } else {
-            &words[..(len as usize).div_ceil(8)]
-        };
+            self.publish_text(team, at, [pos, hash, len], text, words);
+        }
+    }
+
+    /// `publish` of a call whose text the ring entry at `at` does not hold yet.
+    #[inline(never)]
+    fn publish_text(
+        &self,
+        team: &TeamInner,
+        at: u64,
+        pos_hash_len: [u64; 3],
+        text: u64,
+        words: &[u64],
+    ) {
+        let [pos, hash, len] = pos_hash_len;
+        let body = &words[..(len as usize).div_ceil(8)];
         self.control
             .store_seqlocked(at, 2 * pos + 1, &[pos, hash, team.id, len], body);
-        if !same_text {
-            cached.store(text, Ordering::Relaxed);
-        }
+        team.ring_text[(pos % RING) as usize].store(text, Ordering::Relaxed);
     }
 
     /// PE `pe`'s published call at `pos` on team `team` (slot `slot`), if its ring still holds

@@ -368,7 +368,32 @@ impl Context {
         root: usize,
     ) -> Result<()> {
         const CALL: &str = "broadcast";
-        let bytes = count * dtype.size();
+        let Some(bytes) = count.checked_mul(dtype.size()) else {
+            return Err(invalid(CALL, format!("{count} x {dtype} overflows")).with_pe(self.my_pe()));
+        };
+        // First, with nothing else worked out: a small broadcast in a loop is this path, and
+        // each instruction before it was a measurable part of its cost (see coll_eager.rs).
+        if self.inner.eager_fits(bytes) {
+            return self.broadcast_eager(team, dest, src, count, dtype, root);
+        }
+        self.broadcast_synced(team, dest, src, count, dtype, root, bytes)
+    }
+
+    /// `broadcast_raw` of `bytes` bytes when it is not eager. Not inlined into it: its frame
+    /// and saved registers were a tenth of an eager broadcast's instructions.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    fn broadcast_synced(
+        &self,
+        team: &Team,
+        dest: u64,
+        src: u64,
+        count: usize,
+        dtype: DType,
+        root: usize,
+        bytes: usize,
+    ) -> Result<()> {
+        const CALL: &str = "broadcast";
         let n = team.n_pes();
         if team.is_valid() && root >= n {
             return Err(invalid(
@@ -391,9 +416,6 @@ impl Context {
             self.inner
                 .coll_args(format!("root {root}, {count} x {dtype}"), dest, src)
         };
-        if self.inner.eager_fits(bytes) {
-            return self.broadcast_eager(team, dest, src, bytes, root, nums, args);
-        }
         if team.is_valid() {
             check_len(&self.inner, CALL, "destination", dest, bytes)?;
             check_len(&self.inner, CALL, "source", src, bytes)?;

@@ -10,10 +10,12 @@
 //! and from 858 to 709 on a receiver (2 PEs; see BENCHMARKS.md, sixteenth session).
 
 use crate::context::area::EAGER_INLINE;
+use crate::context::eager::EagerBody;
 use crate::context::team::{EagerCall, Team, TeamInner, TeamState};
 use crate::context::watch::CallKey;
 use crate::context::Context;
-use crate::error::Result;
+use crate::element::DType;
+use crate::error::{invalid, Result};
 
 use super::coll::check_len;
 
@@ -24,21 +26,22 @@ impl Context {
     /// receiver's sync area and returns without waiting for them (unless it is as many
     /// broadcasts ahead of one as it has slots); a receiver waits for it, checks the root made
     /// the same call, and copies it out. On return this PE's destination is complete and its
-    /// source reusable, as for the one-pass broadcast. `nums` key the call (see `CallKey`).
-    #[allow(clippy::too_many_arguments)]
+    /// source reusable, as for the one-pass broadcast. The arguments are `broadcast_raw`'s,
+    /// `count` elements of `dtype` making at most `EAGER_INLINE` bytes.
     pub(super) fn broadcast_eager(
         &self,
         team: &Team,
         dest: u64,
         src: u64,
-        bytes: usize,
+        count: usize,
+        dtype: DType,
         root: usize,
-        nums: [u64; 8],
-        args: impl FnOnce() -> String,
     ) -> Result<()> {
         let Some(t) = self.inner.team_inner(team, CALL)? else {
             return Ok(());
         };
+        let bytes = count * dtype.size();
+        let nums = [root as u64, count as u64, dtype as u64, 0, 0, 0, dest, src];
         let key = CallKey { call: CALL, nums };
         {
             let mut st = t.lock();
@@ -47,11 +50,23 @@ impl Context {
                 return self.eager_run(t, &mut st, dest, src, bytes, root, i);
             }
         }
+        let n = t.members.len();
+        if root >= n {
+            return Err(invalid(
+                CALL,
+                format!("root {root} is not a member of a team of {n}"),
+            )
+            .with_pe(self.my_pe()));
+        }
         // Read before the checks: a release during them leaves the memory stale, not wrong.
         let generation = self.inner.heap.generation();
         check_len(&self.inner, CALL, "destination", dest, bytes)?;
         check_len(&self.inner, CALL, "source", src, bytes)?;
         let mut st = t.lock();
+        let args = || {
+            self.inner
+                .coll_args(format!("root {root}, {count} x {dtype}"), dest, src)
+        };
         let i = self.inner.record_keyed_unpublished(&mut st, key, args);
         st.eager_call = Some(EagerCall {
             key,
@@ -86,19 +101,19 @@ impl Context {
         recorded: usize,
     ) -> Result<()> {
         let be = &self.inner.backend;
-        let mut buf = [0u8; EAGER_INLINE as usize];
-        let data = &mut buf[..bytes];
+        // Words, as the slot holds them: no copy between a byte buffer and the slot's words.
+        let mut body: EagerBody = [0; (EAGER_INLINE / 8) as usize];
         if t.me == root {
-            be.read_bytes(src, data)?;
+            be.read_bytes(src, &mut bytemuck::cast_slice_mut(&mut body)[..bytes])?;
             // The root publishes the call in its ring after storing its slots (see eager_send).
-            self.inner.eager_send(t, st, CALL, data, recorded)?;
+            self.inner.eager_send(t, st, CALL, &body, bytes, recorded)?;
             if dest == src {
                 return Ok(());
             }
         } else {
             self.inner.publish_recent(t, st, recorded);
-            self.inner.eager_recv(t, st, CALL, root, data)?;
+            self.inner.eager_recv(t, st, CALL, root, &mut body, bytes)?;
         }
-        be.write_bytes(dest, data)
+        be.write_bytes(dest, &bytemuck::cast_slice(&body)[..bytes])
     }
 }
