@@ -319,6 +319,7 @@ impl Inner {
 
     /// Publishes call `pos` (running ledger hash `hash`; `text` the hash of its text, `len`
     /// bytes in `words`) in this PE's ring for `team`.
+    ///
     /// Inline up to the header's stores: a call in a loop takes only that much, and publishing
     /// was an eighth of an eager broadcast's instructions while it was a call of its own.
     #[inline]
