@@ -176,4 +176,9 @@ pub trait Backend: Send + Sync {
     fn as_cuda(&self) -> Option<&cuda::CudaBackend> {
         None
     }
+    /// The host backend itself, when this is it: its byte copies are then static calls, which
+    /// the eager broadcast's few words take inline instead of through this trait.
+    fn as_host(&self) -> Option<&host::HostBackend> {
+        None
+    }
 }

@@ -77,6 +77,11 @@ pub struct SyncArea {
     all_direct: bool,
     /// `eager_slots_for(world)`, kept.
     eager_slots: u64,
+    /// `watch_at(world)` and `payload_at(world)`, kept: every published call and one-pass
+    /// collective asks, and working them out took an eager broadcast's publishing a fifth of
+    /// its instructions.
+    watch_at: u64,
+    payload_at: u64,
 }
 
 impl SyncArea {
@@ -96,7 +101,7 @@ impl SyncArea {
     pub fn payload(&self, pe: usize, slot: usize, parity: u64) -> u64 {
         debug_assert!(slot < MAX_TEAMS);
         let i = slot as u64 * 2 + (parity & 1);
-        self.bases[pe] + Self::payload_at(self.world) + i * PAYLOAD
+        self.bases[pe] + self.payload_at + i * PAYLOAD
     }
 
     fn watch_at(world: usize) -> u64 {
@@ -106,21 +111,21 @@ impl SyncArea {
     /// Word `w` of PE `pe`'s wait record.
     pub fn wait_word(&self, pe: usize, w: u64) -> u64 {
         debug_assert!(w < WAIT_WORDS);
-        self.bases[pe] + Self::watch_at(self.world) + 8 * w
+        self.bases[pe] + self.watch_at + 8 * w
     }
 
     /// Word `w` of entry `i` of PE `pe`'s ring of recent calls on team `slot`.
     pub fn ring_word(&self, pe: usize, slot: usize, i: u64, w: u64) -> u64 {
         debug_assert!(slot < MAX_TEAMS && i < RING && w < ENTRY_WORDS);
         let entry = (slot as u64 * RING + i) * ENTRY_WORDS + w;
-        self.bases[pe] + Self::watch_at(self.world) + 8 * (WAIT_WORDS + entry)
+        self.bases[pe] + self.watch_at + 8 * (WAIT_WORDS + entry)
     }
 
     /// Word `w` of PE `pe`'s verdict.
     pub fn verdict_word(&self, pe: usize, w: u64) -> u64 {
         debug_assert!(w < VERDICT_WORDS);
         let at = WAIT_WORDS + MAX_TEAMS as u64 * RING * ENTRY_WORDS + w;
-        self.bases[pe] + Self::watch_at(self.world) + 8 * at
+        self.bases[pe] + self.watch_at + 8 * at
     }
 
     fn stride(world: usize) -> u64 {
@@ -161,6 +166,8 @@ impl SyncArea {
             world,
             slot_stride: Self::stride(world),
             eager_slots: Self::eager_slots_for(world),
+            watch_at: Self::watch_at(world),
+            payload_at: Self::payload_at(world),
         }
     }
 

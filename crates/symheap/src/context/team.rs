@@ -43,7 +43,8 @@ pub(crate) struct TeamState {
 /// of it while both still hold needs neither again.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct EagerCall {
-    pub key: super::watch::CallKey,
+    /// Root, count, dtype code, destination and source.
+    pub args: [u64; 5],
     pub generation: u64,
     pub recorded: usize,
     pub inserts: u64,

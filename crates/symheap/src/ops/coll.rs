@@ -373,8 +373,8 @@ impl Context {
         };
         // First, with nothing else worked out: a small broadcast in a loop is this path, and
         // each instruction before it was a measurable part of its cost (see coll_eager.rs).
-        if self.inner.eager_fits(bytes) {
-            return self.broadcast_eager(team, dest, src, count, dtype, root);
+        if let Some(host) = self.inner.eager_host(bytes) {
+            return self.broadcast_eager(host, team, dest, src, count, dtype, root);
         }
         self.broadcast_synced(team, dest, src, count, dtype, root, bytes)
     }

@@ -9,6 +9,8 @@
 //! callgrind that took an 8-byte broadcast in a loop from 1028 to 868 instructions on its root
 //! and from 858 to 709 on a receiver (2 PEs; see BENCHMARKS.md, sixteenth session).
 
+use crate::backend::host::HostBackend;
+use crate::backend::Backend;
 use crate::context::area::EAGER_INLINE;
 use crate::context::eager::EagerBody;
 use crate::context::team::{EagerCall, Team, TeamInner, TeamState};
@@ -27,9 +29,11 @@ impl Context {
     /// broadcasts ahead of one as it has slots); a receiver waits for it, checks the root made
     /// the same call, and copies it out. On return this PE's destination is complete and its
     /// source reusable, as for the one-pass broadcast. The arguments are `broadcast_raw`'s,
-    /// `count` elements of `dtype` making at most `EAGER_INLINE` bytes.
+    /// `count` elements of `dtype` making at most `EAGER_INLINE` bytes; `host` is the backend.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn broadcast_eager(
         &self,
+        host: &HostBackend,
         team: &Team,
         dest: u64,
         src: u64,
@@ -41,13 +45,12 @@ impl Context {
             return Ok(());
         };
         let bytes = count * dtype.size();
-        let nums = [root as u64, count as u64, dtype as u64, 0, 0, 0, dest, src];
-        let key = CallKey { call: CALL, nums };
+        let call = [root as u64, count as u64, dtype as u64, dest, src];
         {
             let mut st = t.lock();
-            if let Some(i) = self.repeat_of(&st, key) {
+            if let Some(i) = self.repeat_of(&st, call) {
                 self.inner.record_again(&mut st, i);
-                return self.eager_run(t, &mut st, dest, src, bytes, root, i);
+                return self.eager_run(host, t, &mut st, dest, src, bytes, root, i);
             }
         }
         let n = t.members.len();
@@ -67,24 +70,29 @@ impl Context {
             self.inner
                 .coll_args(format!("root {root}, {count} x {dtype}"), dest, src)
         };
+        let nums = [root as u64, count as u64, dtype as u64, 0, 0, 0, dest, src];
+        let key = CallKey { call: CALL, nums };
         let i = self.inner.record_keyed_unpublished(&mut st, key, args);
         st.eager_call = Some(EagerCall {
-            key,
+            args: call,
             generation,
             recorded: i,
             inserts: st.recent_inserts,
         });
-        self.eager_run(t, &mut st, dest, src, bytes, root, i)
+        self.eager_run(host, t, &mut st, dest, src, bytes, root, i)
     }
 
-    /// The index in `st.recent` of `key`'s record when `key` is the team's remembered eager
-    /// call and its ranges are still valid (nothing released since they were checked).
-    fn repeat_of(&self, st: &TeamState, key: CallKey) -> Option<usize> {
+    /// The index in `st.recent` of the record of the call with arguments `args` (as
+    /// `EagerCall::args`) when it is the team's remembered eager call and its ranges are still
+    /// valid (nothing released since they were checked).
+    fn repeat_of(&self, st: &TeamState, args: [u64; 5]) -> Option<usize> {
         let c = st.eager_call?;
+        // OR of the XORs, as `CallKey`'s comparison (no memcmp), of five words, not eight.
+        let differ = (c.args.iter().zip(&args)).fold(0, |d, (a, b)| d | (a ^ b));
         // The record may have moved down or out of the recent calls since (other collectives).
-        let valid = c.inserts == st.recent_inserts
-            && c.generation == self.inner.heap.generation()
-            && c.key == key;
+        let valid = differ == 0
+            && c.inserts == st.recent_inserts
+            && c.generation == self.inner.heap.generation();
         valid.then_some(c.recorded)
     }
 
@@ -92,6 +100,7 @@ impl Context {
     #[allow(clippy::too_many_arguments)]
     fn eager_run(
         &self,
+        be: &HostBackend,
         t: &TeamInner,
         st: &mut TeamState,
         dest: u64,
@@ -100,7 +109,6 @@ impl Context {
         root: usize,
         recorded: usize,
     ) -> Result<()> {
-        let be = &self.inner.backend;
         // Words, as the slot holds them: no copy between a byte buffer and the slot's words.
         let mut body: EagerBody = [0; (EAGER_INLINE / 8) as usize];
         if t.me == root {

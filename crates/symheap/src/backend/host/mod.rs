@@ -182,6 +182,7 @@ impl Backend for HostBackend {
         Ok(())
     }
 
+    #[inline]
     fn write_bytes(&self, addr: u64, src: &[u8]) -> Result<()> {
         // SAFETY: the caller checked that `addr..addr+src.len()` lies in a mapped, writable
         // chunk of a direct PE's slot, which stays mapped while `self` lives. This process
@@ -192,6 +193,7 @@ impl Backend for HostBackend {
         Ok(())
     }
 
+    #[inline]
     fn read_bytes(&self, addr: u64, dst: &mut [u8]) -> Result<()> {
         // SAFETY: as in `write_bytes`, for reading.
         unsafe { crate::util::racy::load(addr as *const u8, dst) };
@@ -314,5 +316,9 @@ impl Backend for HostBackend {
 
     fn fence(&self) {
         fence(Ordering::SeqCst);
+    }
+
+    fn as_host(&self) -> Option<&HostBackend> {
+        Some(self)
     }
 }
