@@ -499,6 +499,9 @@ impl Inner {
         Ok(met.flags & FLAG_RELEASES == 0)
     }
 
+    /// The team's state, or `None` for a team this PE is not in; fails when the job failed
+    /// or the team was destroyed. Inline: every team operation starts here.
+    #[inline]
     pub(crate) fn team_inner<'t>(
         &self,
         team: &'t Team,
@@ -507,10 +510,13 @@ impl Inner {
         self.check(call)?;
         match &team.0 {
             None => Ok(None),
-            Some(t) if t.is_destroyed() => {
-                Err(invalid(call, format!("{} was destroyed", t.name)).with_pe(self.rank))
-            }
+            Some(t) if t.is_destroyed() => Err(self.team_destroyed(t, call)),
             Some(t) => Ok(Some(t)),
         }
+    }
+
+    #[cold]
+    fn team_destroyed(&self, t: &TeamInner, call: &'static str) -> Error {
+        invalid(call, format!("{} was destroyed", t.name)).with_pe(self.rank)
     }
 }

@@ -310,7 +310,7 @@ impl Inner {
     }
 
     /// Publishes the call last recorded in `st`'s ledger, `st.recent[i]`, in this PE's ring.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn publish_recent(&self, team: &TeamInner, st: &TeamState, i: usize) {
         let r = &st.recent[i];
         let (pos, hash) = st.ledger.digest();
@@ -322,7 +322,7 @@ impl Inner {
     ///
     /// Inline up to the header's stores: a call in a loop takes only that much, and publishing
     /// was an eighth of an eager broadcast's instructions while it was a call of its own.
-    #[inline]
+    #[inline(always)]
     fn publish(&self, team: &TeamInner, pos: u64, hash: u64, text: u64, len: u64, words: &[u64]) {
         if !self.area.is_direct(self.rank) {
             return;

@@ -37,6 +37,16 @@ pub(crate) unsafe fn store(dst: *mut u8, src: &[u8]) {
     if (dst as usize | len) % W == 0 && len < vcopy::VEC_MIN {
         // Whole aligned words, too few for the vector loop (a scalar, a small header): the
         // general path's head, vector and tail steps cost an 8-byte store 30 instructions.
+        // One word (a flag, a counter, a scalar broadcast) skips even the loop, which the
+        // compiler unrolls with a setup of its own.
+        if len == W {
+            // SAFETY: `dst` is 8-byte aligned and the word is the caller's whole range.
+            unsafe {
+                AtomicU64::from_ptr(dst.cast::<u64>())
+                    .store(s.cast::<u64>().read_unaligned(), Relaxed)
+            };
+            return;
+        }
         let mut i = 0;
         while i < len {
             // SAFETY: `dst + i` is 8-byte aligned and the word lies inside the caller's range;
@@ -84,7 +94,15 @@ pub(crate) unsafe fn load(src: *const u8, out: &mut [u8]) {
     let (len, d) = (out.len(), out.as_mut_ptr());
     let src = src.cast_mut();
     if (src as usize | len) % W == 0 && len < vcopy::VEC_MIN {
-        // As in `store`: whole aligned words, too few for the vector loop.
+        // As in `store`: whole aligned words, too few for the vector loop; one word alone.
+        if len == W {
+            // SAFETY: as in `store`, with the roles of the two sides swapped.
+            unsafe {
+                d.cast::<u64>()
+                    .write_unaligned(AtomicU64::from_ptr(src.cast::<u64>()).load(Relaxed))
+            };
+            return;
+        }
         let mut i = 0;
         while i < len {
             // SAFETY: as in `store`, with the roles of the two sides swapped.
