@@ -379,6 +379,15 @@ impl Context {
         self.broadcast_synced(team, dest, src, count, dtype, root, bytes)
     }
 
+    /// The error of a broadcast whose `root` is not a member of its team of `n`.
+    pub(super) fn bad_root(&self, call: &'static str, root: usize, n: usize) -> Error {
+        invalid(
+            call,
+            format!("root {root} is not a member of a team of {n}"),
+        )
+        .with_pe(self.my_pe())
+    }
+
     /// `broadcast_raw` of `bytes` bytes when it is not eager. Not inlined into it: its frame
     /// and saved registers were a tenth of an eager broadcast's instructions.
     #[allow(clippy::too_many_arguments)]
@@ -396,11 +405,7 @@ impl Context {
         const CALL: &str = "broadcast";
         let n = team.n_pes();
         if team.is_valid() && root >= n {
-            return Err(invalid(
-                CALL,
-                format!("root {root} is not a member of a team of {n}"),
-            )
-            .with_pe(self.my_pe()));
+            return Err(self.bad_root(CALL, root, n));
         }
         if self.inner.backend.as_cuda().is_some() {
             return self.on_device(

@@ -17,7 +17,7 @@ use crate::context::team::{EagerCall, Team, TeamInner, TeamState};
 use crate::context::watch::CallKey;
 use crate::context::Context;
 use crate::element::DType;
-use crate::error::{invalid, Result};
+use crate::error::Result;
 
 use super::coll::check_len;
 
@@ -55,11 +55,7 @@ impl Context {
         }
         let n = t.members.len();
         if root >= n {
-            return Err(invalid(
-                CALL,
-                format!("root {root} is not a member of a team of {n}"),
-            )
-            .with_pe(self.my_pe()));
+            return Err(self.bad_root(CALL, root, n));
         }
         // Read before the checks: a release during them leaves the memory stale, not wrong.
         let generation = self.inner.heap.generation();

@@ -547,11 +547,7 @@ impl Context {
             return Ok(());
         }
         if root >= team.n_pes() {
-            return Err(invalid(
-                CALL,
-                format!("root {root} is not a member of a team of {}", team.n_pes()),
-            )
-            .with_pe(self.my_pe()));
+            return Err(self.bad_root(CALL, root, team.n_pes()));
         }
         if let Some(t) = self.span_team(team) {
             return self.broadcast_span(t, dest, src, count, dtype, root, s);
