@@ -368,8 +368,10 @@ impl Context {
         root: usize,
     ) -> Result<()> {
         const CALL: &str = "broadcast";
+        // `coll_bytes` of one block, written out: this is the eager broadcast's path, and the
+        // call cost it 10-20 instructions a side.
         let Some(bytes) = count.checked_mul(dtype.size()) else {
-            return Err(invalid(CALL, format!("{count} x {dtype} overflows")).with_pe(self.my_pe()));
+            return Err(self.overflows(CALL, count, dtype));
         };
         // First, with nothing else worked out: a small broadcast in a loop is this path, and
         // each instruction before it was a measurable part of its cost (see coll_eager.rs).
@@ -377,6 +379,29 @@ impl Context {
             return self.broadcast_eager(host, team, dest, src, count, dtype, root);
         }
         self.broadcast_synced(team, dest, src, count, dtype, root, bytes)
+    }
+
+    /// `count` elements of `dtype` in bytes, for `call`: refused when `blocks` such runs (a
+    /// collective's `n` blocks) overflow `usize`, so that no size or offset worked out from
+    /// them later wraps (or, in a build with overflow checks, panics).
+    #[inline]
+    pub(super) fn coll_bytes(
+        &self,
+        call: &'static str,
+        count: usize,
+        dtype: DType,
+        blocks: usize,
+    ) -> Result<usize> {
+        match count.checked_mul(dtype.size()) {
+            Some(b) if b.checked_mul(blocks.max(1)).is_some() => Ok(b),
+            _ => Err(self.overflows(call, count, dtype)),
+        }
+    }
+
+    /// The error of `call` when `count` elements of `dtype` (times its blocks) overflow.
+    #[cold]
+    fn overflows(&self, call: &'static str, count: usize, dtype: DType) -> Error {
+        invalid(call, format!("{count} x {dtype} overflows")).with_pe(self.my_pe())
     }
 
     /// The error of a broadcast whose `root` is not a member of its team of `n`.
@@ -479,7 +504,7 @@ impl Context {
         dtype: DType,
     ) -> Result<()> {
         const CALL: &str = "all_gather";
-        let bytes = count * dtype.size();
+        let bytes = self.coll_bytes(CALL, count, dtype, team.n_pes())?;
         if self.inner.backend.as_cuda().is_some() {
             // Recorded before the stream form's own naming of in place (where this PE's
             // contribution sits), which differs per PE.
@@ -538,7 +563,7 @@ impl Context {
         op: ReduceOp,
     ) -> Result<()> {
         const CALL: &str = "reduce_scatter";
-        let bytes = count * dtype.size();
+        let bytes = self.coll_bytes(CALL, count, dtype, team.n_pes())?;
         if self.on_gpu(team, dtype) {
             let args = self
                 .inner
@@ -591,7 +616,7 @@ impl Context {
         algo: AllReduceAlgo,
     ) -> Result<()> {
         const CALL: &str = "all_reduce";
-        let bytes = count * dtype.size();
+        let bytes = self.coll_bytes(CALL, count, dtype, 1)?;
         if self.on_gpu(team, dtype) {
             let args = self
                 .inner
@@ -752,7 +777,7 @@ impl Context {
         dtype: DType,
     ) -> Result<()> {
         const CALL: &str = "alltoall";
-        let bytes = count * dtype.size();
+        let bytes = self.coll_bytes(CALL, count, dtype, team.n_pes())?;
         if self.inner.backend.as_cuda().is_some() && !(dest == src && bytes > 0) {
             return self.on_device(
                 team,

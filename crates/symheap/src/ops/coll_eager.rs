@@ -49,6 +49,7 @@ impl Context {
         let Some(t) = self.inner.team_inner(team, CALL)? else {
             return Ok(());
         };
+        // `broadcast_raw` checked this product.
         let bytes = count * dtype.size();
         let call = [root as u64, count as u64, dtype as u64, dest, src];
         {

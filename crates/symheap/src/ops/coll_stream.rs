@@ -312,7 +312,7 @@ impl Context {
     ) -> Result<()> {
         const CALL: &str = "all_reduce_on_stream";
         let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
-        let bytes = (count * dtype.size()) as u64;
+        let bytes = self.coll_bytes(CALL, count, dtype, 1)? as u64;
         if let Some(t) = self.span_team(team) {
             return self.all_reduce_span(t, dest, src, count, dtype, op, s);
         }
@@ -389,7 +389,7 @@ impl Context {
     ) -> Result<()> {
         const CALL: &str = "all_gather_on_stream";
         let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
-        let bytes = (count * dtype.size()) as u64;
+        let bytes = self.coll_bytes(CALL, count, dtype, team.n_pes())? as u64;
         if let Some(t) = self.span_team(team) {
             return self.all_gather_span(t, dest, src, count, dtype, s);
         }
@@ -459,7 +459,7 @@ impl Context {
     ) -> Result<()> {
         const CALL: &str = "reduce_scatter_on_stream";
         let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
-        let bytes = (count * dtype.size()) as u64;
+        let bytes = self.coll_bytes(CALL, count, dtype, team.n_pes())? as u64;
         if let Some(t) = self.span_team(team) {
             return self.reduce_scatter_span(t, dest, src, count, dtype, op, s);
         }
@@ -539,7 +539,7 @@ impl Context {
     ) -> Result<()> {
         const CALL: &str = "broadcast_on_stream";
         let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
-        let bytes = (count * dtype.size()) as u64;
+        let bytes = self.coll_bytes(CALL, count, dtype, 1)? as u64;
         let Some(cu) = self.inner.backend.as_cuda() else {
             return self.broadcast_raw(team, dest, src, count, dtype, root);
         };
@@ -600,7 +600,7 @@ impl Context {
     ) -> Result<()> {
         const CALL: &str = "alltoall_on_stream";
         let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
-        let bytes = (count * dtype.size()) as u64;
+        let bytes = self.coll_bytes(CALL, count, dtype, team.n_pes())? as u64;
         let Some(cu) = self.inner.backend.as_cuda() else {
             return self.alltoall_raw(team, dest, src, count, dtype);
         };
