@@ -12,7 +12,7 @@
 //! Each side's own instructions are what such a loop costs (the slot line's transfer overlaps
 //! them: BENCHMARKS.md, seventeenth session), so the path is kept short: `broadcast_raw` comes
 //! here first, the host backend's copies are static calls, and the data stays in the slot's
-//! words. That took the loop to 549 instructions on the root and 452 on a receiver.
+//! words. That took the loop to about 550 instructions on the root and 450-470 on a receiver.
 
 use crate::backend::host::HostBackend;
 use crate::backend::Backend;
