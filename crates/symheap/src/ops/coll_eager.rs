@@ -72,8 +72,12 @@ impl Context {
             self.inner
                 .coll_args(format!("root {root}, {count} x {dtype}"), dest, src)
         };
-        let nums = [root as u64, count as u64, dtype as u64, 0, 0, 0, dest, src];
-        let key = CallKey { call: CALL, nums };
+        // The ledger's key, laid out as the synchronised broadcast's (the same text either way).
+        let [r, c, d, to, from] = call;
+        let key = CallKey {
+            call: CALL,
+            nums: [r, c, d, 0, 0, 0, to, from],
+        };
         let i = self.inner.record_keyed_unpublished(&mut st, key, args);
         st.eager_call = Some(EagerCall {
             args: call,
