@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use symheap::{Error, ErrorKind, Result};
 
@@ -117,11 +117,13 @@ impl LaunchOptions {
 /// Starts `opts.n` PEs of `opts.program` on this machine, waits for all of them and returns how
 /// they ended. If any failed, or the launcher was interrupted, a summary line is printed to stderr.
 ///
-/// While it runs, SIGINT and SIGTERM sent to this process are forwarded to every PE's process
-/// group instead of ending this process; a second one stops the PEs with SIGKILL at once. The
-/// handlers chain to the ones installed before (so Python still sees its KeyboardInterrupt), but
-/// the signal-hook crate cannot reinstate a default disposition: in a process that had none, the
-/// two signals are ignored after the first launch.
+/// While it runs, SIGINT, SIGTERM and SIGHUP sent to this process are forwarded to every PE's
+/// process group instead of ending this process; a second one stops the PEs with SIGKILL at once.
+/// The handlers chain to the ones installed before (so Python still sees its KeyboardInterrupt),
+/// but the signal-hook crate cannot reinstate a default disposition: in a process that had none,
+/// the three signals are ignored after the first launch. A launcher that dies without running
+/// a handler (SIGKILL, the OOM killer) takes its PEs with it: each PE gets SIGKILL from the
+/// kernel (its parent-death signal).
 ///
 /// Errors: `n == 0`, a program that cannot be started, or no way to set up the supervision.
 pub fn launch(opts: &LaunchOptions) -> Result<LaunchOutcome> {
@@ -140,8 +142,12 @@ pub(crate) fn launch_with_output(
         return Err(invalid("launch", "the number of PEs must be at least 1"));
     }
     let opts = &with_simulated_nodes(opts)?;
-    let mut signals = Signals::new([SIGINT, SIGTERM])
-        .map_err(|e| backend("launch", format!("cannot watch SIGINT and SIGTERM: {e}")))?;
+    let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP]).map_err(|e| {
+        backend(
+            "launch",
+            format!("cannot watch SIGINT, SIGTERM and SIGHUP: {e}"),
+        )
+    })?;
     let handle = signals.handle();
     let (tx, rx) = mpsc::channel();
     let watcher = thread::Builder::new()

@@ -110,6 +110,7 @@ pub(crate) fn start(opts: &LaunchOptions, rank: usize, port: u16, token: &str) -
     if opts.prefix_output {
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     }
+    die_with_launcher(&mut cmd);
     let child = cmd.spawn().map_err(|e| {
         let which = if rank == 0 {
             String::new()
@@ -127,6 +128,30 @@ pub(crate) fn start(opts: &LaunchOptions, rank: usize, port: u16, token: &str) -
     })?;
     tracing::debug!(rank, pid = child.id(), "started PE");
     Ok(child)
+}
+
+/// Makes the PE get SIGKILL when the launcher dies, however it dies: a launcher killed with
+/// SIGKILL (or by the OOM killer) runs no handler, and a PE in its own process group gets no
+/// terminal signal either, so without this its PEs ran on as orphans (seen: 4 of 4 alive 30 s
+/// after the launcher's SIGKILL). SIGKILL, not SIGTERM: nobody is left to escalate to SIGKILL for
+/// a PE that ignores SIGTERM, and nobody reads its output any more.
+///
+/// The kernel sends the signal when the *thread* that forked the child exits, so PEs must be
+/// spawned from the thread that supervises them until they end, as `supervise` does.
+fn die_with_launcher(cmd: &mut Command) {
+    let launcher = nix::unistd::getpid();
+    // SAFETY: the closure runs in the child between fork and exec, where only async-signal-safe
+    // calls are allowed: prctl(2), getppid(2) and raise(3) are, and it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+            // The launcher may have died between fork and the prctl: then no signal will come.
+            if nix::unistd::getppid() != launcher {
+                let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+            }
+            Ok(())
+        });
+    }
 }
 
 /// A thread that waits for PE `pe` (process `pid`) to end and reports how on `tx`, at once.
