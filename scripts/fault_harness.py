@@ -22,8 +22,9 @@ Modes (subcommands):
     all_reduce). ``SYMHEAP_TIMEOUT`` stays at its default (120 s), so a survivor that does not
     fail within seconds is a hang. Counts hangs, survivors whose error does not name the dead PE
     (or is not a ``SymheapPeerError``), and the time from the kill to each survivor's error;
-    prints a markdown table per phase. The exit status is 1 if a hang or an unnamed death
-    happened, or the slowest survivor took over ``--limit`` seconds (default 2).
+    counts errors that name a call the phase's loop did not make (a helper's name instead of
+    the user's call); prints a markdown table per phase. The exit status is 1 if a hang, an
+    unnamed death or a wrong call happened, or the slowest survivor took over ``--limit`` seconds (default 2).
 
 ``pe``
     One PE of a job (what the modes start): ``init`` (``symheap.init()``, an all_gather,
@@ -488,6 +489,18 @@ def run_rendezvous(args: argparse.Namespace) -> int:
 # ---- kill mode ---------------------------------------------------------------------------------
 
 PHASES = ("init", "alloc", "grow", "barrier", "collective", "signal", "graph")
+# The calls each phase makes (see :func:`work`: init, the allocations and a barrier, then the
+# loop): an error must name one of them, the call the user made, not a helper symheap ran inside.
+SETUP_CALLS = ("init", "zeros", "barrier_all")
+USER_CALLS = {
+    "init": SETUP_CALLS,
+    "alloc": (*SETUP_CALLS, "free"),
+    "grow": SETUP_CALLS,
+    "barrier": SETUP_CALLS,
+    "collective": (*SETUP_CALLS, "all_reduce"),
+    "signal": (*SETUP_CALLS, "put_signal", "signal_wait_until"),
+    "graph": (*SETUP_CALLS, "all_reduce", "sync_stream"),
+}
 
 
 def work(phase: str) -> int:
@@ -559,7 +572,7 @@ def work(phase: str) -> int:
                 # kernels that end at once on the abort word and never learn why).
                 symheap.sync_stream()
     except symheap.SymheapError as e:
-        print(f"ERROR {time.monotonic():.6f} {type(e).__name__} {e}", flush=True)
+        print(f"ERROR {time.monotonic():.6f} {type(e).__name__} {e.call} {e}", flush=True)
         os._exit(3)
 
 
@@ -570,6 +583,8 @@ class KillTrial:
     victim: int
     hangs: int = 0
     unnamed: int = 0
+    # Errors that named the dead PE under a call the user did not make (a helper's name).
+    wrong_call: int = 0
     times: List[float] = field(default_factory=list)
     # Survivors that named a victim killed before it reached the rendezvous: nothing can tell a
     # PE that never connected from a slow one, so they name it when the init timeout ends.
@@ -629,7 +644,10 @@ def kill_trial(n: int, phase: str, backend: str, rng: "random.Random") -> KillTr
             t.unnamed += 1
             t.problems.append(f"PE {r.rank} ended ({r.rc}) without a symheap error: {r.stderr[-300:]}")
             continue
-        _, ts, kind, msg = err[-1].split(" ", 3)
+        _, ts, kind, call, msg = err[-1].split(" ", 4)
+        if call not in USER_CALLS[phase] or f": {call}: " not in msg:
+            t.wrong_call += 1
+            t.problems.append(f"PE {r.rank}: the error names {call!r}, not the user's call: {msg[:300]}")
         if phase == "init" and kind == "SymheapTimeoutError" and names_missing(msg, victim):
             t.never_joined += 1
             continue
@@ -656,10 +674,10 @@ def run_kill(args: argparse.Namespace) -> int:
                 for p in t.problems:
                     print(f"FAIL {p}", file=sys.stderr)
     print(
-        f"| phase | trials | hangs | deaths not named | median s to error | max s to error "
-        f"| named as never joined (at the {INIT_TIMEOUT:.0f} s init timeout) | ({args.backend})"
+        f"| phase | trials | hangs | deaths not named | not the user's call | median s to error "
+        f"| max s to error | named as never joined (at the {INIT_TIMEOUT:.0f} s init timeout) | ({args.backend})"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     worst = 0.0
     for phase in phases:
         ts = [t for t in trials if t.phase == phase]
@@ -670,9 +688,9 @@ def run_kill(args: argparse.Namespace) -> int:
         joined = sum(t.never_joined for t in ts)
         print(
             f"| {phase} | {len(ts)} | {sum(t.hangs for t in ts)} | {sum(t.unnamed for t in ts)} "
-            f"| {med} | {mx} | {joined} |"
+            f"| {sum(t.wrong_call for t in ts)} | {med} | {mx} | {joined} |"
         )
-    bad = any(t.hangs or t.unnamed for t in trials) or worst > args.limit
+    bad = any(t.hangs or t.unnamed or t.wrong_call for t in trials) or worst > args.limit
     return 1 if bad else 0
 
 

@@ -67,11 +67,29 @@ def _fill(e: BaseException, call: str) -> None:
         e.pe = _this_pe()  # type: ignore[attr-defined]
 
 
+def _relabel(e: BaseException, call: str) -> None:
+    """Names ``call`` as the call that failed, in ``e.call`` and in its message. A PE that
+    notices a death or a timeout inside symheap's own bookkeeping (an argument check such as
+    ``check_symmetric``, a stream form such as ``all_reduce_on_stream``) would otherwise report it
+    under that internal name instead of the call the user made."""
+    old = getattr(e, "call", None)
+    _fill(e, call)
+    if old is None or old == call:
+        return
+    e.call = call  # type: ignore[attr-defined]
+    if e.args and isinstance(e.args[0], str):
+        msg = e.args[0]
+        head, sep, rest = msg.partition(f": {old}: ")
+        if sep and head.startswith("symheap"):
+            e.args = (f"{head}: {call}: {rest}", *e.args[1:])
+
+
 def api(fn: F) -> F:
     """Marks a public function: an argument Python or the binding cannot convert (a list for a
     PE, an int for a team, a value past 64 bits) raises :class:`SymheapValueError` (also a
     ``TypeError`` and a ``ValueError``) instead of a bare ``TypeError``/``OverflowError``, and
-    every :class:`SymheapError` leaving it names the PE and the call."""
+    every :class:`SymheapError` leaving it names the PE and the call. Public functions call each
+    other: each relabels on the way out, so the outermost, the call the user made, is named."""
     call = fn.__name__
 
     @functools.wraps(fn)
@@ -79,7 +97,7 @@ def api(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except SymheapError as e:
-            _fill(e, call)
+            _relabel(e, call)
             raise
         except (TypeError, OverflowError) as e:
             err = SymheapValueError(f"{call}: {e}")

@@ -15,7 +15,15 @@ CASES: Dict[str, Callable[[], None]] = {}
 # Cases that call init themselves.
 OWN_INIT = {"init_finalize", "store_init", "store_abort", "comm_init", "torch_dist"}
 # Cases that leave the job failed on purpose: finalize then fails too.
-POISONED = {"mismatch", "mismatch_eager", "timeout", "peer_abort", "peer_exit", "store_abort"}
+POISONED = {
+    "mismatch",
+    "mismatch_eager",
+    "timeout",
+    "signal_timeout_names_the_silent_pe",
+    "peer_abort",
+    "peer_exit",
+    "store_abort",
+}
 
 
 def case(fn: Callable[[], None]) -> Callable[[], None]:

@@ -478,6 +478,33 @@ def case_timeout() -> None:
 
 
 @case
+def case_signal_timeout_names_the_silent_pe() -> None:
+    """PE 1 feeds PE 0's signal word once, then stops; PE 2 signals another word of PE 0 while
+    PE 0 waits. PE 0's timeout names PE 1, the feeder that went silent, and what PE 2 sent."""
+    me = symheap.my_pe()
+    sig = sn.zeros(2, dtype=np.uint64)
+    data = sn.zeros(1, dtype=np.uint64)
+    one = np.ones(1, dtype=np.uint64)
+    symheap.barrier_all()
+    if me == 1:
+        symheap.put_signal(data, one, sig[0:1], 1, 0)
+    symheap.barrier_all()
+    if me == 0:
+        e = raises(SymheapTimeoutError, symheap.signal_wait_until, sig[0:1], "ge", 2)
+        text = str(e)
+        assert e.missing == (1,), text
+        assert "(it is 1; put_signal calls to this PE during the wait: PE 2 sent 1)" in text, text
+        assert text.endswith("PE 1 did not arrive"), text
+    else:
+        if me == 2:
+            time.sleep(0.3)
+            symheap.put_signal(data, one, sig[1:2], 1, 0)
+        e = raises(SymheapError, symheap.barrier_all)
+        assert isinstance(e, (SymheapTimeoutError, SymheapPeerError)), type(e)
+    raises(SymheapError, symheap.barrier_all)
+
+
+@case
 def case_peer_abort() -> None:
     me, n = symheap.my_pe(), symheap.n_pes()
     symheap.barrier_all()

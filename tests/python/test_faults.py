@@ -44,7 +44,8 @@ def test_rendezvous_cannot_be_stalled_or_joined() -> None:
 def test_a_killed_pe_is_named_within_2_s_in_every_phase() -> None:
     """The kill mode, short: jobs of 2 and 4 PEs started by hand, one PE killed with SIGKILL at a
     random point of each phase (init, allocation, growth, barrier, collective, signal wait), with
-    SYMHEAP_TIMEOUT at its default: no hang, every survivor names the dead PE, within 2 s."""
+    SYMHEAP_TIMEOUT at its default: no hang, every survivor names the dead PE, within 2 s, under
+    the call the PE made (not a helper such as the rendezvous's all_gather inside init)."""
     cmd = [sys.executable, str(HARNESS), "kill", "--pes", "2,4", "--trials", "1", "--limit", "2"]
     p = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, f"exit status {p.returncode}\n{p.stdout}\n{p.stderr}"
@@ -52,8 +53,8 @@ def test_a_killed_pe_is_named_within_2_s_in_every_phase() -> None:
     phases = {r[0].strip() for r in rows[1:]}
     assert phases == {"init", "alloc", "grow", "barrier", "collective", "signal"}, p.stdout
     for r in rows[1:]:
-        _, trials, hangs, unnamed, _med, mx, _never = (c.strip() for c in r)
-        assert trials == "2" and hangs == "0" and unnamed == "0", p.stdout
+        _, trials, hangs, unnamed, wrong_call, _med, mx, _never = (c.strip() for c in r)
+        assert trials == "2" and hangs == "0" and unnamed == "0" and wrong_call == "0", p.stdout
         assert mx == "-" or float(mx) <= 2.0, p.stdout
 
 

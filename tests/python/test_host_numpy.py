@@ -61,6 +61,13 @@ def test_timeout(n: int) -> None:
     run_cases(n, "timeout", env={"SYMHEAP_TIMEOUT": "1"})
 
 
+@pytest.mark.parametrize("n", [3, 4])
+def test_a_signal_timeout_names_the_pe_that_did_not_signal(n: int) -> None:
+    """signal_wait_until's timeout names the PE whose signal did not come (the one that fed the
+    word before and sent nothing during the wait), and what the others sent."""
+    run_cases(n, "signal_timeout_names_the_silent_pe", env={"SYMHEAP_TIMEOUT": "2"})
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_abort_reaches_every_pe(n: int) -> None:
     """abort() on one PE makes the others' waits raise SymheapPeerError at once."""

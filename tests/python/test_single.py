@@ -211,3 +211,12 @@ print("OK")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.split() == ["OK"], r.stdout + r.stderr
+
+
+def test_an_error_names_the_call_the_user_made(ctx) -> None:
+    """A failure inside a helper symheap runs for a public call is reported under the public
+    call: `symheap.numpy.zeros` allocates through `allocate`, and the user called `zeros`."""
+    with pytest.raises(symheap.SymheapMemoryError) as e:
+        sn.zeros(1 << 40, dtype=np.float32)
+    assert e.value.call == "zeros"
+    assert str(e.value).startswith("symheap PE 0: zeros: out of symmetric memory"), str(e.value)

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
-use symheap::{AtomicOp, BackendChoice, DType, SignalOp, StreamColl, Team};
+use symheap::{BackendChoice, StreamColl, Team};
 
 use crate::buffer::{numel, parse_dtype, HeapView, SymmetricBuffer};
 use crate::convert::{
@@ -434,28 +434,12 @@ impl PyContext {
         op: &str,
         pe: usize,
     ) -> PyResult<()> {
-        let aop = match parse_signal_op(op)? {
-            SignalOp::Set => AtomicOp::Store,
-            SignalOp::Add => AtomicOp::Add,
-        };
+        let op = parse_signal_op(op)?;
         let ctx = self.ctx.clone();
         py.detach(move || {
-            // Check the signal word before moving any data.
-            if sig % 8 != 0 {
-                return Err(symheap::Error::new(
-                    Some(ctx.my_pe()),
-                    "put_signal",
-                    symheap::ErrorKind::InvalidArgument(format!(
-                        "signal address {sig:#x} is not 8-byte aligned"
-                    )),
-                ));
-            }
-            ctx.translate(sig, ctx.my_pe(), pe)?;
             // SAFETY: as in `put_from_host`.
             let src = unsafe { host_slice(src_ptr, nbytes) };
-            ctx.put_bytes(dest, src, pe)?;
-            ctx.fence()?;
-            ctx.atomic_op(sig, pe, aop, DType::U64, value, 0).map(drop)
+            ctx.put_signal_bytes(dest, src, sig, value, op, pe)
         })
         .py()
     }

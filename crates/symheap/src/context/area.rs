@@ -21,6 +21,8 @@
 //!        per team slot a ring of RING recent calls (ENTRY_WORDS words each), and a verdict
 //!        (VERDICT_WORDS words; only PE 0's is used: the first PE to name a divergence
 //!        writes its message there, so every PE reports the same text)
+//! ...    per target PE of the world, {signals, last}: how many put_signal calls this PE made
+//!        to that PE and the heap offset the last one updated (`context/signals.rs`)
 //! ...    per team slot, payload[2] of PAYLOAD bytes (double-buffered by barrier parity, like
 //!        the boards): what a one-pass collective publishes with its arrival
 //! ```
@@ -81,6 +83,7 @@ pub struct SyncArea {
     /// collective asks, and working them out took an eager broadcast's publishing a fifth of
     /// its instructions.
     watch_at: u64,
+    tally_at: u64,
     payload_at: u64,
 }
 
@@ -91,9 +94,20 @@ impl SyncArea {
     }
 
     fn payload_at(world: usize) -> u64 {
-        let end = Self::watch_at(world)
-            + 8 * (WAIT_WORDS + MAX_TEAMS as u64 * RING * ENTRY_WORDS + VERDICT_WORDS);
+        let end = Self::tally_at(world) + 16 * world as u64;
         end.div_ceil(64) * 64
+    }
+
+    /// Where the signal tallies start, after the watch.
+    fn tally_at(world: usize) -> u64 {
+        Self::watch_at(world)
+            + 8 * (WAIT_WORDS + MAX_TEAMS as u64 * RING * ENTRY_WORDS + VERDICT_WORDS)
+    }
+
+    /// Word `w` (0: count, 1: last heap offset) of PE `pe`'s signal tally towards PE `to`.
+    pub fn tally_word(&self, pe: usize, to: usize, w: u64) -> u64 {
+        debug_assert!(to < self.world && w < 2);
+        self.bases[pe] + self.tally_at + 16 * to as u64 + 8 * w
     }
 
     /// PE `pe`'s payload for team `slot` at barrier parity `parity`: the data a one-pass
@@ -167,6 +181,7 @@ impl SyncArea {
             slot_stride: Self::stride(world),
             eager_slots: Self::eager_slots_for(world),
             watch_at: Self::watch_at(world),
+            tally_at: Self::tally_at(world),
             payload_at: Self::payload_at(world),
         }
     }

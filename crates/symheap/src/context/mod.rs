@@ -9,6 +9,7 @@ pub(crate) mod device_state;
 pub(crate) mod eager;
 mod init;
 mod ranges;
+mod signals;
 pub(crate) mod span;
 mod sync;
 pub(crate) mod team;

@@ -192,16 +192,35 @@ impl Context {
         pe: usize,
     ) -> Result<()> {
         const CALL: &str = "put_signal";
-        self.inner.check(CALL)?;
         let at = elem_range::<T>(dest, index, src.len(), CALL)?;
         let sig = elem_range::<u64>(signal, sig_index, 1, CALL)?;
-        let remote = self
-            .inner
-            .remote(at, std::mem::size_of_val(src) as u64, pe, CALL)?;
+        self.put_signal_bytes(at, bytemuck::cast_slice(src), sig, value, op, pe)
+    }
+
+    /// `put_signal` on addresses: `src` into PE `pe`'s copy of the symmetric range at `dest`,
+    /// then PE `pe`'s u64 signal word at symmetric address `sig` updated with `op`/`value`.
+    /// Both addresses are checked before any data moves.
+    pub fn put_signal_bytes(
+        &self,
+        dest: u64,
+        src: &[u8],
+        sig: u64,
+        value: u64,
+        op: SignalOp,
+        pe: usize,
+    ) -> Result<()> {
+        const CALL: &str = "put_signal";
+        self.inner.check(CALL)?;
+        if sig % 8 != 0 {
+            return Err(invalid(
+                CALL,
+                format!("signal address {sig:#x} is not 8-byte aligned"),
+            )
+            .with_pe(self.my_pe()));
+        }
+        let remote = self.inner.remote(dest, src.len() as u64, pe, CALL)?;
         let remote_sig = self.inner.remote(sig, 8, pe, CALL)?;
-        self.inner
-            .backend
-            .write_bytes(remote, bytemuck::cast_slice(src))?;
+        self.inner.backend.write_bytes(remote, src)?;
         // Release: the data is globally visible before the signal can be observed.
         self.inner.backend.fence();
         let aop = match op {
@@ -210,6 +229,7 @@ impl Context {
         };
         self.inner.backend.atomic(remote_sig, 8, aop, value, 0)?;
         self.inner.ring_data(pe);
+        self.inner.tally_signal(pe, sig - self.inner.own_base);
         Ok(())
     }
 
@@ -256,20 +276,29 @@ impl Context {
             .with_pe(self.my_pe()));
         }
         let be = &self.inner.backend;
-        let mut seen = 0u64;
-        self.inner.wait_until(
-            CALL,
-            &|| format!("signal at {addr:#x} to become {cmp:?} {value}"),
-            &mut || {
-                seen = be.atomic(addr, 8, AtomicOp::Load, 0, 0).unwrap_or(0);
-                cmp.holds(seen, value)
-            },
-            &Vec::new,
-            None,
-        )?;
+        let seen = std::cell::Cell::new(be.atomic(addr, 8, AtomicOp::Load, 0, 0)?);
+        if !cmp.holds(seen.get(), value) {
+            // Who had signalled this PE when the wait began, so a timeout can name who did not.
+            let before = self.inner.tallies_to_me();
+            let off = addr - self.inner.own_base;
+            self.inner.wait_until(
+                CALL,
+                &|| {
+                    let (_, sent) = self.inner.silent_signallers(off, &before);
+                    let is = seen.get();
+                    format!("signal at {addr:#x} to become {cmp:?} {value} (it is {is}; {sent})")
+                },
+                &mut || {
+                    seen.set(be.atomic(addr, 8, AtomicOp::Load, 0, 0).unwrap_or(0));
+                    cmp.holds(seen.get(), value)
+                },
+                &|| self.inner.silent_signallers(off, &before).0,
+                None,
+            )?;
+        }
         // Acquire: reads after the wait see the data published before the signal.
         fence(Ordering::SeqCst);
-        Ok(seen)
+        Ok(seen.get())
     }
 
     /// Reads this PE's signal word at `index` of `signal`.

@@ -132,6 +132,8 @@ impl Context {
         for a in [dest, src, sig] {
             self.inner.note_stream_addr(a, stream);
         }
+        // Counted when enqueued: a timed-out wait on PE `pe` then names PEs that never asked.
+        self.inner.tally_signal(pe, sig - self.inner.own_base);
         match self.inner.backend.as_cuda() {
             Some(cu) => {
                 let remote = self.inner.remote(dest, bytes, pe, CALL)?;
