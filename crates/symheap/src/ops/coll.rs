@@ -356,7 +356,8 @@ impl Context {
     }
 
     /// Collective over `team`: every member's `dest` gets `count` elements of `dtype` from
-    /// team member `root`'s `src`. Addresses are in this PE's heap; `dest == src` is allowed.
+    /// team member `root`'s `src`. Addresses are in this PE's heap; in place when `dest == src`,
+    /// any other overlap an invalid argument (see `ops/alias.rs`).
     /// On the host backend a broadcast of at most 96 bytes is eager: the root returns without
     /// waiting for the receivers, and learns of a divergence (a member making another call)
     /// at its next call that waits, or at finalize, instead of in this call.

@@ -295,12 +295,11 @@ impl Context {
 
     /// Collective over `team`: all_reduce of `count` elements of `dtype` from `src` into `dest`
     /// (symmetric addresses; in place when `dest == src`, any other overlap an invalid argument),
-    /// enqueued on `stream`. One-shot through a
-    /// scratch buffer on the world team while `(n - 1) × bytes <= 4 MiB`, two-shot otherwise;
-    /// `algo` overrides. One-shot data carries its own flags (one one-way latency, no fence):
-    /// LL up to 32 KiB, LL128 above when `src` and `dest` are 16-byte aligned (else one flag
-    /// round). f32, f16, bf16 and i32 run on the GPU; other dtypes fall back to the host-driven
-    /// path (synchronous).
+    /// enqueued on `stream`. One-shot through a scratch buffer on the world team while
+    /// `(n - 1) × bytes <= 4 MiB`, two-shot otherwise; `algo` overrides. One-shot data carries
+    /// its own flags (one one-way latency, no fence): LL up to 32 KiB, LL128 above when `src`
+    /// and `dest` are 16-byte aligned (else one flag round). f32, f16, bf16 and i32 run on the
+    /// GPU; other dtypes fall back to the host-driven path (synchronous).
     #[allow(clippy::too_many_arguments)]
     pub fn all_reduce_on_stream(
         &self,
