@@ -233,7 +233,7 @@ run)
   # real devices while the 8-GPU machine is not lent. NCCL and NVSHMEM allow one rank per GPU,
   # so their scenarios stay out.
   if [ "${SKIP_PES8:-0}" != 1 ] && [ "$NGPU" -lt 8 ]; then
-    step selftest-gpu-8pe "${SELFTEST8_LIMIT:-200}" env SYMHEAP_TIMEOUT=60 "$B" selftest --gpu --pes 8 --only ${PES8_ONLY:-contract,release,alloc-churn,ring,alltoall,broadcast,all-reduce,atomics,signal,teams,coll-errors,team-mismatch,mismatch,diverge,stream-ring,stream-signal,stream-barrier,release-order,multi-stream,device-divergence,kill-device,internal-state,local-ranges,coll-local,protocols-pcie,kernel-translate,kernel-atomics,example-kernel,coll-stream,coll-graph,coll-nodes}
+    step selftest-gpu-8pe "${SELFTEST8_LIMIT:-200}" env SYMHEAP_TIMEOUT=60 "$B" selftest --gpu --pes 8 --only ${PES8_ONLY:-contract,release,alloc-churn,ring,alltoall,broadcast,all-reduce,coll-alias,atomics,signal,teams,coll-errors,team-mismatch,mismatch,diverge,stream-ring,stream-signal,stream-barrier,release-order,multi-stream,device-divergence,kill-device,internal-state,local-ranges,coll-local,protocols-pcie,kernel-translate,kernel-atomics,example-kernel,coll-stream,coll-graph,coll-nodes}
   fi
   # A world across 2 simulated nodes (--simulate-nodes: no shared memory between them, NCCL
   # over its socket transport on loopback, a host id per PE so PEs may share a GPU): 3 PEs (2 + 1,

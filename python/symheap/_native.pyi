@@ -170,6 +170,19 @@ class Context:
     def direct_peers(self) -> List[int]: ...
     def is_symmetric(self, addr: int, nbytes: int = 1) -> bool: ...
     def coll_takes_local_buffers(self, coll: str, team: Optional[Team], nbytes: int, algo: str = "auto") -> bool: ...
+    def check_coll_buffers(
+        self,
+        coll: str,
+        team: Optional[Team],
+        dest: int,
+        dest_len: int,
+        src: int,
+        src_len: int,
+        count: int,
+        dtype: str,
+    ) -> bool:
+        """The collectives' aliasing rules: True in place, False apart; raises
+        SymheapValueError naming both ranges for any other overlap."""
     def check_symmetric(self, addr: int, nbytes: int, what: str) -> None: ...
     def translate(self, addr: int, src_pe: int, dst_pe: int) -> Optional[int]: ...
     def peer_bases_for(self, addr: int) -> List[int]: ...

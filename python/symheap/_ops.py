@@ -17,6 +17,17 @@ on either backend.
 Collective calls (marked **Collective**) must be made by every PE of the team, in the same
 order, with the same arguments; symheap detects a mismatch and raises
 :class:`SymheapMismatchError` on every PE instead of hanging.
+
+A collective's source and destination may overlap only in its in-place form: ``all_reduce`` and
+``broadcast`` on one array (``src`` None or ``dest`` itself), ``all_gather`` whose source is
+exactly this PE's block of the destination, ``reduce_scatter`` whose destination is exactly this
+PE's block of the source; ``alltoall`` never. Any other overlap raises
+:class:`SymheapValueError` naming both address ranges, before anything moves. In place is part
+of the call: every PE of the team uses it, or none (as MPI_IN_PLACE), else
+:class:`SymheapMismatchError`. A read-only array (NumPy's ``writeable`` flag off) is never
+written: every call that writes through an argument (the collectives' destinations, ``get``,
+``put``, ``put_signal`` and its signal, the atomics that modify) refuses it with
+:class:`SymheapValueError`.
 """
 
 from __future__ import annotations
@@ -56,6 +67,14 @@ def _same_size(d: Arr, s: Arr, what: str) -> None:
         raise SymheapValueError(f"{what}: destination has {d.numel} elements, source {s.numel}")
 
 
+def _writable(a: Arr, what: str) -> Arr:
+    """``a``, refused when it is read-only (a NumPy array whose ``writeable`` flag is off): no
+    call writes through such an array, into this PE's memory or a peer's copy of it."""
+    if not a.writable:
+        raise SymheapValueError(f"{what} is read-only")
+    return a
+
+
 def _on_device(a: Arr) -> bool:
     return a.device == "cuda"
 
@@ -80,7 +99,7 @@ def put(dest: Any, src: Any, pe: int, *, stream: StreamLike = None) -> None:
     nv = _nv.provider_of(dest)
     if nv is not None:
         return _nv.put(nv, dest, src, pe, stream)
-    d = symmetric(dest, "put destination")
+    d = _writable(symmetric(dest, "put destination"), "put destination")
     s = local(src, "put source")
     _same_size(d, s, "put")
     pe = check_pe(pe)
@@ -101,10 +120,8 @@ def get(dest: Any, src: Any, pe: int, *, stream: StreamLike = None) -> None:
     if nv is not None:
         return _nv.get(nv, dest, src, pe, stream)
     s = symmetric(src, "get source")
-    d = local(dest, "get destination")
+    d = _writable(local(dest, "get destination"), "get destination")
     _same_size(d, s, "get")
-    if not d.writable:
-        raise SymheapValueError("get destination is read-only")
     pe = check_pe(pe)
     if _on_device(d):
         native().get_on_stream(d.ptr, s.ptr, d.nbytes, pe, default_stream(d, stream))
@@ -154,8 +171,12 @@ def sync_stream(stream: StreamLike = None) -> None:
 # ---- signals -------------------------------------------------------------------------------
 
 
-def _word(sig: Any, index: int, what: str) -> int:
+def _word(sig: Any, index: int, what: str, writer: Optional[str] = None) -> int:
+    """The address of word ``index`` of signal array ``sig``; ``writer``: the call that
+    writes it (a read-only array is refused)."""
     a = symmetric(sig, what)
+    if writer is not None:
+        _writable(a, f"{writer} {what}")
     if a.dtype not in ("uint64", "int64"):
         raise SymheapValueError(f"{what} must be a uint64 or int64 array, not {a.dtype}")
     index = index_arg(index, f"{what} index")
@@ -188,10 +209,10 @@ def put_signal(
     nv = _nv.provider_of(dest)
     if nv is not None:
         return _nv.put_signal(nv, dest, src, signal, _signal_value(value), pe, op, sig_index, stream)
-    d = symmetric(dest, "put_signal destination")
+    d = _writable(symmetric(dest, "put_signal destination"), "put_signal destination")
     s = local(src, "put_signal source")
     _same_size(d, s, "put_signal")
-    sig = _word(signal, sig_index, "signal")
+    sig = _word(signal, sig_index, "signal", writer="put_signal")
     pe = check_pe(pe)
     value = _signal_value(value)
     if _on_device(s):
@@ -240,6 +261,8 @@ def _atomic(op: str, dest: Any, pe: int, index: int, value: Any = None, compare:
     if nv is not None:
         return _nv.atomic(nv, op, dest, pe, index, value, compare)
     a = symmetric(dest, f"atomic_{op} destination")
+    if op != "fetch":
+        _writable(a, f"atomic_{op} destination")
     index = index_arg(index, "atomic index")
     if not index < a.numel:
         raise SymheapValueError(f"atomic index {index} is out of range ({a.numel} elements)")
@@ -476,7 +499,7 @@ def broadcast(
     (``src`` None: ``dest`` itself, in place). Both symmetric, same dtype and size (on CUDA,
     where the exchange kernel runs, either may be ordinary device memory: see
     ``coll_takes_local_buffers``)."""
-    da = local(dest, "broadcast destination")
+    da = _writable(local(dest, "broadcast destination"), "broadcast destination")
     lo = _takes_local("broadcast", check_team(team), da)
     d = _coll_buf(da, "broadcast destination", lo)
     s = d if src is None else _coll_buf(local(src, "broadcast source"), "broadcast source", lo)
@@ -495,10 +518,13 @@ def broadcast(
 def all_gather(dest: Any, src: Any, team: Optional[Team] = None, *, stream: StreamLike = None) -> None:
     """**Collective** over ``team``: member j's ``src`` lands in block j of every member's
     ``dest`` (``dest`` holds ``n * src.numel`` elements; first dimension of ``n`` blocks or
-    flat). On CUDA, where the exchange kernel runs, either may be ordinary device memory."""
+    flat). In place when ``src`` is exactly this PE's block of ``dest`` (``dest[me]``); any
+    other overlap is refused. On CUDA, where the exchange kernel runs, either may be ordinary
+    device memory."""
     sa = local(src, "all_gather source")
     lo = _takes_local("all_gather", check_team(team), sa)
-    d = _coll_buf(local(dest, "all_gather destination"), "all_gather destination", lo)
+    da = _writable(local(dest, "all_gather destination"), "all_gather destination")
+    d = _coll_buf(da, "all_gather destination", lo)
     s = _coll_buf(sa, "all_gather source", lo)
     _same(d, s, "all_gather")
     n = _team_size(team)
@@ -515,8 +541,9 @@ def reduce_scatter(
 ) -> None:
     """**Collective** over ``team``: ``src`` holds ``n`` blocks of ``dest.numel`` elements;
     member j's ``dest`` gets the reduction (sum, min, max, prod) of every member's block j.
-    On CUDA, where it runs one-shot, either may be ordinary device memory."""
-    da = local(dest, "reduce_scatter destination")
+    In place when ``dest`` is exactly this PE's block of ``src``; any other overlap is
+    refused. On CUDA, where it runs one-shot, either may be ordinary device memory."""
+    da = _writable(local(dest, "reduce_scatter destination"), "reduce_scatter destination")
     lo = _takes_local("reduce_scatter", check_team(team), da)
     d = _coll_buf(da, "reduce_scatter destination", lo)
     s = _coll_buf(local(src, "reduce_scatter source"), "reduce_scatter source", lo)
@@ -544,7 +571,7 @@ def all_reduce(
     ``algo``: auto, one_shot, two_shot. On CUDA, where it runs one-shot, either may be
     ordinary device memory (read and written in place, no copy)."""
     team = check_team(team)
-    da = local(dest, "all_reduce destination")
+    da = _writable(local(dest, "all_reduce destination"), "all_reduce destination")
     lo = _takes_local("all_reduce", team, da, algo=algo)
     d = _coll_buf(da, "all_reduce destination", lo)
     s = d if src is None else _coll_buf(local(src, "all_reduce source"), "all_reduce source", lo)
@@ -570,11 +597,12 @@ def all_reduce_symmetric_tensor(t: Any, dtype: str, op: str, team: Optional[Team
 @api
 def alltoall(dest: Any, src: Any, team: Optional[Team] = None, *, stream: StreamLike = None) -> None:
     """**Collective** over ``team``: block j of member i's ``src`` lands in block i of member
-    j's ``dest`` (both hold ``n`` equal blocks; not in place). On CUDA, where the exchange
-    kernel runs, either may be ordinary device memory."""
+    j's ``dest`` (both hold ``n`` equal blocks; never in place: overlapping arrays are
+    refused). On CUDA, where the exchange kernel runs, either may be ordinary device memory."""
     sa = local(src, "alltoall source")
     lo = _takes_local("alltoall", check_team(team), sa, per=_team_size(team))
-    d = _coll_buf(local(dest, "alltoall destination"), "alltoall destination", lo)
+    da = _writable(local(dest, "alltoall destination"), "alltoall destination")
+    d = _coll_buf(da, "alltoall destination", lo)
     s = _coll_buf(sa, "alltoall source", lo)
     _same(d, s, "alltoall")
     n = _team_size(team)

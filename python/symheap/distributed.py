@@ -235,7 +235,9 @@ def all_gather_into_tensor(
 ) -> Optional[Work]:
     """**Collective** over ``group``: member j's ``input_tensor`` lands in block j of
     ``output_tensor`` (``n`` times its elements: stacked or concatenated on dimension 0).
-    Every PE of the group makes the same calls in the same order."""
+    ``input_tensor`` may be exactly this PE's block of ``output_tensor`` (in place, as FSDP2
+    gathers); any other overlap raises :class:`symheap.SymheapValueError`. Every PE of the
+    group makes the same calls in the same order."""
     ops.all_gather(input_tensor, _team(group), out=output_tensor)
     return _done(async_op)
 
@@ -245,8 +247,10 @@ def reduce_scatter_tensor(
     output: _torch.Tensor, input: _torch.Tensor, op: Any = "sum", group: Any = None, async_op: bool = False
 ) -> Optional[Work]:
     """**Collective** over ``group``: ``input`` holds ``n`` blocks of ``output.numel()``
-    elements; member j's ``output`` gets the reduction of every member's block j. Every PE of
-    the group makes the same calls in the same order."""
+    elements; member j's ``output`` gets the reduction of every member's block j (``output``
+    may be exactly this PE's block of ``input``: in place; any other overlap raises
+    :class:`symheap.SymheapValueError`). Every PE of the group makes the same calls in the
+    same order."""
     ops.reduce_scatter(input, _op(op), _team(group), out=output)
     return _done(async_op)
 

@@ -190,6 +190,31 @@ def _check_alltoall(out: _torch.Tensor, inp: _torch.Tensor, n: int) -> None:
         )
 
 
+def _span(t: _torch.Tensor) -> Tuple[int, int]:
+    """(first byte, length) of the memory ``t``'s elements cover (strided: the whole extent)."""
+    if t.numel() == 0:
+        return t.data_ptr(), 0
+    lo = hi = 0
+    for size, stride in zip(t.shape, t.stride()):
+        ext = (size - 1) * stride
+        if ext < 0:
+            lo += ext
+        else:
+            hi += ext
+    es = t.element_size()
+    return t.data_ptr() + lo * es, (hi - lo + 1) * es
+
+
+def _check_overlap(coll: str, out: _torch.Tensor, inp: _torch.Tensor, count: int, tid: int) -> None:
+    """The collectives' aliasing rules (``symheap.alias``, the native check every collective
+    makes) for ``out`` and ``inp`` as the caller passed them, before any staging: the in-place
+    forms pass (all_gather from this PE's own block of ``out``, reduce_scatter into its own
+    block of ``inp``), any other overlap raises :class:`SymheapValueError` naming both
+    ranges, whether or not the tensors are then staged."""
+    d, s = _span(out), _span(inp)
+    _core.native().check_coll_buffers(coll, _team(tid), d[0], d[1], s[0], s[1], count, torch_dtype_name(inp.dtype))
+
+
 # ---- staging -------------------------------------------------------------------------------
 
 
@@ -329,6 +354,7 @@ def _run_gather(out: _torch.Tensor, input: _torch.Tensor, team: int) -> None:
 @_custom_op("symheap::all_gather_into", mutates_args=("out",))
 def _all_gather_into(out: _torch.Tensor, input: _torch.Tensor, team: int = 0) -> None:
     _check_gather(out, input, _n(team))
+    _check_overlap("all_gather", out, input, input.numel(), team)
     _run_gather(out, input, team)
 
 
@@ -363,6 +389,7 @@ def _run_scatter(out: _torch.Tensor, input: _torch.Tensor, op: str, team: int) -
 @_custom_op("symheap::reduce_scatter_into", mutates_args=("out",))
 def _reduce_scatter_into(out: _torch.Tensor, input: _torch.Tensor, op: str = "sum", team: int = 0) -> None:
     _check_scatter(out, input, op, _n(team))
+    _check_overlap("reduce_scatter", out, input, out.numel(), team)
     _run_scatter(out, input, op, team)
 
 
@@ -393,6 +420,7 @@ def _run_alltoall(out: _torch.Tensor, input: _torch.Tensor, team: int) -> None:
 @_custom_op("symheap::alltoall_into", mutates_args=("out",))
 def _alltoall_into(out: _torch.Tensor, input: _torch.Tensor, team: int = 0) -> None:
     _check_alltoall(out, input, _n(team))
+    _check_overlap("alltoall", out, input, input.numel() // _n(team), team)
     _run_alltoall(out, input, team)
 
 
@@ -557,8 +585,10 @@ def all_reduce(input: _torch.Tensor, op: str = "sum", team: TeamLike = None) -> 
 @api
 def all_gather(input: _torch.Tensor, team: TeamLike = None, *, out: Optional[_torch.Tensor] = None) -> _torch.Tensor:
     """**Collective** over ``team``: member j's ``input`` lands in block j of the result (first
-    dimension ``n`` times the input's, or ``out`` of ``n * input.numel()`` elements). Every PE
-    makes the same calls in the same order."""
+    dimension ``n`` times the input's, or ``out`` of ``n * input.numel()`` elements). ``input``
+    may be exactly this PE's block of ``out`` (in place, as FSDP2 gathers); any other overlap
+    raises :class:`symheap.SymheapValueError`. Every PE makes the same calls in the same
+    order."""
     if out is None:
         return _call("all_gather", input, team_id(team))
     _call("all_gather_into", out, input, team_id(team))
@@ -570,8 +600,9 @@ def reduce_scatter(
     input: _torch.Tensor, op: str = "sum", team: TeamLike = None, *, out: Optional[_torch.Tensor] = None
 ) -> _torch.Tensor:
     """**Collective** over ``team``: ``input`` holds ``n`` blocks; member j gets the reduction
-    of every member's block j (first dimension divided by ``n``, or into ``out``). Every PE
-    makes the same calls in the same order."""
+    of every member's block j (first dimension divided by ``n``, or into ``out``, which may be
+    exactly this PE's block of ``input``: in place; any other overlap raises
+    :class:`symheap.SymheapValueError`). Every PE makes the same calls in the same order."""
     if out is None:
         return _call("reduce_scatter", input, op, team_id(team))
     _call("reduce_scatter_into", out, input, op, team_id(team))
@@ -581,8 +612,8 @@ def reduce_scatter(
 @api
 def alltoall(input: _torch.Tensor, team: TeamLike = None, *, out: Optional[_torch.Tensor] = None) -> _torch.Tensor:
     """**Collective** over ``team``: block j of member i's ``input`` lands in block i of member
-    j's result (``n`` equal blocks; not in place). Every PE makes the same calls in the same
-    order."""
+    j's result (``n`` equal blocks; never in place: an ``out`` overlapping ``input`` raises
+    :class:`symheap.SymheapValueError`). Every PE makes the same calls in the same order."""
     if out is None:
         return _call("alltoall", input, team_id(team))
     _call("alltoall_into", out, input, team_id(team))

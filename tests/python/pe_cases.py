@@ -17,6 +17,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import pe_alias_cases  # noqa: E402, F401 (registers its cases)
 import pe_fused_cases  # noqa: E402, F401 (registers its cases)
 import pe_gemm_cases  # noqa: E402, F401 (registers its cases)
 import pe_host_cases  # noqa: E402, F401 (registers its cases)

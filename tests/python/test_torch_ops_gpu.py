@@ -41,3 +41,11 @@ def test_ordinary_tensors_in_place(cuda) -> None:
 def test_free_right_after_async_op(cuda) -> None:
     """Deleting/freeing an input right after an asynchronous op on a side stream is safe."""
     run_cases(2, "ops_cuda_free_after_async", env=GPU, timeout=300)
+
+
+def test_in_place_collectives_and_overlaps(cuda) -> None:
+    """The aliasing rules on CUDA tensors: all_gather from this PE's own block and
+    reduce_scatter into it through the SHMEM-style calls, the ops and symheap.distributed,
+    symmetric and ordinary (exchange / one-shot kernels, or staged), exact; other overlaps
+    refused naming both ranges."""
+    run_cases(2, "alias_torch", env=GPU, timeout=300)

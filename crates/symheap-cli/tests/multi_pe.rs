@@ -273,6 +273,11 @@ fn all_reduce_and_reduce_scatter_against_reference() {
 }
 
 #[test]
+fn in_place_collectives_are_exact_and_other_overlaps_refused() {
+    selftest("coll-alias");
+}
+
+#[test]
 fn atomics_counter_and_matrix() {
     selftest("atomics");
 }

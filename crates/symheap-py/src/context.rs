@@ -291,6 +291,50 @@ impl PyContext {
         Ok(self.c().coll_takes_local_buffers(c, &t, nbytes))
     }
 
+    /// The collectives' aliasing rules (`symheap::alias`) for `coll` (all_reduce,
+    /// reduce_scatter, all_gather, broadcast, alltoall) on `team` with destination bytes
+    /// `[dest, dest + dest_len)`, source bytes `[src, src + src_len)` and `count` elements of
+    /// `dtype` per block: True when it is the kind's in-place form, False when the two are
+    /// apart (or this PE is not a member), `SymheapValueError` naming both ranges otherwise.
+    /// For callers that stage their buffers (the torch ops), so that the rules hold whatever
+    /// the path.
+    #[pyo3(signature = (coll, team, dest, dest_len, src, src_len, count, dtype))]
+    #[allow(clippy::too_many_arguments)]
+    fn check_coll_buffers(
+        &self,
+        coll: &str,
+        team: Option<&PyTeam>,
+        dest: u64,
+        dest_len: u64,
+        src: u64,
+        src_len: u64,
+        count: u64,
+        dtype: &str,
+    ) -> PyResult<bool> {
+        use symheap::alias::{ByteRange, CollBuffers, CollKind, Placement};
+        let kind = CollKind::from_name(coll).ok_or_else(|| {
+            value_error(format!(
+                "unknown collective {coll:?} (all_reduce, reduce_scatter, all_gather, \
+                 broadcast, alltoall)"
+            ))
+        })?;
+        let t = self.team_or_world(team);
+        let Some(me) = t.my_pe() else {
+            return Ok(false);
+        };
+        let b = CollBuffers {
+            kind,
+            dest: ByteRange::new(dest, dest_len.into()),
+            src: ByteRange::new(src, src_len.into()),
+            count,
+            elem: parse_dtype(dtype)?.size() as u64,
+            n: t.n_pes() as u64,
+            me: me as u64,
+        };
+        let placed = self.c().check_coll_buffers(kind.name(), &b).py()?;
+        Ok(placed == Placement::InPlace)
+    }
+
     /// Raises `SymheapValueError` (naming `what` and the reason) unless `[addr, addr + nbytes)`
     /// lies in one live allocation of this PE's heap that was not freed here.
     #[pyo3(signature = (addr, nbytes, what))]

@@ -42,6 +42,7 @@ pub use config::{BackendChoice, Config};
 pub use context::{Context, ContextBuilder, HeapUsage, PeerView, SymmetricBuffer};
 pub use element::{DType, Element};
 pub use error::{Error, ErrorKind, Result};
+pub use ops::alias;
 pub use ops::{
     AllReduceAlgo, AtomicBitwise, AtomicElement, AtomicInt, Cmp, SignalOp, StreamColl, Team,
     NODES_ALL_REDUCE_SMALL,

@@ -12,6 +12,7 @@ macro_rules! ensure {
     };
 }
 
+mod alias_scenarios;
 mod coll_scenarios;
 mod diverge_scenarios;
 mod eager_scenarios;
@@ -181,6 +182,16 @@ pub const SCENARIOS: &[Scenario] = &[
         victims: false,
         gpu: false,
         run: team_scenarios::all_reduce,
+    },
+    Scenario {
+        name: "coll-alias",
+        about: "in-place collectives exact through host and stream forms, no false mismatch; other overlaps refused naming both ranges",
+        min_pes: 1,
+        env: &[],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: false,
+        run: alias_scenarios::coll_alias,
     },
     Scenario {
         name: "atomics",

@@ -110,9 +110,12 @@ pub fn broadcast(ctx: &Context, a: PeArgs) -> Outcome {
         .flat_map(|p| data::<i32>(a.seed, p, 1234, c))
         .collect();
     ensure!(d.to_vec::<i32>().map_err(e2s)? == want, "all_gather");
+    // In place: the source is exactly this PE's block of the destination.
     poison(&d)?;
     d.write(me * c, &mine).map_err(e2s)?;
-    ctx.all_gather::<i32>(&world, &d, &d, c).map_err(e2s)?;
+    let own = d.addr() + (me * c * 4) as u64;
+    ctx.all_gather_raw(&world, d.addr(), own, c, DType::I32)
+        .map_err(e2s)?;
     ensure!(
         d.to_vec::<i32>().map_err(e2s)? == want,
         "in-place all_gather"
@@ -207,8 +210,13 @@ pub fn all_reduce(ctx: &Context, a: PeArgs) -> Outcome {
         src.write(0, &data::<i64>(a.seed, me, 555, n * count))
             .map_err(e2s)?;
         poison(&dst)?;
-        let d = if in_place { &src } else { &dst };
-        ctx.reduce_scatter::<i64>(&world, d, &src, count, ReduceOp::Sum)
+        // In place: the destination is exactly this PE's block of the source.
+        let (d, to) = if in_place {
+            (&src, src.addr() + (me * count * 8) as u64)
+        } else {
+            (&dst, dst.addr())
+        };
+        ctx.reduce_scatter_raw(&world, to, src.addr(), count, DType::I64, ReduceOp::Sum)
             .map_err(e2s)?;
         let inputs: Vec<Vec<i64>> = (0..n)
             .map(|p| data::<i64>(a.seed, p, 555, n * count)[me * count..(me + 1) * count].to_vec())
@@ -500,7 +508,14 @@ pub fn team_mismatch(ctx: &Context, _a: PeArgs) -> Outcome {
         ctx.broadcast::<u32>(&all_but_last, &b, &b, 4, 0)
             .and_then(|()| ctx.barrier(&all_but_last))
     } else {
-        ctx.all_gather::<u32>(&all_but_last, &b, &b, 1)
+        // In place (this PE's block of `b`), so that the call itself is valid.
+        ctx.all_gather_raw(
+            &all_but_last,
+            b.addr(),
+            b.addr() + 4 * me as u64,
+            1,
+            DType::U32,
+        )
     };
     let e = match r {
         Ok(()) => return Err("diverging team collectives succeeded".into()),

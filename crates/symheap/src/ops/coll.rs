@@ -24,6 +24,8 @@
 
 use std::sync::Arc;
 
+use super::alias::CollKind;
+use super::coll_check::host_form;
 use super::coll_nodes::NodesOp;
 use crate::backend::ReduceOp;
 use crate::context::area::{INLINE, NARROW, PAYLOAD};
@@ -354,7 +356,8 @@ impl Context {
     }
 
     /// Collective over `team`: every member's `dest` gets `count` elements of `dtype` from
-    /// team member `root`'s `src`. Addresses are in this PE's heap; `dest == src` is allowed.
+    /// team member `root`'s `src`. Addresses are in this PE's heap; in place when `dest == src`,
+    /// any other overlap an invalid argument (see `ops/alias.rs`).
     /// On the host backend a broadcast of at most 96 bytes is eager: the root returns without
     /// waiting for the receivers, and learns of a divergence (a member making another call)
     /// at its next call that waits, or at finalize, instead of in this call.
@@ -432,6 +435,7 @@ impl Context {
         if team.is_valid() && root >= n {
             return Err(self.bad_root(CALL, root, n));
         }
+        self.placement(CALL, CollKind::Broadcast, team, dest, src, count, dtype)?;
         if self.inner.backend.as_cuda().is_some() {
             return self.on_device(
                 team,
@@ -493,8 +497,9 @@ impl Context {
     }
 
     /// Collective over `team`: member j's `count` elements at `src` land at
-    /// `dest + j × count` on every member. `dest == src` means in place: each member's
-    /// contribution already sits at its own position in `dest`.
+    /// `dest + j × count` on every member. In place when `src == dest + me × count` (this PE's
+    /// contribution already sits at its own block of `dest`); any other overlap of `src` and
+    /// `dest` is an invalid argument (see `ops/alias.rs`).
     pub fn all_gather_raw(
         &self,
         team: &Team,
@@ -505,20 +510,17 @@ impl Context {
     ) -> Result<()> {
         const CALL: &str = "all_gather";
         let bytes = self.coll_bytes(CALL, count, dtype, team.n_pes())?;
+        let kind = CollKind::AllGather;
+        let placed = self.placement(CALL, kind, team, dest, src, count, dtype)?;
+        // In place is recorded as such, the same on every PE (each passes its own block).
+        let (hd, hs) = host_form(kind, placed, dest, src);
         if self.inner.backend.as_cuda().is_some() {
-            // Recorded before the stream form's own naming of in place (where this PE's
-            // contribution sits), which differs per PE.
-            let args = self
-                .inner
-                .coll_args(format!("{count} x {dtype}"), dest, src);
-            let src = match team.my_pe() {
-                Some(me) if src == dest => dest + (me * bytes) as u64,
-                _ => src,
-            };
+            let args = self.inner.coll_args(format!("{count} x {dtype}"), hd, hs);
             return self.on_device(team, CALL, args, |s| {
                 self.all_gather_on_stream(team, dest, src, count, dtype, s)
             });
         }
+        let (dest, src) = (hd, hs);
         if team.is_valid() {
             check_len(&self.inner, CALL, "destination", dest, bytes * team.n_pes())?;
             check_len(&self.inner, CALL, "source", src, bytes)?;
@@ -538,6 +540,7 @@ impl Context {
         else {
             return Ok(());
         };
+        // In place, member j's contribution is its block j of `dest` (the host form's dest == src).
         let in_place = dest == src;
         for j in 0..c.n() {
             let from = if in_place {
@@ -551,8 +554,9 @@ impl Context {
     }
 
     /// Collective over `team`: `src` holds `n × count` elements on every member; member j's
-    /// `dest` gets the reduction of every member's block j. `dest == src` means in place: the
-    /// result goes to `dest + me × count`.
+    /// `dest` gets the reduction of every member's block j. In place when
+    /// `dest == src + me × count` (the result replaces this PE's own block of `src`); any other
+    /// overlap is an invalid argument (see `ops/alias.rs`).
     pub fn reduce_scatter_raw(
         &self,
         team: &Team,
@@ -564,18 +568,18 @@ impl Context {
     ) -> Result<()> {
         const CALL: &str = "reduce_scatter";
         let bytes = self.coll_bytes(CALL, count, dtype, team.n_pes())?;
+        let kind = CollKind::ReduceScatter;
+        let placed = self.placement(CALL, kind, team, dest, src, count, dtype)?;
+        let (hd, hs) = host_form(kind, placed, dest, src);
         if self.on_gpu(team, dtype) {
             let args = self
                 .inner
-                .coll_args(format!("{} {count} x {dtype}", op.name()), dest, src);
-            let dest = match team.my_pe() {
-                Some(me) if src == dest => src + (me * bytes) as u64,
-                _ => dest,
-            };
+                .coll_args(format!("{} {count} x {dtype}", op.name()), hd, hs);
             return self.on_device(team, CALL, args, |s| {
                 self.reduce_scatter_on_stream(team, dest, src, count, dtype, op, s)
             });
         }
+        let (dest, src) = (hd, hs);
         if team.is_valid() {
             check_len(&self.inner, CALL, "source", src, bytes * team.n_pes())?;
             check_len(&self.inner, CALL, "destination", dest, bytes)?;
@@ -597,13 +601,15 @@ impl Context {
             return Ok(());
         };
         let block = src + (c.me() * bytes) as u64;
+        // In place (the host form's dest == src), the result goes to this PE's block.
         let out = if dest == src { block } else { dest };
         c.reduce_from_all(out, block, count, dtype, op)?;
         c.end()
     }
 
     /// Collective over `team`: every member's `dest` gets the element-wise reduction of all
-    /// members' `src` (`count` elements). `dest == src` is allowed.
+    /// members' `src` (`count` elements). In place when `dest == src`; any other overlap is an
+    /// invalid argument (see `ops/alias.rs`).
     #[allow(clippy::too_many_arguments)]
     pub fn all_reduce_raw(
         &self,
@@ -617,6 +623,7 @@ impl Context {
     ) -> Result<()> {
         const CALL: &str = "all_reduce";
         let bytes = self.coll_bytes(CALL, count, dtype, 1)?;
+        self.placement(CALL, CollKind::AllReduce, team, dest, src, count, dtype)?;
         if self.on_gpu(team, dtype) {
             let args = self
                 .inner
@@ -767,7 +774,8 @@ impl Context {
     }
 
     /// Collective over `team`: member i's block j (`count` elements at `src + j × count`)
-    /// lands at member j's `dest + i × count`. Not in place.
+    /// lands at member j's `dest + i × count`. Never in place: `dest` and `src` must not
+    /// overlap (see `ops/alias.rs`).
     pub fn alltoall_raw(
         &self,
         team: &Team,
@@ -778,7 +786,8 @@ impl Context {
     ) -> Result<()> {
         const CALL: &str = "alltoall";
         let bytes = self.coll_bytes(CALL, count, dtype, team.n_pes())?;
-        if self.inner.backend.as_cuda().is_some() && !(dest == src && bytes > 0) {
+        self.placement(CALL, CollKind::AllToAll, team, dest, src, count, dtype)?;
+        if self.inner.backend.as_cuda().is_some() {
             return self.on_device(
                 team,
                 CALL,
@@ -788,13 +797,6 @@ impl Context {
             );
         }
         if team.is_valid() {
-            if dest == src && bytes > 0 {
-                return Err(invalid(
-                    CALL,
-                    "alltoall cannot run in place; use separate source and destination buffers",
-                )
-                .with_pe(self.my_pe()));
-            }
             check_len(&self.inner, CALL, "destination", dest, bytes * team.n_pes())?;
             check_len(&self.inner, CALL, "source", src, bytes * team.n_pes())?;
         }

@@ -24,6 +24,7 @@ use crate::context::Context;
 use crate::element::DType;
 use crate::error::Result;
 
+use super::alias::CollKind;
 use super::coll::check_len;
 
 const CALL: &str = "broadcast";
@@ -67,6 +68,8 @@ impl Context {
         let generation = self.inner.heap.generation();
         check_len(&self.inner, CALL, "destination", dest, bytes)?;
         check_len(&self.inner, CALL, "source", src, bytes)?;
+        // Once, with the ranges: a repeat has the same arguments, hence the same answer.
+        self.placement(CALL, CollKind::Broadcast, team, dest, src, count, dtype)?;
         let mut st = t.lock();
         let args = || {
             self.inner

@@ -13,8 +13,10 @@ use crate::context::device_state::{DeviceTeams, LL128_PART, MAX_BLOCKS, ONE_SHOT
 use crate::context::team::{Team, TeamInner};
 use crate::context::Context;
 use crate::element::DType;
-use crate::error::{err, invalid, ErrorKind, Result};
+use crate::error::{err, ErrorKind, Result};
+use crate::ops::alias::CollKind;
 use crate::ops::coll::AllReduceAlgo;
+use crate::ops::coll_check::host_form;
 use crate::ops::coll_plan::*;
 use crate::stream::Stream;
 
@@ -292,12 +294,12 @@ impl Context {
     }
 
     /// Collective over `team`: all_reduce of `count` elements of `dtype` from `src` into `dest`
-    /// (symmetric addresses; `dest == src` allowed), enqueued on `stream`. One-shot through a
-    /// scratch buffer on the world team while `(n - 1) × bytes <= 4 MiB`, two-shot otherwise;
-    /// `algo` overrides. One-shot data carries its own flags (one one-way latency, no fence):
-    /// LL up to 32 KiB, LL128 above when `src` and `dest` are 16-byte aligned (else one flag
-    /// round). f32, f16, bf16 and i32 run on the GPU; other dtypes fall back to the host-driven
-    /// path (synchronous).
+    /// (symmetric addresses; in place when `dest == src`, any other overlap an invalid argument),
+    /// enqueued on `stream`. One-shot through a scratch buffer on the world team while
+    /// `(n - 1) × bytes <= 4 MiB`, two-shot otherwise; `algo` overrides. One-shot data carries
+    /// its own flags (one one-way latency, no fence): LL up to 32 KiB, LL128 above when `src`
+    /// and `dest` are 16-byte aligned (else one flag round). f32, f16, bf16 and i32 run on the
+    /// GPU; other dtypes fall back to the host-driven path (synchronous).
     #[allow(clippy::too_many_arguments)]
     pub fn all_reduce_on_stream(
         &self,
@@ -313,6 +315,11 @@ impl Context {
         const CALL: &str = "all_reduce_on_stream";
         let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
         let bytes = self.coll_bytes(CALL, count, dtype, 1)? as u64;
+        if self.inner.backend.as_cuda().is_none() {
+            return self.all_reduce_raw(team, dest, src, count, dtype, op, algo);
+        }
+        let kind = CollKind::AllReduce;
+        self.placement(CALL, kind, team, dest, src, count, dtype)?;
         if let Some(t) = self.span_team(team) {
             return self.all_reduce_span(t, dest, src, count, dtype, op, s);
         }
@@ -374,10 +381,10 @@ impl Context {
     }
 
     /// Collective over `team`: member j's `count` elements at `src` land at `dest + j × count`
-    /// on every member, enqueued on `stream`. In place when `src == dest + me × count`. On the
-    /// world team, up to 4 MiB per member (less from 3 PEs up: `(n - 1) × bytes` about 4 MiB),
-    /// data and flags travel together (one one-way latency); otherwise push after an entry
-    /// round.
+    /// on every member, enqueued on `stream`. In place when `src == dest + me × count`; any
+    /// other overlap is an invalid argument (see `ops/alias.rs`). On the world team, up to 4 MiB
+    /// per member (less from 3 PEs up: `(n - 1) × bytes` about 4 MiB), data and flags travel
+    /// together (one one-way latency); otherwise push after an entry round.
     pub fn all_gather_on_stream(
         &self,
         team: &Team,
@@ -390,37 +397,29 @@ impl Context {
         const CALL: &str = "all_gather_on_stream";
         let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
         let bytes = self.coll_bytes(CALL, count, dtype, team.n_pes())? as u64;
+        let Some(cu) = self.inner.backend.as_cuda() else {
+            return self.all_gather_raw(team, dest, src, count, dtype);
+        };
+        let kind = CollKind::AllGather;
+        let placed = self.placement(CALL, kind, team, dest, src, count, dtype)?;
         if let Some(t) = self.span_team(team) {
             return self.all_gather_span(t, dest, src, count, dtype, s);
         }
-        let Some(cu) = self.inner.backend.as_cuda() else {
-            let in_place = team
-                .my_pe()
-                .is_some_and(|me| src == dest + me as u64 * bytes);
-            return self.all_gather_raw(
-                team,
-                dest,
-                if in_place { dest } else { src },
-                count,
-                dtype,
-            );
-        };
         if !team.is_valid() {
             return Ok(());
         }
         let local = stays_local(cu, StreamColl::AllGather, team, bytes);
         self.check_buf(CALL, dest, bytes * team.n_pes() as u64, s, local)?;
         self.check_buf(CALL, src, bytes, s, local)?;
-        // In place is "my contribution already at my block of dest": the same call on every PE,
-        // although src differs per PE, so it is recorded as dest == src.
-        let mine = dest + team.my_pe().unwrap_or(0) as u64 * bytes;
         let args = format!("{count} x {dtype}");
         // The exchange kernel reaches only scratch on peers: places are not part of the call.
+        // Otherwise in place ("my contribution already at my block of dest") is recorded as
+        // such: the same call on every PE, although src differs per PE.
         let args = if local {
             args
         } else {
-            self.inner
-                .coll_args(args, dest, if src == mine { dest } else { src })
+            let (d, s) = host_form(kind, placed, dest, src);
+            self.inner.coll_args(args, d, s)
         };
         let Some((l, t)) = self.coll_prepare(team, CALL, args, s, stream)? else {
             return Ok(());
@@ -442,10 +441,10 @@ impl Context {
 
     /// Collective over `team`: `src` holds `n × count` elements; member j's `dest` gets the
     /// reduction of every member's block j, enqueued on `stream`. In place when
-    /// `dest == src + me × count`. On the world team while the `(n - 1) × count` elements a
-    /// member sends take at most 4 MiB: one-shot (every member pushes each block into its
-    /// owner's scratch; one synchronisation); otherwise each member pulls its block from every
-    /// member.
+    /// `dest == src + me × count`; any other overlap is an invalid argument. On the world team
+    /// while the `(n - 1) × count` elements a member sends take at most 4 MiB: one-shot (every
+    /// member pushes each block into its owner's scratch; one synchronisation); otherwise each
+    /// member pulls its block from every member.
     #[allow(clippy::too_many_arguments)]
     pub fn reduce_scatter_on_stream(
         &self,
@@ -460,21 +459,16 @@ impl Context {
         const CALL: &str = "reduce_scatter_on_stream";
         let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
         let bytes = self.coll_bytes(CALL, count, dtype, team.n_pes())? as u64;
+        if self.inner.backend.as_cuda().is_none() {
+            return self.reduce_scatter_raw(team, dest, src, count, dtype, op);
+        }
+        let kind = CollKind::ReduceScatter;
+        let placed = self.placement(CALL, kind, team, dest, src, count, dtype)?;
         if let Some(t) = self.span_team(team) {
             return self.reduce_scatter_span(t, dest, src, count, dtype, op, s);
         }
         let (Some(cu), Some(sfx)) = (self.inner.backend.as_cuda(), dtype_suffix(dtype)) else {
-            let in_place = team
-                .my_pe()
-                .is_some_and(|me| dest == src + me as u64 * bytes);
-            return self.reduce_scatter_raw(
-                team,
-                if in_place { src } else { dest },
-                src,
-                count,
-                dtype,
-                op,
-            );
+            return self.reduce_scatter_raw(team, dest, src, count, dtype, op);
         };
         if !team.is_valid() {
             return Ok(());
@@ -489,14 +483,13 @@ impl Context {
             op.name(),
             if one_shot { "one-shot" } else { "two-round" }
         );
-        // In place (the result in my block of src) is the same call on every PE; see all_gather.
-        let mine = src + team.my_pe().unwrap_or(0) as u64 * bytes;
-        // One-shot reaches only scratch on peers: places are not part of the call.
+        // One-shot reaches only scratch on peers: places are not part of the call. Otherwise
+        // in place (the result in my block of src) is the same call on every PE; see all_gather.
         let args = if local {
             args
         } else {
-            self.inner
-                .coll_args(args, if dest == mine { src } else { dest }, src)
+            let (d, s) = host_form(kind, placed, dest, src);
+            self.inner.coll_args(args, d, s)
         };
         let Some((l, t)) = self.coll_prepare(team, CALL, args, s, stream)? else {
             return Ok(());
@@ -549,6 +542,7 @@ impl Context {
         if root >= team.n_pes() {
             return Err(self.bad_root(CALL, root, team.n_pes()));
         }
+        self.placement(CALL, CollKind::Broadcast, team, dest, src, count, dtype)?;
         if let Some(t) = self.span_team(team) {
             return self.broadcast_span(t, dest, src, count, dtype, root, s);
         }
@@ -586,7 +580,8 @@ impl Context {
     }
 
     /// Collective over `team`: member i's block j (`count` elements at `src + j × count`) lands
-    /// at member j's `dest + i × count`, enqueued on `stream`. Not in place. On the world team up
+    /// at member j's `dest + i × count`, enqueued on `stream`. Never in place: `dest` and `src`
+    /// must not overlap (see `ops/alias.rs`). On the world team up
     /// to 4 MiB per pair (less from 3 PEs up: `(n - 1) × bytes` about 4 MiB), data and flags
     /// travel together; otherwise push after an entry round.
     pub fn alltoall_on_stream(
@@ -607,13 +602,7 @@ impl Context {
         if !team.is_valid() {
             return Ok(());
         }
-        if dest == src && bytes > 0 {
-            return Err(invalid(
-                CALL,
-                "alltoall cannot run in place; use separate source and destination buffers",
-            )
-            .with_pe(self.my_pe()));
-        }
+        self.placement(CALL, CollKind::AllToAll, team, dest, src, count, dtype)?;
         if let Some(t) = self.span_team(team) {
             return self.alltoall_span(t, dest, src, count, dtype, s);
         }

@@ -2,8 +2,10 @@
 //! Written once against the [`crate::backend::Backend`] trait; the host backend runs them with
 //! CPU loads, stores and atomics on the shared heap.
 
+pub mod alias;
 pub mod atomics;
 pub mod coll;
+mod coll_check;
 mod coll_eager;
 mod coll_nodes;
 mod coll_plan;
