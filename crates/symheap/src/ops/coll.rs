@@ -368,6 +368,7 @@ impl Context {
         root: usize,
     ) -> Result<()> {
         const CALL: &str = "broadcast";
+        self.inner.aligned_pair(CALL, dest, src, dtype)?;
         // `coll_bytes` of one block, written out: this is the eager broadcast's path, and the
         // call cost it 10-20 instructions a side.
         let Some(bytes) = count.checked_mul(dtype.size()) else {
@@ -504,6 +505,7 @@ impl Context {
         dtype: DType,
     ) -> Result<()> {
         const CALL: &str = "all_gather";
+        self.inner.aligned_pair(CALL, dest, src, dtype)?;
         let bytes = self.coll_bytes(CALL, count, dtype, team.n_pes())?;
         if self.inner.backend.as_cuda().is_some() {
             // Recorded before the stream form's own naming of in place (where this PE's
@@ -563,6 +565,7 @@ impl Context {
         op: ReduceOp,
     ) -> Result<()> {
         const CALL: &str = "reduce_scatter";
+        self.inner.aligned_pair(CALL, dest, src, dtype)?;
         let bytes = self.coll_bytes(CALL, count, dtype, team.n_pes())?;
         if self.on_gpu(team, dtype) {
             let args = self
@@ -616,6 +619,7 @@ impl Context {
         algo: AllReduceAlgo,
     ) -> Result<()> {
         const CALL: &str = "all_reduce";
+        self.inner.aligned_pair(CALL, dest, src, dtype)?;
         let bytes = self.coll_bytes(CALL, count, dtype, 1)?;
         if self.on_gpu(team, dtype) {
             let args = self
@@ -777,6 +781,7 @@ impl Context {
         dtype: DType,
     ) -> Result<()> {
         const CALL: &str = "alltoall";
+        self.inner.aligned_pair(CALL, dest, src, dtype)?;
         let bytes = self.coll_bytes(CALL, count, dtype, team.n_pes())?;
         if self.inner.backend.as_cuda().is_some() && !(dest == src && bytes > 0) {
             return self.on_device(

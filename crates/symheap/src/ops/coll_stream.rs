@@ -311,6 +311,7 @@ impl Context {
         stream: &Stream,
     ) -> Result<()> {
         const CALL: &str = "all_reduce_on_stream";
+        self.inner.aligned_pair(CALL, dest, src, dtype)?;
         let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
         let bytes = self.coll_bytes(CALL, count, dtype, 1)? as u64;
         if let Some(t) = self.span_team(team) {
@@ -388,6 +389,7 @@ impl Context {
         stream: &Stream,
     ) -> Result<()> {
         const CALL: &str = "all_gather_on_stream";
+        self.inner.aligned_pair(CALL, dest, src, dtype)?;
         let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
         let bytes = self.coll_bytes(CALL, count, dtype, team.n_pes())? as u64;
         if let Some(t) = self.span_team(team) {
@@ -458,6 +460,7 @@ impl Context {
         stream: &Stream,
     ) -> Result<()> {
         const CALL: &str = "reduce_scatter_on_stream";
+        self.inner.aligned_pair(CALL, dest, src, dtype)?;
         let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
         let bytes = self.coll_bytes(CALL, count, dtype, team.n_pes())? as u64;
         if let Some(t) = self.span_team(team) {
@@ -538,6 +541,7 @@ impl Context {
         stream: &Stream,
     ) -> Result<()> {
         const CALL: &str = "broadcast_on_stream";
+        self.inner.aligned_pair(CALL, dest, src, dtype)?;
         let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
         let bytes = self.coll_bytes(CALL, count, dtype, 1)? as u64;
         let Some(cu) = self.inner.backend.as_cuda() else {
@@ -599,6 +603,7 @@ impl Context {
         stream: &Stream,
     ) -> Result<()> {
         const CALL: &str = "alltoall_on_stream";
+        self.inner.aligned_pair(CALL, dest, src, dtype)?;
         let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
         let bytes = self.coll_bytes(CALL, count, dtype, team.n_pes())? as u64;
         let Some(cu) = self.inner.backend.as_cuda() else {

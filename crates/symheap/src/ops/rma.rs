@@ -8,7 +8,7 @@ use std::sync::atomic::{fence, Ordering};
 
 use crate::backend::AtomicOp;
 use crate::context::Context;
-use crate::element::Element;
+use crate::element::{DType, Element};
 use crate::error::{invalid, Result};
 use crate::SymmetricBuffer;
 
@@ -247,14 +247,8 @@ impl Context {
     pub fn signal_wait_until_addr(&self, addr: u64, cmp: Cmp, value: u64) -> Result<u64> {
         const CALL: &str = "signal_wait_until";
         self.inner.check(CALL)?;
+        self.inner.aligned(CALL, "signal word", addr, DType::U64)?;
         self.inner.own_offset(addr, 8, CALL)?;
-        if addr % 8 != 0 {
-            return Err(invalid(
-                CALL,
-                format!("signal address {addr:#x} is not 8-byte aligned"),
-            )
-            .with_pe(self.my_pe()));
-        }
         let be = &self.inner.backend;
         let mut seen = 0u64;
         self.inner.wait_until(
