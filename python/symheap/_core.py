@@ -438,10 +438,14 @@ def origin(x: Any) -> Any:
     if t is not None and isinstance(x, t.Tensor):
         ref = _tensor_owner.get(int(x.untyped_storage()._cdata))
         x = ref() if ref is not None else None
+    np = sys.modules.get("numpy")
     for _ in range(64):  # a chain of views of views ends at the exporter
-        if x is None or isinstance(x, SymmetricBuffer):
+        if np is not None and type(x) is np.ndarray:
+            # The common case first: an array's own interface dict never names a buffer.
+            x = x.base
+        elif x is None or isinstance(x, SymmetricBuffer):
             return x
-        if isinstance(x, HeapView):
+        elif isinstance(x, HeapView):
             x = x.owner
         elif isinstance(x, memoryview):
             x = x.obj

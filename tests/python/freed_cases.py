@@ -326,6 +326,9 @@ def case_bool_is_not_a_number() -> None:
         lambda: symheap.team_split_strided(None, False, 1, n),
         lambda: sn.get_peer_array(x, True),
         lambda: symheap.team_translate_pe(symheap.team_world(), True, symheap.team_world()),
+        lambda: symheap.team_world().translate_pe(True, symheap.team_world()),
+        lambda: symheap.team_world().world_pe(False),
+        lambda: x.base.write_bytes(b"\x01", True),
     ]
     for i, f in enumerate(calls):
         msg = raises(f)

@@ -14,6 +14,11 @@ use crate::errors::{value_error, IntoPyResult};
 
 /// Parses a dtype name (`float32`, `int64`, `bfloat16`, `f32`...).
 pub fn parse_dtype(name: &str) -> PyResult<DType> {
+    // The Python layer passes canonical names on every put and get: found without the
+    // lower-casing copy `DType::parse` makes.
+    if let Some(d) = DType::ALL.into_iter().find(|d| d.name() == name) {
+        return Ok(d);
+    }
     DType::parse(name).ok_or_else(|| {
         value_error(format!(
             "unsupported dtype {name:?}; symheap supports {}",
@@ -276,8 +281,9 @@ impl SymmetricBuffer {
     }
 
     /// Copies `data` into this PE's copy starting at byte `offset`.
-    #[pyo3(signature = (data, offset = 0))]
-    fn write_bytes(&self, data: &[u8], offset: usize) -> PyResult<()> {
+    #[pyo3(signature = (data, offset = None))]
+    fn write_bytes(&self, data: &[u8], offset: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let offset = offset.map_or(Ok(0), |o| crate::convert::index_arg(o, "offset"))?;
         let b = self.share()?;
         if offset as u64 + data.len() as u64 > self.nbytes {
             return Err(value_error(format!(

@@ -2,7 +2,7 @@
 //! names, element values as bits, and stream handles.
 
 use pyo3::prelude::*;
-use pyo3::types::PyFloat;
+use pyo3::types::{PyBool, PyFloat};
 use symheap::{AllReduceAlgo, AtomicOp, Cmp, DType, ReduceOp, SignalOp};
 
 use crate::errors::value_error;
@@ -186,6 +186,18 @@ pub(crate) fn from_bits(py: Python<'_>, bits: u64, dtype: DType) -> PyResult<Py<
         DType::I64 => (bits as i64).into_pyobject(py)?.into_any().unbind(),
         _ => bits.into_pyobject(py)?.into_any().unbind(),
     })
+}
+
+/// A PE, index or offset from Python: anything with `__index__` that fits, except a bool (an
+/// int to Python, but `True` as a PE or an offset is a mistake, not a 1).
+pub(crate) fn index_arg(v: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
+    if v.is_instance_of::<PyBool>() {
+        return Err(value_error(format!(
+            "{what} must be an integer, not bool ({v})"
+        )));
+    }
+    v.extract::<usize>()
+        .map_err(|_| value_error(format!("{what} must be a non-negative integer, not {v}")))
 }
 
 /// The stream a Python call names (a `cuda_stream` integer from torch or CuPy; the legacy

@@ -60,6 +60,7 @@ fn a_revoked_allocation_is_refused_at_every_address_and_kept_until_dropped() {
             "broadcast",
             err(ctx.broadcast_raw(&w, mid, mid, 4, DType::U64, 0)),
         ),
+        ("signal_fetch", err(ctx.signal_fetch(&a, 8).map(drop))),
         ("write", err(a.write(0, &[1u64]))),
         ("read", err(a.read(0, &mut [0u64]))),
     ];

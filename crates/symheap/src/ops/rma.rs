@@ -268,8 +268,11 @@ impl Context {
 
     /// Reads this PE's signal word at `index` of `signal`.
     pub fn signal_fetch(&self, signal: &SymmetricBuffer, index: usize) -> Result<u64> {
-        let at = elem_range::<u64>(signal, index, 1, "signal_fetch")?;
-        self.inner.check("signal_fetch")?;
+        const CALL: &str = "signal_fetch";
+        let at = elem_range::<u64>(signal, index, 1, CALL)?;
+        self.inner.check(CALL)?;
+        // A revoked buffer is refused here as at any other call.
+        self.inner.own_offset(at, 8, CALL)?;
         self.inner.backend.atomic(at, 8, AtomicOp::Load, 0, 0)
     }
 }
