@@ -108,7 +108,10 @@ def api(fn: F) -> F:
 
 
 def index_arg(v: Any, what: str, lo: int = 0, hi: int = (1 << 63) - 1) -> int:
-    """``v`` as an int from ``lo`` to ``hi`` (bool refused), or :class:`SymheapValueError`."""
+    """``v`` as an int from ``lo`` to ``hi``, or :class:`SymheapValueError`: the one check of
+    every count, size, PE, index, root and rank the Python API takes. Anything with
+    ``__index__`` (int, NumPy integers, 0-d integer tensors) is taken; a bool never is (it is
+    an int to Python, but ``True`` as a size or PE is a mistake, not a 1)."""
     if isinstance(v, bool):
         raise SymheapValueError(f"{what} must be an integer, not bool ({v})")
     try:
@@ -392,11 +395,17 @@ def _forget(addr: int, ref: "weakref.ref[SymmetricBuffer]") -> None:
 
 
 @api
-def allocate(shape: Tuple[int, ...], dtype: str, *, zero: bool = False, align: int = 256) -> SymmetricBuffer:
-    """**Collective**: a :class:`SymmetricBuffer` of ``shape``/``dtype`` (a symheap dtype name).
+def allocate(shape: Tuple[int, ...], dtype: Any, *, zero: bool = False, align: int = 256) -> SymmetricBuffer:
+    """**Collective**: a :class:`SymmetricBuffer` of ``shape``/``dtype``. ``dtype`` means what
+    NumPy means by it (anything ``numpy.dtype()`` takes: ``"float32"``, ``"f4"``,
+    ``numpy.int64``; ``"float"`` is float64, ``"int"`` int64), or a ``torch.dtype``, or
+    ``"bfloat16"``; dtypes symheap does not move are refused (see :func:`dtype_name`).
     Contents are unspecified unless ``zero``; a peer may write into it only after a barrier."""
-    shape = tuple(int(s) for s in shape)
-    buf = native().allocate(list(shape), dtype, align=align, zero=zero)
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+        raise SymheapValueError(f"shape must be a sequence of sizes, not {type(shape).__name__}")
+    dims = [index_arg(n, "size") for n in shape]
+    align = index_arg(align, "alignment (bytes)", 1)
+    buf = native().allocate(dims, dtype_name(dtype), align=align, zero=bool(zero))
     addr = buf.addr
 
     def forget(r: "weakref.ref[SymmetricBuffer]") -> None:
@@ -426,29 +435,53 @@ def register_tensor(t: Any, owner: Any) -> Any:
     return t
 
 
-def _owner_of(a: "Arr") -> Optional[SymmetricBuffer]:
-    """The SymmetricBuffer whose memory ``a`` shows, when the Python layer made it from one."""
-    o: Any = None
-    if a.kind == "buffer":
-        o = a.obj
-    elif a.kind == "numpy":
-        b = a.obj
-        for _ in range(32):  # a chain of views of views ends at the exporter
-            b = getattr(b, "base", None)
-            if b is None or isinstance(b, (SymmetricBuffer, HeapView)):
-                o = b
-                break
-    elif a.kind == "torch":
-        ref = _tensor_owner.get(int(a.obj.untyped_storage()._cdata))
-        o = ref() if ref is not None else None
-    if isinstance(o, HeapView):
-        o = o.owner
-    return o if isinstance(o, SymmetricBuffer) else None
+def _interface_owner(o: Any) -> Any:
+    """The SymmetricBuffer an object passing on a SymmetricBuffer's ``__array_interface__``
+    dict carries (the dict names it), else None."""
+    try:
+        d = getattr(o, "__array_interface__", None)
+    except Exception:  # a property that fails (say, of a freed buffer) carries nothing usable
+        return None
+    return d.get("symheap_buffer") if isinstance(d, dict) else None
+
+
+def origin(x: Any) -> Any:
+    """The SymmetricBuffer whose memory ``x`` shows, found through what ``x`` keeps alive:
+    NumPy's ``base`` chain, a ``memoryview``'s ``obj``, a HeapView's owner, a dict from a
+    SymmetricBuffer's ``__array_interface__``; a torch tensor made by :mod:`symheap.torch` (or
+    any view of it) through its storage. None when ``x`` carries no such link (a pointer
+    wrapped by ctypes, a DLPack import, an array-interface dict of an ndarray): such an alias
+    is only checked by its address."""
+    t = _torch()
+    if t is not None and isinstance(x, t.Tensor):
+        ref = _tensor_owner.get(int(x.untyped_storage()._cdata))
+        x = ref() if ref is not None else None
+    np = sys.modules.get("numpy")
+    for _ in range(64):  # a chain of views of views ends at the exporter
+        if np is not None and type(x) is np.ndarray:
+            # The common case first: an array's own interface dict never names a buffer.
+            x = x.base
+        elif x is None or isinstance(x, SymmetricBuffer):
+            return x
+        elif isinstance(x, HeapView):
+            x = x.owner
+        elif isinstance(x, memoryview):
+            x = x.obj
+        else:
+            b = getattr(x, "base", None)
+            x = _interface_owner(x) if b is None else b
+    return None
 
 
 def check_not_freed(a: "Arr", what: str) -> None:
-    """Raises :class:`SymheapValueError` when ``a`` shows the memory of a freed buffer."""
-    o = _owner_of(a)
+    """Raises :class:`SymheapValueError` when ``a`` shows the memory of a freed buffer.
+
+    The buffer object is the allocation's generation: once it is freed, nothing made from it
+    is accepted, even where its memory now belongs to a newer allocation (an address alone
+    cannot tell those apart). The native layer refuses addresses in freed memory itself, and
+    memory that an array or tensor still shows is not reused; this check also names the
+    freed buffer."""
+    o = a.obj if a.kind == "buffer" else origin(a.obj)
     if o is not None and o.freed:
         raise SymheapValueError(
             f"{what} shows the memory of a symheap buffer (at {o.addr:#x}) that was freed; "
@@ -456,11 +489,12 @@ def check_not_freed(a: "Arr", what: str) -> None:
         )
 
 
-def allocation_of(addr: int) -> Optional[SymmetricBuffer]:
-    """The live allocation (of the Python layer) that holds address ``addr``, if any."""
+def allocation_of(addr: int, *, freed: bool = False) -> Optional[SymmetricBuffer]:
+    """The live allocation (of the Python layer) that holds address ``addr``, if any; with
+    ``freed``, also a freed one whose memory was not reused yet."""
     for base, ref in list(_allocations.items()):
         buf = ref()
-        if buf is None or buf.freed:
+        if buf is None or (buf.freed and not freed):
             continue
         if base <= addr < base + max(buf.nbytes, 1):
             return buf
@@ -562,6 +596,32 @@ def numpy_dtype_name(dt: Any) -> str:
         )
     _numpy_name_of[dt] = name
     return name
+
+
+def dtype_name(dtype: Any) -> str:
+    """symheap's name of ``dtype``, which means what NumPy or torch mean by it: a
+    ``torch.dtype``; anything ``numpy.dtype()`` takes (a NumPy dtype or scalar type, a Python
+    type, a name or type code: ``"float"`` and ``float`` are float64, ``"int"`` int64, ``"f4"``
+    float32, ``"i8"`` int64); or ``"bfloat16"`` (torch's name, which NumPy lacks). Dtypes
+    symheap does not move (bool, complex, float128, byte-swapped...) and names neither library
+    knows (``"f32"``) raise :class:`SymheapValueError`."""
+    if dtype is None:
+        raise SymheapValueError("dtype must be given (a NumPy or torch dtype)")
+    t = _torch()
+    if t is not None and isinstance(dtype, t.dtype):
+        return torch_dtype_name(dtype)
+    if isinstance(dtype, str) and dtype.strip().lower() == "bfloat16":
+        return "bfloat16"
+    import numpy as np
+
+    try:
+        dt = np.dtype(dtype)
+    except (TypeError, ValueError):
+        raise SymheapValueError(
+            f"dtype {dtype!r} is not a NumPy or torch dtype (symheap takes what numpy.dtype() "
+            f"takes, a torch.dtype or 'bfloat16'; supported: {', '.join(_native.DTYPES)})"
+        ) from None
+    return numpy_dtype_name(dt)
 
 
 def describe(x: Any, what: str = "argument") -> Arr:
@@ -679,13 +739,8 @@ def local(x: Any, what: str) -> Arr:
 def check_pe(pe: int) -> int:
     """``pe`` as an int in range (raises :class:`SymheapValueError`)."""
     n = native().n_pes
-    if isinstance(pe, bool):
-        raise SymheapValueError(f"PE must be an integer, not bool ({pe}): a bool is not a PE")
-    if not isinstance(pe, int):
-        try:
-            pe = int(pe.__index__())
-        except Exception:
-            raise SymheapValueError(f"PE must be an integer, not {type(pe).__name__}") from None
+    if type(pe) is not int:  # the common case stays two compares
+        pe = index_arg(pe, "PE")
     if not 0 <= pe < n:
         raise SymheapValueError(f"PE {pe} is out of range (n_pes = {n})")
     return pe

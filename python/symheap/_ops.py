@@ -104,10 +104,10 @@ def put(dest: Any, src: Any, pe: int, *, stream: StreamLike = None) -> None:
     _same_size(d, s, "put")
     pe = check_pe(pe)
     if _on_device(s):
-        native().put_on_stream(d.ptr, s.ptr, s.nbytes, pe, default_stream(s, stream))
+        native().put_on_stream(d.ptr, s.ptr, s.nbytes, pe, default_stream(s, stream), dtype=d.dtype)
     else:
         _host_sync()
-        native().put_from_host(d.ptr, s.ptr, s.nbytes, pe)
+        native().put_from_host(d.ptr, s.ptr, s.nbytes, pe, d.dtype)
 
 
 @api
@@ -124,10 +124,10 @@ def get(dest: Any, src: Any, pe: int, *, stream: StreamLike = None) -> None:
     _same_size(d, s, "get")
     pe = check_pe(pe)
     if _on_device(d):
-        native().get_on_stream(d.ptr, s.ptr, d.nbytes, pe, default_stream(d, stream))
+        native().get_on_stream(d.ptr, s.ptr, d.nbytes, pe, default_stream(d, stream), dtype=d.dtype)
     else:
         _host_sync()
-        native().get_to_host(d.ptr, s.ptr, d.nbytes, pe)
+        native().get_to_host(d.ptr, s.ptr, d.nbytes, pe, d.dtype)
 
 
 @api
@@ -186,7 +186,7 @@ def _word(sig: Any, index: int, what: str, writer: Optional[str] = None) -> int:
 
 
 def _signal_value(value: Any) -> int:
-    return index_arg(value, "signal value (an unsigned 64-bit integer)", 0, U64_MAX)
+    return index_arg(value, "signal value (an unsigned 64-bit integer, [0, 2^64-1])", 0, U64_MAX)
 
 
 @api
@@ -216,10 +216,12 @@ def put_signal(
     pe = check_pe(pe)
     value = _signal_value(value)
     if _on_device(s):
-        native().put_signal_on_stream(d.ptr, s.ptr, s.nbytes, sig, value, op, pe, default_stream(s, stream))
+        native().put_signal_on_stream(
+            d.ptr, s.ptr, s.nbytes, sig, value, op, pe, default_stream(s, stream), dtype=d.dtype
+        )
     else:
         _host_sync()
-        native().put_signal_from_host(d.ptr, s.ptr, s.nbytes, sig, value, op, pe)
+        native().put_signal_from_host(d.ptr, s.ptr, s.nbytes, sig, value, op, pe, d.dtype)
 
 
 @api
@@ -617,5 +619,15 @@ def alltoall(dest: Any, src: Any, team: Optional[Team] = None, *, stream: Stream
 
 @api
 def all_gather_object_bytes(data: bytes) -> List[bytes]:
-    """**Collective** over the world: every PE's ``data``, in rank order (small control data)."""
-    return native().all_gather_bytes(bytes(data))
+    """**Collective** over the world: every PE's ``data`` (bytes, or any object with the buffer
+    protocol: bytearray, memoryview, a contiguous array), in rank order (small control data).
+    Anything else (an int, whose ``bytes(n)`` would be n zero bytes, a str, a list) raises
+    :class:`SymheapValueError`."""
+    if not isinstance(data, bytes):
+        try:
+            data = memoryview(data).tobytes()
+        except TypeError:
+            raise SymheapValueError(
+                f"all_gather_object_bytes takes bytes (or a bytes-like object), not {type(data).__name__}"
+            ) from None
+    return native().all_gather_bytes(data)

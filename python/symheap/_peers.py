@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Tuple
 
-from ._core import Arr, allocation_of, check_pe, describe, native
+from ._core import Arr, allocation_of, check_pe, describe, index_arg, native
 from ._native import HeapView, SymheapUnsupportedError, SymheapValueError, SymmetricBuffer
 
 
@@ -12,16 +12,7 @@ def shape_of(size: Tuple[Any, ...]) -> Tuple[int, ...]:
     """``(2, 3)``, ``((2, 3),)`` and ``([2, 3],)`` all mean the shape ``(2, 3)``."""
     if len(size) == 1 and not isinstance(size[0], int) and hasattr(size[0], "__iter__"):
         size = tuple(size[0])
-    out = []
-    for n in size:
-        try:
-            n = int(n.__index__())
-        except (AttributeError, TypeError):
-            raise SymheapValueError(f"sizes must be integers, not {n!r}") from None
-        if n < 0:
-            raise SymheapValueError(f"negative dimension {n} in size {tuple(size)}")
-        out.append(n)
-    return tuple(out)
+    return tuple(index_arg(n, "size") for n in size)
 
 
 def in_heap(x: Any, what: str) -> Arr:

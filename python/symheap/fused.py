@@ -155,7 +155,8 @@ def reserve(max_tokens: int, hidden: int, dtype: Any = _torch.bfloat16, team: Op
     if _capturing():
         raise SymheapValueError("symheap.fused.reserve cannot run during CUDA graph capture; call it before")
     esize = _torch.empty(0, dtype=dtype).element_size()
-    _workspace(team, int(max_tokens) * int(hidden) * max(esize, 4))
+    rows = _core.index_arg(max_tokens, "max_tokens")
+    _workspace(team, rows * _core.index_arg(hidden, "hidden") * max(esize, 4))
 
 
 def _timeout_ns() -> int:

@@ -226,6 +226,7 @@ def reserve(
     the host backend)."""
     if _capturing():
         raise SymheapValueError("symheap.gemm.reserve cannot run during CUDA graph capture; call it before")
+    m, n, k = (_core.index_arg(v, f"reserve {name}") for v, name in ((m, "m"), (n, "n"), (k, "k")))
     if _core.native().backend != "cuda":
         return
     esize = _torch.empty(0, dtype=dtype).element_size()
@@ -237,11 +238,11 @@ def reserve(
         # both engines' workspaces are sized.
         eng = gk.engine()
         if eng != "cublas":
-            _workspace("ag", members, *_ag_needs(int(m), int(k), esize), op)
+            _workspace("ag", members, *_ag_needs(m, k, esize), op)
         if eng != "triton":
-            _workspace("agce", members, _ag_needs(int(m), int(k), esize)[0], 2, op)
+            _workspace("agce", members, _ag_needs(m, k, esize)[0], 2, op)
     elif op == "matmul_reduce_scatter":
-        _workspace("rs", members, *_rs_needs(int(m) // len(members), int(n), esize), op)
+        _workspace("rs", members, *_rs_needs(m // len(members), n, esize), op)
     else:
         raise SymheapValueError(
             f"symheap.gemm.reserve: op must be 'all_gather_matmul' or 'matmul_reduce_scatter', not {op!r}"

@@ -107,9 +107,7 @@ def _world_only(team: Optional[Team], group: Any) -> None:
 
 
 def _positive(name: str, v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise SymheapValueError(f"symheap.moe.Buffer: {name} must be a positive int, not {v!r}")
-    return v
+    return _core.index_arg(v, f"symheap.moe.Buffer: {name}", 1)
 
 
 class Buffer:
@@ -230,8 +228,9 @@ class Buffer:
     ) -> int:
         """Symmetric bytes a :class:`Buffer` of these sizes takes on each PE (``n_pes``: the
         world's size when None). Not collective."""
-        p = int(n_pes if n_pes is not None else _core.native().n_pes)
-        t, k, h = max_tokens_per_pe, num_topk, hidden
+        p = _core.index_arg(n_pes, "n_pes", 1) if n_pes is not None else _core.native().n_pes
+        sizes = (("max_tokens_per_pe", max_tokens_per_pe), ("num_topk", num_topk), ("hidden", hidden))
+        t, k, h = (_positive(name, v) for name, v in sizes)
         e = _torch.empty(0, dtype=dtype).element_size()
         n = 2 * p * t * h * e + 2 * p * t * (2 * k + 1) * 4 + 2 * p * 4 + 2 * t * k * h * e
         if fp8:

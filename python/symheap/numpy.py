@@ -194,9 +194,18 @@ def heap_bases() -> _np.ndarray:
 @api
 def free(x: Any) -> None:
     """Releases the allocation ``x`` starts now (local, non-blocking); ``x`` and every view of
-    it must not be used afterwards. Dropping the last reference does the same."""
+    it must not be used afterwards (symheap refuses them). Dropping the last reference does
+    the same. The allocation is the one ``x`` was made from (its ``base`` chain), never
+    whichever allocation its address lies in now: freeing a freed array (also through a view
+    or alias of it) raises, and so does an array that does not lead back to a symheap
+    allocation (one wrapped around a raw pointer, which could be a later allocation's)."""
     a = _core.describe(x, "array")
-    buf = _core.allocation_of(a.ptr)
-    if buf is None or buf.addr != a.ptr:
-        raise SymheapValueError("free: the array does not start a live symheap allocation")
+    buf = _core.origin(x)
+    if buf is None:
+        raise SymheapValueError(
+            "free: the array was not made from a symheap allocation (its base chain does not lead "
+            "to a SymmetricBuffer); free the array symheap returned"
+        )
+    if buf.addr != a.ptr:
+        raise SymheapValueError("free: the array does not start its symheap allocation")
     buf.free()

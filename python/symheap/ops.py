@@ -624,7 +624,7 @@ def alltoall(input: _torch.Tensor, team: TeamLike = None, *, out: Optional[_torc
 def broadcast_(tensor: _torch.Tensor, root: int = 0, team: TeamLike = None) -> _torch.Tensor:
     """**Collective** over ``team``: every member's ``tensor`` gets member ``root``'s. Every
     PE makes the same calls in the same order. Returns ``tensor``."""
-    _call("broadcast_", tensor, root, team_id(team))
+    _call("broadcast_", tensor, _core.index_arg(root, "broadcast root"), team_id(team))
     return tensor
 
 

@@ -57,7 +57,10 @@ def _check_device(dev: Any) -> None:
 
 
 def _dtype(dtype: Any) -> str:
-    return torch_dtype_name(_torch.get_default_dtype() if dtype is None else dtype)
+    if dtype is None:
+        return torch_dtype_name(_torch.get_default_dtype())
+    # A torch.dtype, or a name/NumPy dtype meaning what NumPy means by it ("float": float64).
+    return _core.dtype_name(dtype)
 
 
 def _new(shape: Tuple[int, ...], dtype: str, dev: Any, zero: bool = False) -> _torch.Tensor:
@@ -240,8 +243,17 @@ def record_stream(x: _torch.Tensor, stream: Any) -> None:
 @api
 def free(x: _torch.Tensor) -> None:
     """Releases the allocation ``x`` starts now (local, non-blocking); ``x`` and every view of
-    it must not be used afterwards. Dropping the last tensor does the same."""
-    buf = _core.allocation_of(int(x.data_ptr()))
-    if buf is None or buf.addr != int(x.data_ptr()):
+    it must not be used afterwards (symheap refuses them). Dropping the last tensor does the
+    same. A tensor made here (or a view of one) frees the allocation it was made from, so
+    freeing it twice raises; a tensor made elsewhere (``torch.from_dlpack``) frees the live
+    allocation it starts."""
+    _core.describe(x, "tensor")
+    ptr = int(x.data_ptr())
+    buf = _core.origin(x)
+    if buf is None:
+        buf = _core.allocation_of(ptr, freed=True)
+    if buf is not None and buf.freed:
+        raise SymheapValueError(f"free: the symheap allocation at {buf.addr:#x} was already freed")
+    if buf is None or buf.addr != ptr:
         raise SymheapValueError("free: the tensor does not start a live symheap allocation")
     buf.free()

@@ -552,21 +552,23 @@ def case_gc() -> None:
     symheap.barrier_all()
     u2 = symheap.heap_usage()
     assert u2["in_use"] == u0["in_use"] and u2["live_blocks"] == u0["live_blocks"], (u0, u2)
-    # Explicit free: later use raises.
+    # Explicit free: later use raises, and so does a second free.
     b = symheap.allocate((16,), "float64")
     arr = np.asarray(b)
     b.free()
-    b.free()
+    raises(SymheapValueError, b.free)
     assert b.freed
     raises(SymheapValueError, b.tobytes)
     raises(SymheapValueError, b.peer_bases)
-    raises(SymheapValueError, lambda: b.__array_interface__)
+    raises(SymheapValueError, getattr, b, "__array_interface__")
     raises(SymheapValueError, b.__dlpack__)
-    symheap.barrier_all()  # every PE released it: reclaimed here
-    raises(SymheapValueError, symheap.put, arr, np.zeros(16), 0)  # no longer a live allocation
-    del arr
+    symheap.barrier_all()  # every PE released it, but arr still shows it: not reclaimed yet
+    raises(SymheapValueError, symheap.put, arr, np.zeros(16), 0)  # a freed allocation
+    del arr, b  # nothing shows its memory any more: reclaimed at the next collective point
     c = sn.zeros(8)
     sn.free(c)
+    raises(SymheapValueError, sn.free, c)
+    del c
     symheap.free(symheap.allocate((3,), "uint8"))
     symheap.barrier_all()
     u3 = symheap.heap_usage()

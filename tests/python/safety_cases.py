@@ -10,6 +10,7 @@ that every PE reported the same text within its time bound.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -77,22 +78,29 @@ def case_use_after_free() -> None:
     freed_refused(symheap.broadcast, a, root=0)
     freed_refused(symheap.get_peer_array, a, nxt)
     assert not symheap.is_symmetric(a) and not symheap.is_symmetric(view)
-    # Every PE freed it: the barrier reclaims it and the next allocation may take its place.
+    # Every PE freed it, but `a` and `view` still show its memory: it is not reclaimed while
+    # they exist, so the next allocation of its size goes elsewhere.
     symheap.barrier_all()
     base = int(a.__array_interface__["data"][0])
     c = sn.zeros(64, dtype=np.int64)
-    reused = int(c.__array_interface__["data"][0]) == base
+    held = int(c.__array_interface__["data"][0]) != base
     symheap.barrier_all()
-    freed_refused(symheap.put, a, src, nxt)  # still refused although the address is live again
+    freed_refused(symheap.put, a, src, nxt)
     freed_refused(symheap.put, view, src[:32], nxt)
     symheap.barrier_all()
-    assert (c == 0).all(), "a stale put landed in the buffer that reused the freed memory"
+    assert (c == 0).all(), "a stale put landed in another buffer"
     symheap.barrier_all()
     symheap.put(c, src, nxt)  # the new buffer itself works
     symheap.barrier_all()
     want = np.random.default_rng(7 + (me - 1) % n).integers(1, 1 << 40, 64).astype(np.int64)
     assert (c == want).all()
-    print(f"REUSED {int(reused)}", flush=True)
+    # Once nothing shows it, the memory goes back to the heap and is reused.
+    del a, view
+    gc.collect()  # the refusals' tracebacks hold `a` in reference cycles
+    symheap.barrier_all()
+    d = sn.zeros(64, dtype=np.int64)
+    reused = int(d.__array_interface__["data"][0]) == base
+    print(f"HELD {held} REUSED {int(reused)}", flush=True)
 
 
 @case()

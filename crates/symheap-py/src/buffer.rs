@@ -2,6 +2,7 @@
 //! from another object, which it keeps alive), both exportable through DLPack and the array
 //! interfaces.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use pyo3::prelude::*;
@@ -13,6 +14,11 @@ use crate::errors::{value_error, IntoPyResult};
 
 /// Parses a dtype name (`float32`, `int64`, `bfloat16`, `f32`...).
 pub fn parse_dtype(name: &str) -> PyResult<DType> {
+    // The Python layer passes canonical names on every put and get: found without the
+    // lower-casing copy `DType::parse` makes.
+    if let Some(d) = DType::ALL.into_iter().find(|d| d.name() == name) {
+        return Ok(d);
+    }
     DType::parse(name).ok_or_else(|| {
         value_error(format!(
             "unsupported dtype {name:?}; symheap supports {}",
@@ -57,14 +63,34 @@ pub fn heap_owner(ctx: &symheap::Context, addr: u64, bytes: u64) -> Option<usize
     })
 }
 
+/// A share of one allocation: the allocation goes back to the heap when the last share is
+/// dropped. The buffer object holds one until it is freed; every export of its memory (a
+/// DLPack tensor, a view) holds its own, so memory that an array or tensor still shows is
+/// never reused by another allocation.
+pub type Share = Arc<symheap::SymmetricBuffer>;
+
+/// What a `SymmetricBuffer` object holds.
+enum State {
+    /// Usable.
+    Live(Share),
+    /// Freed: every access by any address in it is refused (the allocation is revoked). The
+    /// share is kept (until this object dies) when the memory was handed out through an array
+    /// interface, whose arrays point back to this object, not to a share of their own.
+    Freed {
+        /// Held only to be dropped with this object.
+        _keep: Option<Share>,
+    },
+}
+
 /// One symmetric allocation of this PE, typed with a shape and dtype.
 ///
 /// Made by `Context.allocate` (collective). Exports its memory through `__dlpack__` (NumPy,
 /// PyTorch, CuPy...), `__array_interface__` on the host backend and `__cuda_array_interface__`
 /// on CUDA. Arrays and tensors made from it keep it alive; dropping the last reference releases
 /// it (local, never blocks; reclaimed at a later collective point once every PE released it).
-/// `free()` releases it at once: later use of the buffer raises, and arrays made from it must
-/// not be used any more.
+/// `free()` revokes it at once: every later use of the buffer, and of any array, tensor or
+/// pointer into its memory, raises. Its memory goes back to the heap once nothing made from
+/// it remains (so no alias can ever reach a later allocation that reuses it).
 ///
 /// The Python buffer protocol (`memoryview(buf)`) is not implemented: the wheel is built for the
 /// stable ABI of Python 3.9, whose limited API has no `Py_buffer` (PyO3 offers `__getbuffer__`
@@ -73,7 +99,10 @@ pub fn heap_owner(ctx: &symheap::Context, addr: u64, bytes: u64) -> Option<usize
 #[pyclass(module = "symheap._native", name = "SymmetricBuffer", frozen, weakref)]
 pub struct SymmetricBuffer {
     pub(crate) ctx: Arc<symheap::Context>,
-    buf: Mutex<Option<symheap::SymmetricBuffer>>,
+    state: Mutex<State>,
+    /// Whether `__array_interface__`/`__cuda_array_interface__` handed the memory out: the
+    /// arrays made so hold this object, not a share, so a freed buffer then keeps its share.
+    exported: AtomicBool,
     addr: u64,
     nbytes: u64,
     offset: u64,
@@ -96,7 +125,8 @@ impl SymmetricBuffer {
             nbytes: numel(&shape).unwrap_or(0) * dtype.size() as u64,
             offset: buf.offset(),
             table_addr: buf.peer_bases_addr(),
-            buf: Mutex::new(Some(buf)),
+            state: Mutex::new(State::Live(Arc::new(buf))),
+            exported: AtomicBool::new(false),
             ctx,
             shape,
             dtype,
@@ -104,25 +134,29 @@ impl SymmetricBuffer {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Option<symheap::SymmetricBuffer>> {
-        self.buf.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Fails once freed.
-    fn live(&self) -> PyResult<MutexGuard<'_, Option<symheap::SymmetricBuffer>>> {
-        let g = self.lock();
-        if g.is_none() {
-            return Err(value_error(format!(
-                "this SymmetricBuffer (at {:#x}) was freed",
-                self.addr
-            )));
+    /// A share of the allocation (for an export that must keep its memory from being reused);
+    /// fails once freed.
+    pub(crate) fn share(&self) -> PyResult<Share> {
+        match &*self.lock() {
+            State::Live(b) => Ok(b.clone()),
+            State::Freed { .. } => Err(self.freed_error()),
         }
-        Ok(g)
     }
 
-    /// `live`, for callers that only need the check.
+    /// `share`, for callers that only need the check.
     fn check_live(&self) -> PyResult<()> {
-        self.live().map(drop)
+        self.share().map(drop)
+    }
+
+    fn freed_error(&self) -> PyErr {
+        value_error(format!(
+            "this SymmetricBuffer (at {:#x}) was freed; nothing made from a freed buffer may be used",
+            self.addr
+        ))
     }
 
     fn mem(&self) -> Mem {
@@ -186,14 +220,13 @@ impl SymmetricBuffer {
     /// True once `free()` was called.
     #[getter]
     fn freed(&self) -> bool {
-        self.lock().is_none()
+        matches!(*self.lock(), State::Freed { .. })
     }
 
     /// The contract's peer table: `peer_bases[r]` is PE r's copy of this allocation in this
     /// process (0 when not directly addressable); `peer_bases[my_pe] == addr`.
     fn peer_bases(&self) -> PyResult<Vec<u64>> {
-        let g = self.live()?;
-        Ok(g.as_ref().map(|b| b.peer_bases()).unwrap_or_default())
+        Ok(self.share()?.peer_bases())
     }
 
     /// Address of the allocation's peer table in this PE's heap (`n_pes` int64, device memory
@@ -209,10 +242,11 @@ impl SymmetricBuffer {
     /// tensor with no copy and no device synchronisation.
     fn peer_bases_view(slf: &Bound<'_, Self>) -> PyResult<HeapView> {
         let me = slf.get();
-        me.check_live()?;
+        let keep = me.share()?;
         let n = me.ctx.n_pes() as i64;
         Ok(HeapView {
             _ctx: me.ctx.clone(),
+            keep: Some(keep),
             mem: Mem {
                 addr: me.table_addr,
                 shape: vec![n],
@@ -227,8 +261,7 @@ impl SymmetricBuffer {
     /// The richer descriptor: `{local_rank, allocation_base, allocation_bytes, peer_bases,
     /// direct}` (`direct` is a list of bools, one per PE).
     fn address_map<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let g = self.live()?;
-        let m = g.as_ref().expect("live").address_map();
+        let m = self.share()?.address_map();
         let d = PyDict::new(py);
         d.set_item("local_rank", m.local_rank)?;
         d.set_item("allocation_base", m.allocation_base)?;
@@ -241,16 +274,17 @@ impl SymmetricBuffer {
 
     /// A copy of this PE's contents as bytes.
     fn tobytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let g = self.live()?;
+        let b = self.share()?;
         let mut out = vec![0u8; self.nbytes as usize];
-        g.as_ref().expect("live").read(0, &mut out).py()?;
+        b.read(0, &mut out).py()?;
         Ok(PyBytes::new(py, &out))
     }
 
     /// Copies `data` into this PE's copy starting at byte `offset`.
-    #[pyo3(signature = (data, offset = 0))]
-    fn write_bytes(&self, data: &[u8], offset: usize) -> PyResult<()> {
-        let g = self.live()?;
+    #[pyo3(signature = (data, offset = None))]
+    fn write_bytes(&self, data: &[u8], offset: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let offset = offset.map_or(Ok(0), |o| crate::convert::index_arg(o, "offset"))?;
+        let b = self.share()?;
         if offset as u64 + data.len() as u64 > self.nbytes {
             return Err(value_error(format!(
                 "{} bytes at offset {offset} exceed the buffer's {} bytes",
@@ -258,15 +292,33 @@ impl SymmetricBuffer {
                 self.nbytes
             )));
         }
-        g.as_ref().expect("live").write(offset, data).py()
+        b.write(offset, data).py()
     }
 
-    /// Releases the allocation now (local, non-blocking; the same as dropping the last
-    /// reference). Later use of this buffer raises `SymheapValueError`; arrays or tensors made
-    /// from it must not be used any more. Calling it twice is allowed.
-    fn free(&self) {
-        let b = self.lock().take();
+    /// Releases the allocation now (local, non-blocking). From here on every use of this
+    /// buffer, and every symheap call given an array, tensor or address inside its memory,
+    /// raises `SymheapValueError`; the memory goes back to the heap (at a later collective
+    /// point, once every PE released it) when no array, tensor or view made from it is left,
+    /// so none of them can reach an allocation that reuses it. Freeing a buffer that is
+    /// already freed raises `SymheapValueError`.
+    fn free(&self) -> PyResult<()> {
+        let mut g = self.lock();
+        let b = match &*g {
+            State::Live(b) => b.clone(),
+            State::Freed { .. } => {
+                return Err(value_error(format!(
+                    "this SymmetricBuffer (at {:#x}) was already freed; a buffer is freed once",
+                    self.addr
+                )))
+            }
+        };
+        b.revoke();
+        let keep = self.exported.load(Ordering::Acquire).then(|| b.clone());
+        *g = State::Freed { _keep: keep };
+        drop(g);
+        // The last share, unless an export holds one: the memory goes back to the heap.
         drop(b);
+        Ok(())
     }
 
     /// Notes that work on CUDA stream `stream` (an int handle, or an object with
@@ -278,11 +330,8 @@ impl SymmetricBuffer {
             Ok(v) => v.extract()?,
             Err(_) => stream.extract()?,
         };
-        let g = self.live()?;
-        if let Some(b) = g.as_ref() {
-            b.record_stream(&crate::convert::stream_or(Some(s))).py()?;
-        }
-        Ok(())
+        let b = self.share()?;
+        b.record_stream(&crate::convert::stream_or(Some(s))).py()
     }
 
     /// DLPack export: a v0.8 "dltensor" capsule, or a v1 "dltensor_versioned" one when the
@@ -298,11 +347,15 @@ impl SymmetricBuffer {
     ) -> PyResult<Bound<'py, PyAny>> {
         let _ = stream;
         let me = slf.get();
-        me.check_live()?;
+        let keep = me.share()?;
         check_export(me.device, dl_device, copy)?;
         let versioned = wants_versioned(max_version.as_ref());
-        me.mem()
-            .capsule(slf.py(), slf.clone().into_any().unbind(), versioned)
+        me.mem().capsule(
+            slf.py(),
+            slf.clone().into_any().unbind(),
+            Some(keep),
+            versioned,
+        )
     }
 
     /// `(device_type, device_id)`: `(1, 0)` for host memory, `(2, ordinal)` for CUDA.
@@ -310,18 +363,26 @@ impl SymmetricBuffer {
         (self.device.device_type, self.device.device_id)
     }
 
-    /// NumPy's array interface (host backend only). The array's base is this buffer.
+    /// NumPy's array interface (host backend only). The array's base is this buffer. The
+    /// dict also holds the buffer (key `symheap_buffer`), so an object that passes the dict on
+    /// keeps the memory from being reused and lets symheap find the buffer it came from.
     #[getter]
-    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        self.check_live()?;
-        self.mem().array_interface(py)
+    fn __array_interface__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
+        let me = slf.get();
+        me.check_live()?;
+        let d = me.mem().array_interface(slf.py())?;
+        d.set_item("symheap_buffer", slf)?;
+        me.exported.store(true, Ordering::Release);
+        Ok(d)
     }
 
     /// The CUDA array interface (CUDA backend only).
     #[getter]
     fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         self.check_live()?;
-        self.mem().cuda_array_interface(py)
+        let d = self.mem().cuda_array_interface(py)?;
+        self.exported.store(true, Ordering::Release);
+        Ok(d)
     }
 
     fn __len__(&self) -> PyResult<usize> {
@@ -377,6 +438,9 @@ fn check_export(have: DLDevice, want: Option<(i32, i32)>, copy: Option<bool>) ->
 pub struct HeapView {
     /// Keeps the context, and so every PE's heap mapping, alive while the view exists.
     _ctx: Arc<symheap::Context>,
+    /// A share of the allocation it shows, when made from one: its memory is not reused
+    /// while the view (or anything made from it) exists.
+    pub(crate) keep: Option<Share>,
     pub(crate) mem: Mem,
     pub(crate) owner: Option<Py<PyAny>>,
 }
@@ -390,6 +454,7 @@ impl HeapView {
         strides: Option<Vec<i64>>,
         dtype: DType,
         owner: Option<Py<PyAny>>,
+        keep: Option<Share>,
     ) -> PyResult<HeapView> {
         let strides = strides.unwrap_or_else(|| contiguous_strides(&shape));
         if strides.len() != shape.len() {
@@ -427,6 +492,7 @@ impl HeapView {
         let device = context_device(&ctx);
         Ok(HeapView {
             _ctx: ctx,
+            keep,
             mem: Mem {
                 addr,
                 shape,
@@ -485,7 +551,7 @@ impl HeapView {
         check_export(me.mem.device, dl_device, copy)?;
         let versioned = wants_versioned(max_version.as_ref());
         me.mem
-            .capsule(slf.py(), slf.clone().into_any().unbind(), versioned)
+            .capsule(slf.py(), slf.clone().into_any().unbind(), None, versioned)
     }
 
     /// `(device_type, device_id)`.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
-use symheap::{BackendChoice, StreamColl, Team};
+use symheap::{BackendChoice, DType, StreamColl, Team};
 
 use crate::buffer::{numel, parse_dtype, HeapView, SymmetricBuffer};
 use crate::convert::{
@@ -404,15 +404,31 @@ impl PyContext {
     /// which must lie in the mapped symmetric heap of a directly reachable PE. The view keeps
     /// `owner` alive; pass the `SymmetricBuffer` whose memory it shows (not a torch tensor:
     /// PyTorch crashes when a tensor is released from inside another tensor's DLPack deleter).
+    /// A view of a `SymmetricBuffer` (or of another view of one) holds a share of the
+    /// allocation, so its memory is not reused while the view exists; a freed buffer is
+    /// refused.
     #[pyo3(signature = (addr, shape, dtype, strides = None, owner = None))]
     fn view(
         &self,
+        py: Python<'_>,
         addr: u64,
         shape: Vec<i64>,
         dtype: &str,
         strides: Option<Vec<i64>>,
         owner: Option<Py<PyAny>>,
     ) -> PyResult<HeapView> {
+        let keep = match owner.as_ref().map(|o| o.bind(py)) {
+            Some(o) => {
+                if let Ok(b) = o.cast::<SymmetricBuffer>() {
+                    Some(b.get().share()?)
+                } else if let Ok(v) = o.cast::<HeapView>() {
+                    v.get().keep.clone()
+                } else {
+                    None
+                }
+            }
+            None => None,
+        };
         HeapView::checked(
             self.ctx.clone(),
             addr,
@@ -420,13 +436,17 @@ impl PyContext {
             strides,
             parse_dtype(dtype)?,
             owner,
+            keep,
         )
     }
 
     // ---- RMA --------------------------------------------------------------------------------
 
     /// Copies `nbytes` of host memory at `src_ptr` into PE `pe`'s copy of the symmetric range at
-    /// `dest`. `src_ptr` is trusted (see the class documentation).
+    /// `dest`. `src_ptr` is trusted (see the class documentation), except that where it lies
+    /// in a symmetric heap it must be a live allocation. With `dtype` (the data's), both
+    /// addresses must be aligned to its element size.
+    #[pyo3(signature = (dest, src_ptr, nbytes, pe, dtype = None))]
     fn put_from_host(
         &self,
         py: Python<'_>,
@@ -434,11 +454,16 @@ impl PyContext {
         src_ptr: usize,
         nbytes: usize,
         pe: usize,
+        dtype: Option<&str>,
     ) -> PyResult<()> {
+        let dt = dtype.map(parse_dtype).transpose()?;
         let ctx = self.ctx.clone();
         py.detach(move || {
+            aligned(&ctx, "put", dt, dest, src_ptr as u64)?;
+            ctx.check_host_range("put", src_ptr as u64, nbytes as u64, false)?;
             // SAFETY: the caller passes the pointer of a live host array of at least `nbytes`
-            // bytes (the Python layer takes it from the array itself and holds the array).
+            // bytes (the Python layer takes it from the array itself and holds the array),
+            // and not one into freed symmetric memory (checked just above).
             let src = unsafe { host_slice(src_ptr, nbytes) };
             ctx.put_bytes(dest, src, pe)
         })
@@ -446,7 +471,8 @@ impl PyContext {
     }
 
     /// Copies PE `pe`'s copy of the symmetric range at `src` into `nbytes` of host memory at
-    /// `dest_ptr` (trusted).
+    /// `dest_ptr` (trusted, as in `put_from_host`; `dtype` as there).
+    #[pyo3(signature = (dest_ptr, src, nbytes, pe, dtype = None))]
     fn get_to_host(
         &self,
         py: Python<'_>,
@@ -454,9 +480,13 @@ impl PyContext {
         src: u64,
         nbytes: usize,
         pe: usize,
+        dtype: Option<&str>,
     ) -> PyResult<()> {
+        let dt = dtype.map(parse_dtype).transpose()?;
         let ctx = self.ctx.clone();
         py.detach(move || {
+            aligned(&ctx, "get", dt, dest_ptr as u64, src)?;
+            ctx.check_host_range("get", dest_ptr as u64, nbytes as u64, true)?;
             // SAFETY: as in `put_from_host`, for a writable array.
             let dst = unsafe { host_slice_mut(dest_ptr, nbytes) };
             ctx.get_bytes(dst, src, pe)
@@ -466,6 +496,7 @@ impl PyContext {
 
     /// `put_from_host`, then updates PE `pe`'s u64 signal word at symmetric address `sig` with
     /// `op` ("set"/"add") and `value`: a PE that sees the signal also sees the data.
+    #[pyo3(signature = (dest, src_ptr, nbytes, sig, value, op, pe, dtype = None))]
     #[allow(clippy::too_many_arguments)]
     fn put_signal_from_host(
         &self,
@@ -477,10 +508,19 @@ impl PyContext {
         value: u64,
         op: &str,
         pe: usize,
+        dtype: Option<&str>,
     ) -> PyResult<()> {
         let op = parse_signal_op(op)?;
+        let dt = dtype.map(parse_dtype).transpose()?;
         let ctx = self.ctx.clone();
         py.detach(move || {
+            // Check the signal word (a live, aligned u64 of this PE's heap, and the PE) and the
+            // data's addresses before moving any data.
+            ctx.check_aligned("put_signal", "signal word", sig, DType::U64)?;
+            ctx.check_symmetric(sig, 8)?;
+            ctx.translate(sig, ctx.my_pe(), pe)?;
+            aligned(&ctx, "put_signal", dt, dest, src_ptr as u64)?;
+            ctx.check_host_range("put_signal", src_ptr as u64, nbytes as u64, false)?;
             // SAFETY: as in `put_from_host`.
             let src = unsafe { host_slice(src_ptr, nbytes) };
             ctx.put_signal_bytes(dest, src, sig, value, op, pe)
@@ -489,8 +529,10 @@ impl PyContext {
     }
 
     /// Enqueues on `stream` (CUDA; completes at once on the host backend, where `src` must be
-    /// symmetric) a put of `nbytes` from local `src` to PE `pe`'s copy of `dest`.
-    #[pyo3(signature = (dest, src, nbytes, pe, stream = None))]
+    /// symmetric) a put of `nbytes` from local `src` to PE `pe`'s copy of `dest` (`dtype` as
+    /// in `put_from_host`).
+    #[pyo3(signature = (dest, src, nbytes, pe, stream = None, dtype = None))]
+    #[allow(clippy::too_many_arguments)]
     fn put_on_stream(
         &self,
         py: Python<'_>,
@@ -499,14 +541,21 @@ impl PyContext {
         nbytes: u64,
         pe: usize,
         stream: Option<u64>,
+        dtype: Option<&str>,
     ) -> PyResult<()> {
+        let dt = dtype.map(parse_dtype).transpose()?;
         let ctx = self.ctx.clone();
-        py.detach(move || ctx.put_on_stream(dest, src, nbytes, pe, &stream_or(stream)))
-            .py()
+        py.detach(move || {
+            aligned(&ctx, "put", dt, dest, src)?;
+            ctx.put_on_stream(dest, src, nbytes, pe, &stream_or(stream))
+        })
+        .py()
     }
 
-    /// Enqueues a get of `nbytes` from PE `pe`'s copy of symmetric `src` into local `dest`.
-    #[pyo3(signature = (dest, src, nbytes, pe, stream = None))]
+    /// Enqueues a get of `nbytes` from PE `pe`'s copy of symmetric `src` into local `dest`
+    /// (`dtype` as in `put_from_host`).
+    #[pyo3(signature = (dest, src, nbytes, pe, stream = None, dtype = None))]
+    #[allow(clippy::too_many_arguments)]
     fn get_on_stream(
         &self,
         py: Python<'_>,
@@ -515,14 +564,19 @@ impl PyContext {
         nbytes: u64,
         pe: usize,
         stream: Option<u64>,
+        dtype: Option<&str>,
     ) -> PyResult<()> {
+        let dt = dtype.map(parse_dtype).transpose()?;
         let ctx = self.ctx.clone();
-        py.detach(move || ctx.get_on_stream(dest, src, nbytes, pe, &stream_or(stream)))
-            .py()
+        py.detach(move || {
+            aligned(&ctx, "get", dt, dest, src)?;
+            ctx.get_on_stream(dest, src, nbytes, pe, &stream_or(stream))
+        })
+        .py()
     }
 
     /// Enqueues a put then a signal update (see `put_signal_from_host`).
-    #[pyo3(signature = (dest, src, nbytes, sig, value, op, pe, stream = None))]
+    #[pyo3(signature = (dest, src, nbytes, sig, value, op, pe, stream = None, dtype = None))]
     #[allow(clippy::too_many_arguments)]
     fn put_signal_on_stream(
         &self,
@@ -535,10 +589,13 @@ impl PyContext {
         op: &str,
         pe: usize,
         stream: Option<u64>,
+        dtype: Option<&str>,
     ) -> PyResult<()> {
         let op = parse_signal_op(op)?;
+        let dt = dtype.map(parse_dtype).transpose()?;
         let ctx = self.ctx.clone();
         py.detach(move || {
+            aligned(&ctx, "put_signal", dt, dest, src)?;
             ctx.put_signal_on_stream(dest, src, nbytes, sig, value, op, pe, &stream_or(stream))
         })
         .py()
@@ -831,6 +888,22 @@ impl PyContext {
             self.c().backend_kind().name()
         )
     }
+}
+
+/// Checks a data operation's two addresses against the element size of `dtype` (its data's
+/// dtype, when the caller gave it).
+fn aligned(
+    ctx: &symheap::Context,
+    call: &'static str,
+    dtype: Option<DType>,
+    dest: u64,
+    src: u64,
+) -> symheap::Result<()> {
+    if let Some(dt) = dtype {
+        ctx.check_aligned(call, "destination", dest, dt)?;
+        ctx.check_aligned(call, "source", src, dt)?;
+    }
+    Ok(())
 }
 
 /// # Safety

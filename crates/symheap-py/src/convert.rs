@@ -2,7 +2,7 @@
 //! names, element values as bits, and stream handles.
 
 use pyo3::prelude::*;
-use pyo3::types::PyFloat;
+use pyo3::types::{PyBool, PyFloat};
 use symheap::{AllReduceAlgo, AtomicOp, Cmp, DType, ReduceOp, SignalOp};
 
 use crate::errors::value_error;
@@ -85,31 +85,94 @@ pub(crate) fn atomic_args(
     Ok((op, dt, bits(value)?, bits(compare)?))
 }
 
-/// The bits of Python number `v` as a `dtype` word (integers wrap modulo the width; values
-/// outside `[-2^(w-1), 2^w)` are rejected).
+/// The bits of Python number `v` as a `dtype` word. A value the dtype does not hold is refused,
+/// naming the dtype's range: integers must lie in it (nothing wraps), and a finite float must
+/// not overflow float32 (an explicit inf or nan is taken as such).
 pub(crate) fn to_bits(v: &Bound<'_, PyAny>, dtype: DType) -> PyResult<u64> {
     match dtype {
-        DType::F32 => Ok(v.extract::<f64>()? as f32).map(|f| f.to_bits() as u64),
-        DType::F64 => v.extract::<f64>().map(f64::to_bits),
-        DType::I32 | DType::U32 | DType::I64 | DType::U64 => {
-            let x: i128 = v.extract().map_err(|_| {
-                value_error(format!("atomic operand {v} is not an integer (dtype {dtype})"))
-            })?;
-            let bits = 8 * dtype.size() as u32;
-            let lo = -(1i128 << (bits - 1));
-            let hi = 1i128 << bits;
-            if x < lo || x >= hi {
-                return Err(value_error(format!(
-                    "atomic operand {x} does not fit in {dtype}"
-                )));
-            }
-            let mask = if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
-            Ok((x as u64) & mask)
-        }
+        DType::F32 | DType::F64 => float_bits(v, dtype),
+        DType::I32 | DType::U32 | DType::I64 | DType::U64 => int_bits(v, dtype),
         _ => Err(value_error(format!(
             "atomics are defined on int32, uint32, int64, uint64 (and fetch/set/swap on float32, float64), not {dtype}"
         ))),
     }
+}
+
+/// The values an integer dtype holds, and how its range reads in a message.
+fn int_range(dtype: DType) -> (i128, i128, &'static str) {
+    match dtype {
+        DType::I32 => (i32::MIN.into(), i32::MAX.into(), "[-2^31, 2^31-1]"),
+        DType::U32 => (0, u32::MAX.into(), "[0, 2^32-1]"),
+        DType::I64 => (i64::MIN.into(), i64::MAX.into(), "[-2^63, 2^63-1]"),
+        _ => (0, u64::MAX.into(), "[0, 2^64-1]"),
+    }
+}
+
+fn int_bits(v: &Bound<'_, PyAny>, dtype: DType) -> PyResult<u64> {
+    let (lo, hi, range) = int_range(dtype);
+    let out_of_range = |shown: String| {
+        value_error(format!(
+            "atomic operand {shown} is out of range for {dtype}: it holds {range} ({lo} to {hi})"
+        ))
+    };
+    let x: i128 = match v.extract() {
+        Ok(x) => x,
+        // An integer past 128 bits: out of range all the same.
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(v.py()) => {
+            return Err(out_of_range(v.to_string()))
+        }
+        Err(_) => {
+            return Err(value_error(format!(
+                "atomic operand {v} is not an integer (dtype {dtype})"
+            )))
+        }
+    };
+    if x < lo || x > hi {
+        return Err(out_of_range(x.to_string()));
+    }
+    let bits = 8 * dtype.size() as u32;
+    let mask = if bits == 64 {
+        u64::MAX
+    } else {
+        (1u64 << bits) - 1
+    };
+    // Two's complement of a negative value, cut to the word: exact, as it is in range.
+    Ok((x as u64) & mask)
+}
+
+fn float_bits(v: &Bound<'_, PyAny>, dtype: DType) -> PyResult<u64> {
+    let range = |x: String| {
+        let max = if dtype == DType::F32 {
+            f64::from(f32::MAX)
+        } else {
+            f64::MAX
+        };
+        value_error(format!(
+            "atomic operand {x} is out of range for {dtype}: finite values in [{:e}, {max:e}] \
+             (inf and nan are taken when passed as such)",
+            -max
+        ))
+    };
+    let x: f64 = match v.extract() {
+        Ok(x) => x,
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(v.py()) => {
+            return Err(range(v.to_string()))
+        }
+        Err(_) => {
+            return Err(value_error(format!(
+                "atomic operand {v} is not a number (dtype {dtype})"
+            )))
+        }
+    };
+    if dtype == DType::F64 {
+        return Ok(x.to_bits());
+    }
+    // Rounded to the nearest float32; a finite value past float32's largest overflows to inf.
+    let f = x as f32;
+    if f.is_infinite() && x.is_finite() {
+        return Err(range(format!("{x:e}")));
+    }
+    Ok(u64::from(f.to_bits()))
 }
 
 pub(crate) fn from_bits(py: Python<'_>, bits: u64, dtype: DType) -> PyResult<Py<PyAny>> {
@@ -123,6 +186,18 @@ pub(crate) fn from_bits(py: Python<'_>, bits: u64, dtype: DType) -> PyResult<Py<
         DType::I64 => (bits as i64).into_pyobject(py)?.into_any().unbind(),
         _ => bits.into_pyobject(py)?.into_any().unbind(),
     })
+}
+
+/// A PE, index or offset from Python: anything with `__index__` that fits, except a bool (an
+/// int to Python, but `True` as a PE or an offset is a mistake, not a 1).
+pub(crate) fn index_arg(v: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
+    if v.is_instance_of::<PyBool>() {
+        return Err(value_error(format!(
+            "{what} must be an integer, not bool ({v})"
+        )));
+    }
+    v.extract::<usize>()
+        .map_err(|_| value_error(format!("{what} must be a non-negative integer, not {v}")))
 }
 
 /// The stream a Python call names (a `cuda_stream` integer from torch or CuPy; the legacy

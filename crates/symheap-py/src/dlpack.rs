@@ -17,6 +17,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use symheap::DType;
 
+use crate::buffer::Share;
 use crate::errors::{raise, Class};
 
 /// `kDLCPU`.
@@ -112,6 +113,9 @@ struct Holder {
     shape: Vec<i64>,
     strides: Vec<i64>,
     owner: Option<Py<PyAny>>,
+    /// Dropped by the deleter (with the owner), from whatever thread the consumer frees the
+    /// tensor on: releasing an allocation is local and never blocks.
+    keep: Option<Share>,
 }
 
 /// The DLPack code and bits of a dtype.
@@ -190,17 +194,21 @@ impl Mem {
                 .all(|(&n, (&s, c))| n == 1 || s == c)
     }
 
-    /// `__dlpack__`: a capsule whose tensor keeps `owner` alive; versioned when `versioned`.
+    /// `__dlpack__`: a capsule whose tensor keeps `owner` alive, and `keep` (a share of the
+    /// allocation, so its memory is not reused while the tensor exists); versioned when
+    /// `versioned`.
     pub fn capsule<'py>(
         &self,
         py: Python<'py>,
         owner: Py<PyAny>,
+        keep: Option<Share>,
         versioned: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let mut holder = Box::new(Holder {
             shape: self.shape.clone(),
             strides: self.strides.clone(),
             owner: Some(owner),
+            keep,
         });
         let tensor = DLTensor {
             data: self.addr as *mut c_void,
@@ -305,14 +313,20 @@ impl Mem {
     }
 }
 
-/// Releases the owner with the interpreter attached; leaks it when the interpreter is gone.
-fn release_owner(owner: Option<Py<PyAny>>) {
-    let mut slot = owner;
-    let _ = Python::try_attach(|_py| drop(slot.take()));
-    if let Some(o) = slot {
+/// Releases the owner and the share with the interpreter attached; leaks them when the
+/// interpreter is gone (as the owner's own release of the allocation would not run then
+/// either: the process is ending).
+fn release_owner(owner: Option<Py<PyAny>>, keep: Option<Share>) {
+    let mut slot = (owner, keep);
+    let _ = Python::try_attach(|_py| {
+        drop(slot.1.take());
+        drop(slot.0.take());
+    });
+    if let Some(o) = slot.0 {
         // The interpreter is shutting down: dropping a reference now is not allowed.
         std::mem::forget(o);
     }
+    std::mem::forget(slot.1);
 }
 
 /// Releases the `Holder` a tensor made here points to with its `manager_ctx` (its shape and
@@ -323,8 +337,8 @@ fn release_owner(owner: Option<Py<PyAny>>) {
 unsafe fn release_holder(ctx: *mut c_void) {
     // SAFETY: the caller's contract.
     let holder = unsafe { Box::from_raw(ctx as *mut Holder) };
-    let Holder { owner, .. } = *holder;
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| release_owner(owner)));
+    let Holder { owner, keep, .. } = *holder;
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| release_owner(owner, keep)));
 }
 
 /// The `deleter` of every tensor made here.

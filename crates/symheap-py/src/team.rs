@@ -3,6 +3,8 @@
 use pyo3::prelude::*;
 use symheap::Team;
 
+use crate::convert::index_arg;
+
 /// A team handle (`Team.INVALID`-like when `is_valid` is false: operations on it do nothing).
 #[pyclass(module = "symheap._native", name = "Team", frozen)]
 pub struct PyTeam {
@@ -34,13 +36,15 @@ impl PyTeam {
     }
 
     /// World rank of team member `pe` (None if there is no such member).
-    fn world_pe(&self, pe: usize) -> Option<usize> {
-        self.team.world_pe(pe)
+    fn world_pe(&self, pe: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
+        Ok(self.team.world_pe(index_arg(pe, "team member")?))
     }
 
     /// Team member `pe` of this team as a member index of `dest` (None if not a member).
-    fn translate_pe(&self, pe: usize, dest: &PyTeam) -> Option<usize> {
-        self.team.translate_pe(pe, &dest.team)
+    fn translate_pe(&self, pe: &Bound<'_, PyAny>, dest: &PyTeam) -> PyResult<Option<usize>> {
+        Ok(self
+            .team
+            .translate_pe(index_arg(pe, "team member")?, &dest.team))
     }
 
     fn __eq__(&self, other: &PyTeam) -> bool {

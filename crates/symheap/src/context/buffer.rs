@@ -125,6 +125,16 @@ impl SymmetricBuffer {
 
     fn range_check(&self, call: &'static str, byte_off: u64, bytes: u64) -> Result<()> {
         self.inner.check(call)?;
+        if self.is_revoked() {
+            return Err(invalid(
+                call,
+                format!(
+                    "the {}-byte allocation at {:#x} was revoked (freed) on this PE",
+                    self.block.bytes, self.addr
+                ),
+            )
+            .with_pe(self.inner.rank));
+        }
         if byte_off
             .checked_add(bytes)
             .is_none_or(|end| end > self.block.bytes)
@@ -171,6 +181,21 @@ impl SymmetricBuffer {
     /// Releases the buffer now (same as dropping it). Local and non-blocking.
     pub fn free(mut self) {
         self.release();
+    }
+
+    /// Refuses every access to this allocation on this PE from now on, by any address in it,
+    /// as [`free`](Self::free) does, but keeps its memory from going back to the heap until
+    /// this buffer is dropped. For owners that handed the memory out as views other code may
+    /// still hold (an array or tensor made from it, which can only be told apart from one made
+    /// from a later allocation by its address): while such a view exists the memory is not
+    /// reused, so its address keeps being refused instead of reaching another allocation.
+    pub fn revoke(&self) {
+        self.inner.heap.mark_freed(self.block.id);
+    }
+
+    /// Whether this allocation was revoked ([`revoke`](Self::revoke)) on this PE.
+    pub fn is_revoked(&self) -> bool {
+        self.inner.heap.is_freed_here(self.block.id)
     }
 
     fn release(&mut self) {

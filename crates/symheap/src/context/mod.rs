@@ -26,7 +26,7 @@ use crate::backend::shared::SharedArea;
 use crate::backend::{Backend, BackendKind};
 use crate::bootstrap::{Bootstrap, Launcher, NodeInfo};
 use crate::config::{Config, DEFAULT_ALIGNMENT};
-use crate::element::Element;
+use crate::element::{DType, Element};
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::heap::{Block, Heap, HeapState};
 use crate::table::{PeerMask, SymmetricAddressMap};
@@ -421,6 +421,37 @@ impl Context {
         self.inner
             .own_offset(addr, bytes.max(1), "check_symmetric")
             .map(drop)
+    }
+
+    /// Checks host memory `[addr, addr + bytes)` that the caller is about to hand to a put
+    /// (`write` false: read from) or a get (`write` true: written into) as a plain pointer:
+    /// where it lies in a PE's mapped heap it must be one live allocation (not released on
+    /// this PE, not symheap's own state). Memory outside every heap is not checked. For
+    /// bindings that turn a foreign pointer into a slice: an alias of a freed buffer is refused
+    /// instead of read or written.
+    /// `call` names the operation in the error.
+    pub fn check_host_range(
+        &self,
+        call: &'static str,
+        addr: u64,
+        bytes: u64,
+        write: bool,
+    ) -> Result<()> {
+        self.inner.check(call)?;
+        self.inner.host_range(addr, bytes, write, call)
+    }
+
+    /// Checks that `addr` is aligned to the size of one `dtype` element, the alignment every
+    /// data operation asks of its addresses (collectives and atomics check their own); `call`
+    /// and `what` ("destination", "source") name it in the error.
+    pub fn check_aligned(
+        &self,
+        call: &'static str,
+        what: &str,
+        addr: u64,
+        dtype: DType,
+    ) -> Result<()> {
+        self.inner.aligned(call, what, addr, dtype)
     }
 
     /// Translates `addr`, an address in PE `from`'s heap, to the same byte of PE `to`'s heap.

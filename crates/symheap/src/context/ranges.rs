@@ -3,6 +3,7 @@
 //! collective's buffers are recorded in the ledger.
 
 use super::{table_offset, Inner};
+use crate::element::DType;
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::heap::{Block, RangeError};
 
@@ -119,6 +120,86 @@ impl Inner {
                 .map_err(|e| e.with_pe(self.rank)),
             None => self.own_offset(addr, bytes, call).map(drop),
         }
+    }
+
+    /// Checks host memory `[addr, addr+bytes)` that a call is about to read (`write` false) or
+    /// write through a pointer it was handed: a range inside any PE's mapped heap must lie in
+    /// one live user allocation (never one freed on this PE, never symheap's own state);
+    /// memory outside every heap is the caller's own and is not checked here.
+    pub(crate) fn host_range(
+        &self,
+        addr: u64,
+        bytes: u64,
+        write: bool,
+        call: &'static str,
+    ) -> Result<()> {
+        if !self.in_any_heap(addr) {
+            let last = addr.saturating_add(bytes.max(1) - 1);
+            if !self.in_any_heap(last) {
+                return Ok(());
+            }
+            return Err(invalid(
+                call,
+                format!(
+                    "{bytes} bytes of host memory at {addr:#x} run into a symmetric heap \
+                     (its byte at {last:#x}); they are not one live allocation"
+                ),
+            )
+            .with_pe(self.rank));
+        }
+        self.locate(addr, bytes, !write, call).map(drop)
+    }
+
+    /// Checks `addr` is aligned to the size of one `dtype` element: the rule of every data
+    /// operation (put, get and collectives: element alignment of their dtype; atomics: the
+    /// natural alignment of their word; signals: 8 bytes, a u64 word). `what` names the
+    /// address (e.g. "destination") in the error.
+    #[inline]
+    pub(crate) fn aligned(
+        &self,
+        call: &'static str,
+        what: &str,
+        addr: u64,
+        dtype: DType,
+    ) -> Result<()> {
+        if addr & (dtype.size() as u64 - 1) != 0 {
+            return Err(self.misaligned(call, what, addr, dtype));
+        }
+        Ok(())
+    }
+
+    /// [`Inner::aligned`] of a collective's destination and source.
+    #[inline]
+    pub(crate) fn aligned_pair(
+        &self,
+        call: &'static str,
+        dest: u64,
+        src: u64,
+        dtype: DType,
+    ) -> Result<()> {
+        if (dest | src) & (dtype.size() as u64 - 1) != 0 {
+            let (what, addr) = if dest & (dtype.size() as u64 - 1) != 0 {
+                ("destination", dest)
+            } else {
+                ("source", src)
+            };
+            return Err(self.misaligned(call, what, addr, dtype));
+        }
+        Ok(())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn misaligned(&self, call: &'static str, what: &str, addr: u64, dtype: DType) -> Error {
+        let a = dtype.size();
+        invalid(
+            call,
+            format!(
+                "the {what} address {addr:#x} is not aligned to {a} bytes: {dtype} data needs \
+                 {a}-byte aligned addresses"
+            ),
+        )
+        .with_pe(self.rank)
     }
 
     /// Whether `addr` lies in the mapped heap of any directly reachable PE (this one's too).

@@ -70,6 +70,22 @@ fn check_dtype(op: AtomicOp, dtype: DType) -> std::result::Result<(), String> {
     }
 }
 
+/// Refuses operand or compare bits wider than a 4-byte word: they would be cut to the word
+/// (a value that does not fit its dtype), not stored.
+fn check_operand_bits(dtype: DType, operand: u64, compare: u64) -> std::result::Result<(), String> {
+    if dtype.size() == 4 {
+        for (what, bits) in [("operand", operand), ("compare value", compare)] {
+            if bits > u64::from(u32::MAX) {
+                return Err(format!(
+                    "the atomic {what} bits {bits:#x} do not fit a 4-byte {dtype} word \
+                     (at most 0xffffffff)"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Context {
     /// Untyped atomic on PE `pe`'s copy of the `dtype` word at `dest` (an address in this PE's
     /// heap): returns the old value's bits. `operand`/`compare` are the value's bits.
@@ -85,14 +101,10 @@ impl Context {
         const CALL: &str = "atomic";
         self.inner.check(CALL)?;
         check_dtype(op, dtype).map_err(|m| invalid(CALL, m).with_pe(self.my_pe()))?;
+        check_operand_bits(dtype, operand, compare)
+            .map_err(|m| invalid(CALL, m).with_pe(self.my_pe()))?;
         let w = dtype.size();
-        if dest % w as u64 != 0 {
-            return Err(invalid(
-                CALL,
-                format!("address {dest:#x} is not aligned to {w} bytes"),
-            )
-            .with_pe(self.my_pe()));
-        }
+        self.inner.aligned(CALL, "atomic word", dest, dtype)?;
         let remote = self.inner.remote(dest, w as u64, pe, CALL)?;
         let old = self.inner.backend.atomic(remote, w, op, operand, compare)?;
         if op != AtomicOp::Load {

@@ -371,6 +371,7 @@ impl Context {
         root: usize,
     ) -> Result<()> {
         const CALL: &str = "broadcast";
+        self.inner.aligned_pair(CALL, dest, src, dtype)?;
         // `coll_bytes` of one block, written out: this is the eager broadcast's path, and the
         // call cost it 10-20 instructions a side.
         let Some(bytes) = count.checked_mul(dtype.size()) else {
@@ -509,6 +510,7 @@ impl Context {
         dtype: DType,
     ) -> Result<()> {
         const CALL: &str = "all_gather";
+        self.inner.aligned_pair(CALL, dest, src, dtype)?;
         let bytes = self.coll_bytes(CALL, count, dtype, team.n_pes())?;
         let kind = CollKind::AllGather;
         let placed = self.placement(CALL, kind, team, dest, src, count, dtype)?;
@@ -567,6 +569,7 @@ impl Context {
         op: ReduceOp,
     ) -> Result<()> {
         const CALL: &str = "reduce_scatter";
+        self.inner.aligned_pair(CALL, dest, src, dtype)?;
         let bytes = self.coll_bytes(CALL, count, dtype, team.n_pes())?;
         let kind = CollKind::ReduceScatter;
         let placed = self.placement(CALL, kind, team, dest, src, count, dtype)?;
@@ -622,6 +625,7 @@ impl Context {
         algo: AllReduceAlgo,
     ) -> Result<()> {
         const CALL: &str = "all_reduce";
+        self.inner.aligned_pair(CALL, dest, src, dtype)?;
         let bytes = self.coll_bytes(CALL, count, dtype, 1)?;
         self.placement(CALL, CollKind::AllReduce, team, dest, src, count, dtype)?;
         if self.on_gpu(team, dtype) {
@@ -785,6 +789,7 @@ impl Context {
         dtype: DType,
     ) -> Result<()> {
         const CALL: &str = "alltoall";
+        self.inner.aligned_pair(CALL, dest, src, dtype)?;
         let bytes = self.coll_bytes(CALL, count, dtype, team.n_pes())?;
         self.placement(CALL, CollKind::AllToAll, team, dest, src, count, dtype)?;
         if self.inner.backend.as_cuda().is_some() {

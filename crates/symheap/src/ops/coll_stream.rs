@@ -313,6 +313,7 @@ impl Context {
         stream: &Stream,
     ) -> Result<()> {
         const CALL: &str = "all_reduce_on_stream";
+        self.inner.aligned_pair(CALL, dest, src, dtype)?;
         let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
         let bytes = self.coll_bytes(CALL, count, dtype, 1)? as u64;
         if self.inner.backend.as_cuda().is_none() {
@@ -395,6 +396,7 @@ impl Context {
         stream: &Stream,
     ) -> Result<()> {
         const CALL: &str = "all_gather_on_stream";
+        self.inner.aligned_pair(CALL, dest, src, dtype)?;
         let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
         let bytes = self.coll_bytes(CALL, count, dtype, team.n_pes())? as u64;
         let Some(cu) = self.inner.backend.as_cuda() else {
@@ -457,6 +459,7 @@ impl Context {
         stream: &Stream,
     ) -> Result<()> {
         const CALL: &str = "reduce_scatter_on_stream";
+        self.inner.aligned_pair(CALL, dest, src, dtype)?;
         let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
         let bytes = self.coll_bytes(CALL, count, dtype, team.n_pes())? as u64;
         if self.inner.backend.as_cuda().is_none() {
@@ -531,6 +534,7 @@ impl Context {
         stream: &Stream,
     ) -> Result<()> {
         const CALL: &str = "broadcast_on_stream";
+        self.inner.aligned_pair(CALL, dest, src, dtype)?;
         let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
         let bytes = self.coll_bytes(CALL, count, dtype, 1)? as u64;
         let Some(cu) = self.inner.backend.as_cuda() else {
@@ -594,6 +598,7 @@ impl Context {
         stream: &Stream,
     ) -> Result<()> {
         const CALL: &str = "alltoall_on_stream";
+        self.inner.aligned_pair(CALL, dest, src, dtype)?;
         let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
         let bytes = self.coll_bytes(CALL, count, dtype, team.n_pes())? as u64;
         let Some(cu) = self.inner.backend.as_cuda() else {

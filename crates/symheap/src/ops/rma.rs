@@ -8,7 +8,7 @@ use std::sync::atomic::{fence, Ordering};
 
 use crate::backend::AtomicOp;
 use crate::context::Context;
-use crate::element::Element;
+use crate::element::{DType, Element};
 use crate::error::{invalid, Result};
 use crate::SymmetricBuffer;
 
@@ -267,14 +267,8 @@ impl Context {
     pub fn signal_wait_until_addr(&self, addr: u64, cmp: Cmp, value: u64) -> Result<u64> {
         const CALL: &str = "signal_wait_until";
         self.inner.check(CALL)?;
+        self.inner.aligned(CALL, "signal word", addr, DType::U64)?;
         self.inner.own_offset(addr, 8, CALL)?;
-        if addr % 8 != 0 {
-            return Err(invalid(
-                CALL,
-                format!("signal address {addr:#x} is not 8-byte aligned"),
-            )
-            .with_pe(self.my_pe()));
-        }
         let be = &self.inner.backend;
         let seen = std::cell::Cell::new(be.atomic(addr, 8, AtomicOp::Load, 0, 0)?);
         if !cmp.holds(seen.get(), value) {
@@ -303,8 +297,11 @@ impl Context {
 
     /// Reads this PE's signal word at `index` of `signal`.
     pub fn signal_fetch(&self, signal: &SymmetricBuffer, index: usize) -> Result<u64> {
-        let at = elem_range::<u64>(signal, index, 1, "signal_fetch")?;
-        self.inner.check("signal_fetch")?;
+        const CALL: &str = "signal_fetch";
+        let at = elem_range::<u64>(signal, index, 1, CALL)?;
+        self.inner.check(CALL)?;
+        // A revoked buffer is refused here as at any other call.
+        self.inner.own_offset(at, 8, CALL)?;
         self.inner.backend.atomic(at, 8, AtomicOp::Load, 0, 0)
     }
 }

@@ -11,7 +11,8 @@
 
 use crate::backend::cuda::Engine;
 use crate::context::Context;
-use crate::error::{err, invalid, ErrorKind, Result};
+use crate::element::DType;
+use crate::error::{err, ErrorKind, Result};
 use crate::ops::rma::{Cmp, SignalOp};
 use crate::stream::Stream;
 
@@ -121,13 +122,7 @@ impl Context {
         const CALL: &str = "put_signal_on_stream";
         self.inner.check(CALL)?;
         let raw = self.inner.stream_handle(stream, CALL)?;
-        if sig % 8 != 0 {
-            return Err(invalid(
-                CALL,
-                format!("signal address {sig:#x} is not 8-byte aligned"),
-            )
-            .with_pe(self.my_pe()));
-        }
+        self.inner.aligned(CALL, "signal word", sig, DType::U64)?;
         let remote_sig = self.inner.remote(sig, 8, pe, CALL)?;
         for a in [dest, src, sig] {
             self.inner.note_stream_addr(a, stream);
@@ -175,18 +170,12 @@ impl Context {
         const CALL: &str = "signal_wait_until_on_stream";
         self.inner.check(CALL)?;
         let raw = self.inner.stream_handle(stream, CALL)?;
+        self.inner.aligned(CALL, "signal word", sig, DType::U64)?;
         let off = self.inner.own_offset(sig, 8, CALL)?;
         self.inner.note_stream(off, stream);
         let stream = raw;
         match self.inner.backend.as_cuda() {
-            Some(cu) => {
-                if sig % 8 != 0 {
-                    return Err(
-                        invalid(CALL, "signal address is not 8-byte aligned").with_pe(self.my_pe())
-                    );
-                }
-                cu.wait_on_stream(sig, cmp_code(cmp), value, stream)
-            }
+            Some(cu) => cu.wait_on_stream(sig, cmp_code(cmp), value, stream),
             None => self.signal_wait_until_addr(sig, cmp, value).map(drop),
         }
     }
