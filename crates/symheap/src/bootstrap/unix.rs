@@ -113,6 +113,37 @@ pub(crate) fn rendezvous_path(dir: &Path, token: &[u8]) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// The lock a one-node job's PE 0 holds on its rendezvous for the job's whole life: a file
+/// beside the socket, `flock`ed. Only its holder may remove and bind the socket, so a live
+/// socket is never replaced (a second PE 0 of the same job identity finds the lock taken and
+/// presents itself instead), while a killed PE 0's lock goes with it and its socket is
+/// replaced. The file itself stays: removing it would let two processes lock two files.
+pub(crate) struct RendezvousLock {
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+impl RendezvousLock {
+    /// Takes the lock of the rendezvous socket `socket`; `None` if a live process holds it.
+    pub(crate) fn take(socket: &Path) -> Result<Option<RendezvousLock>> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = socket.with_extension("lock");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
+            .open(&path)
+            .map_err(|e| rerr(format!("cannot open the lock file {}: {e}", path.display())))?;
+        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => Ok(Some(RendezvousLock { _lock: lock })),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+            Err((_, e)) => Err(rerr(format!("cannot lock {}: {e}", path.display()))),
+        }
+    }
+}
+
 /// A clear error for a path longer than a Unix socket address holds.
 pub(crate) fn check_path_len(path: &Path) -> Result<()> {
     let len = path.as_os_str().len();

@@ -184,7 +184,7 @@ fn rendezvous(cfg: &mut Config, given: Option<Arc<dyn Bootstrap>>) -> Result<Met
         boot,
         launcher: env.launcher,
         token: env.token.clone(),
-        token_is_secret: env.token_is_secret,
+        token_is_secret: env.token_source.is_secret(),
         what,
     })
 }
