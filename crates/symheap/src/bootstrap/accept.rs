@@ -91,13 +91,18 @@ struct Gate<'a> {
     conflict: Option<String>,
 }
 
+/// Connections still in their handshake when admission ended, handed on to [`watch`]: one that
+/// proves the token now is a second job's PE, and must not escape by being dropped (it would
+/// retry, perhaps after this job has ended, and meet a second PE 0 of the other job).
+pub(super) struct Pending(VecDeque<Caller>);
+
 /// Admits the `env.world - 1` other PEs on `listener` within `timeout`; the connections come
-/// back by rank (index 0 empty), blocking, Welcome sent.
+/// back by rank (index 0 empty), blocking, Welcome sent, with those still in their handshake.
 pub(super) fn admit_all(
     listener: &Listener,
     env: &LaunchEnv,
     timeout: Duration,
-) -> Result<Vec<Option<Conn>>> {
+) -> Result<(Vec<Option<Conn>>, Pending)> {
     let deadline = Instant::now() + timeout;
     let mut a = Gate::new(listener, env, false);
     while a.admitted + 1 < env.world {
@@ -111,14 +116,7 @@ pub(super) fn admit_all(
             return Err(a.conflict_error(why));
         }
     }
-    for c in std::mem::take(&mut a.waiting) {
-        a.refuse(
-            c,
-            "every PE had joined before it completed its handshake",
-            false,
-        );
-    }
-    Ok(a.conns)
+    Ok((a.conns, Pending(a.waiting)))
 }
 
 /// After admission, until `stop` is readable: serves the rendezvous so that a PE of a second
@@ -128,14 +126,21 @@ pub(super) fn admit_all(
 pub(super) fn watch(
     listener: &Listener,
     env: &LaunchEnv,
+    pending: Pending,
     stop: BorrowedFd<'_>,
     mut on_conflict: impl FnMut(String),
 ) {
     let mut a = Gate::new(listener, env, true);
+    a.waiting = pending.0;
     loop {
         a.expire(Instant::now());
         match a.turn(listener, Some(stop), Duration::from_secs(1)) {
-            Ok(true) => return,
+            Ok(true) => {
+                for c in std::mem::take(&mut a.waiting) {
+                    a.refuse(c, "the job ended before it completed its handshake", false);
+                }
+                return;
+            }
             Ok(false) => {}
             Err(e) => {
                 super::warn(&format!("rendezvous watch ended: {e}"));

@@ -36,7 +36,7 @@ pub(crate) fn fingerprint(token: &[u8]) -> String {
 }
 
 /// A fresh random nonce.
-pub(super) fn nonce() -> Result<Vec<u8>> {
+pub(crate) fn nonce() -> Result<Vec<u8>> {
     let mut n = vec![0u8; NONCE_LEN];
     getrandom::fill(&mut n).map_err(|e| {
         bootstrap(
@@ -49,19 +49,19 @@ pub(super) fn nonce() -> Result<Vec<u8>> {
 
 /// Who computes a MAC: PE 0 proves itself to a PE, or a PE to PE 0.
 #[derive(Clone, Copy)]
-pub(super) enum Side {
+pub(crate) enum Side {
     Root,
     Peer,
 }
 
 /// What both MACs of one exchange bind: the two nonces, the connecting PE's rank, the world
 /// size and the fingerprint.
-pub(super) struct Transcript<'a> {
-    pub(super) client_nonce: &'a [u8],
-    pub(super) server_nonce: &'a [u8],
-    pub(super) rank: u32,
-    pub(super) world: u32,
-    pub(super) fingerprint: &'a str,
+pub(crate) struct Transcript<'a> {
+    pub(crate) client_nonce: &'a [u8],
+    pub(crate) server_nonce: &'a [u8],
+    pub(crate) rank: u32,
+    pub(crate) world: u32,
+    pub(crate) fingerprint: &'a str,
 }
 
 impl Transcript<'_> {
@@ -86,7 +86,7 @@ impl Transcript<'_> {
     }
 
     /// The MAC `side` sends.
-    pub(super) fn mac(&self, token: &[u8], side: Side) -> Vec<u8> {
+    pub(crate) fn mac(&self, token: &[u8], side: Side) -> Vec<u8> {
         self.keyed(token, side).finalize().into_bytes().to_vec()
     }
 

@@ -257,3 +257,64 @@ pub(super) fn message(env: &LaunchEnv, place: &str, twins: &[Twin]) -> String {
         who.join(", ")
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn this_process_is_its_own_lineage_and_has_a_tag() {
+        let me = std::process::id() as i32;
+        let l = lineage(me);
+        assert_eq!(l[0], me);
+        assert!(l.len() >= 2, "no parent found: {l:?}");
+        let t = tag(me).unwrap();
+        assert!(t.starts_with(&format!("{me}:")), "{t}");
+        assert_eq!(tag(me), tag(me), "a tag is stable");
+    }
+
+    #[test]
+    fn notes_name_the_twins_of_a_finding_within_the_window() {
+        let key: Key = (1, format!("note-test-{}", std::process::id()), None, true);
+        let note = Note::of(&key).unwrap();
+        let _ = std::fs::remove_file(&note.0);
+        note.add("100:5", &["200:6".into(), "300:7".into()]);
+        note.add("400:8", &["500:9".into()]);
+        let w = Duration::from_secs(60);
+        let mut got = note.naming("200:6", w);
+        got.sort();
+        assert_eq!(got, vec![(100, "100:5".into()), (300, "300:7".into())]);
+        assert_eq!(note.naming("500:9", w), vec![(400, "400:8".into())]);
+        // Another process with a reused pid (another start time) is not named.
+        assert!(note.naming("200:77", w).is_empty());
+        // Old findings do not count.
+        std::fs::write(&note.0, "1000 100:5 200:6\n").unwrap();
+        assert!(note.naming("200:6", w).is_empty());
+        std::fs::remove_file(&note.0).unwrap();
+    }
+
+    #[test]
+    fn launch_variables_of_another_process_give_its_key() {
+        let vars = |rank: &str, port: &str| -> HashMap<String, String> {
+            [
+                ("RANK", rank),
+                ("WORLD_SIZE", "2"),
+                ("MASTER_ADDR", "127.0.0.1"),
+                ("MASTER_PORT", port),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+        };
+        let a = key_of(&mut vars("1", "29500")).unwrap();
+        assert_eq!(a, key_of(&mut vars("1", "29500")).unwrap());
+        assert_ne!(a, key_of(&mut vars("0", "29500")).unwrap());
+        assert_ne!(a, key_of(&mut vars("1", "29501")).unwrap());
+        let mut tok = vars("1", "29500");
+        tok.insert("SYMHEAP_TOKEN".into(), "x".into());
+        assert_ne!(a, key_of(&mut tok).unwrap());
+        // Not a PE of a job at all.
+        assert!(key_of(&mut HashMap::new()).is_none_or(|k| k.1.ends_with(":1")));
+    }
+}

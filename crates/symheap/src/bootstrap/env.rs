@@ -439,6 +439,48 @@ mod tests {
         assert!(distinct.len() > 1500, "{} distinct ports", distinct.len());
     }
 
+    fn vars(kv: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn the_identity_holds_the_launcher_job_id_and_torchrun_restart() {
+        let base = [
+            ("RANK", "1"),
+            ("WORLD_SIZE", "4"),
+            ("MASTER_ADDR", "10.0.0.1"),
+            ("MASTER_PORT", "29500"),
+        ];
+        let plain = Launch::read(&mut vars(&base)).unwrap();
+        assert_eq!(
+            plain.identity,
+            "symheap-job:RANK/WORLD_SIZE environment::10.0.0.1:29500:4"
+        );
+        let tr = |id: &str, restart: &str| {
+            let mut v = vars(&base);
+            v.insert("TORCHELASTIC_RUN_ID".into(), id.into());
+            v.insert("TORCHELASTIC_RESTART_COUNT".into(), restart.into());
+            Launch::read(&mut v).unwrap().identity
+        };
+        // torchrun's rendezvous is MASTER_PORT + 1; a restart is another job.
+        assert!(
+            tr("abc", "0").ends_with(":abc/0:10.0.0.1:29501:4"),
+            "{}",
+            tr("abc", "0")
+        );
+        assert_ne!(tr("abc", "0"), tr("abc", "1"));
+        assert_ne!(tr("abc", "0"), tr("xyz", "0"));
+        let given = Launch::read(&mut vars(&[
+            ("SYMHEAP_TOKEN", "s"),
+            base[0],
+            base[1],
+            base[3],
+        ]));
+        assert_eq!(given.unwrap().given_token.as_deref(), Some("s"));
+    }
+
     #[test]
     fn slurm_host_lists() {
         assert_eq!(first_host("gpu[003-007,9],login1").unwrap(), "gpu003");

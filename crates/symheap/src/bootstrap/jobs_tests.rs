@@ -5,7 +5,6 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::{Arc, Barrier};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -206,46 +205,56 @@ fn a_taken_rank_during_admission_ends_the_job() {
     assert!(f.contains(TWO_JOBS), "{f}");
 }
 
-/// Two 2-PE jobs with the same identity, every PE started at the same moment, `trials` times:
-/// no PE may come back with the other job's data. Returns how many PEs finished cleanly.
-fn two_jobs_started_together(one_node: bool, trials: usize) -> usize {
-    let mut clean = 0;
-    for _ in 0..trials {
-        let port = free_port();
-        let token = unique("twins");
-        let go = Arc::new(Barrier::new(4));
-        let hs: Vec<_> = (0..4u8)
-            .map(|i| {
-                let (job, rank) = (i / 2, (i % 2) as usize);
-                let e = env(rank, 2, port, &token, one_node);
-                let go = go.clone();
-                std::thread::spawn(move || {
-                    go.wait();
-                    let b = TcpBootstrap::connect(&e, Duration::from_millis(1500))?;
-                    let got = b.all_gather("tag", &[job])?;
-                    b.finalize()?;
-                    Ok::<_, Error>((job, got))
-                })
-            })
-            .collect();
-        for h in hs {
-            if let Ok((job, got)) = h.join().unwrap() {
-                assert_eq!(got, vec![vec![job], vec![job]], "two jobs mixed");
-                clean += 1;
-            }
+/// A PE of a second job that is still in its handshake when this job's last PE is admitted is
+/// not dropped (it would retry, and might meet the other job's PE 0 once this job is over):
+/// its proof, when it comes, ends the job.
+#[test]
+fn a_handshake_under_way_when_admission_ends_is_still_judged() {
+    let port = free_port();
+    let token = unique("under-way");
+    let t = Duration::from_secs(10);
+    let root = {
+        let e = env(0, 2, port, &token, false);
+        std::thread::spawn(move || TcpBootstrap::connect(&e, t).unwrap())
+    };
+    // The second job's PE 1 says Hello and gets PE 0's challenge, then waits.
+    let mut s = loop {
+        if let Ok(s) = TcpStream::connect(("127.0.0.1", port)) {
+            break s;
         }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let nonce = auth::nonce().unwrap();
+    let mut hello = super::accept::tests::hello_for(token.as_bytes(), 1, 2);
+    if let Msg::Hello { nonce: n, .. } = &mut hello {
+        n.clone_from(&nonce);
     }
-    clean
-}
-
-#[test]
-fn two_jobs_started_together_never_mix_tcp() {
-    two_jobs_started_together(false, 6);
-}
-
-#[test]
-fn two_jobs_started_together_never_mix_unix() {
-    two_jobs_started_together(true, 6);
+    hello.write_to(&mut s).unwrap();
+    let Ok(Msg::Challenge { nonce: server, .. }) = Msg::read_from(&mut s) else {
+        panic!("no challenge")
+    };
+    // This job's PE 1 joins: the job is complete.
+    let pe1 = TcpBootstrap::connect(&env(1, 2, port, &token, false), t).unwrap();
+    let pe0 = root.join().unwrap();
+    // Now the waiting PE proves the token.
+    let mac = auth::Transcript {
+        client_nonce: &nonce,
+        server_nonce: &server,
+        rank: 1,
+        world: 2,
+        fingerprint: &auth::fingerprint(token.as_bytes()),
+    }
+    .mac(token.as_bytes(), auth::Side::Peer);
+    (Msg::Proof { mac }).write_to(&mut s).unwrap();
+    let reply = Msg::read_from(&mut s);
+    assert!(
+        matches!(&reply, Ok(Msg::Reject { reason }) if reason.contains(TWO_JOBS)),
+        "{reply:?}"
+    );
+    for b in [&pe0, &pe1] {
+        let f = failure_of(b).to_string();
+        assert!(f.contains(TWO_JOBS), "PE {}: {f}", b.rank());
+    }
 }
 
 /// A PE of another job identity at a TCP rendezvous is refused at once (no retrying until the

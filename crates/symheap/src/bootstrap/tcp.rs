@@ -203,6 +203,7 @@ impl Watcher {
     fn start(
         listener: Listener,
         env: LaunchEnv,
+        pending: accept::Pending,
         tx: Sender<Event>,
         shared: Arc<Shared>,
     ) -> Result<Watcher> {
@@ -210,7 +211,8 @@ impl Watcher {
         let thread = std::thread::Builder::new()
             .name("symheap-rdv-watch".into())
             .spawn(move || {
-                accept::watch(&listener, &env, std::os::fd::AsFd::as_fd(&rd), |why| {
+                let stop = std::os::fd::AsFd::as_fd(&rd);
+                accept::watch(&listener, &env, pending, stop, |why| {
                     let kind = ErrorKind::Bootstrap(why);
                     // Once the hub has finished, PE 0 alone can still report it.
                     if let Err(mpsc::SendError(Event::Fail(kind))) = tx.send(Event::Fail(kind)) {
@@ -297,7 +299,7 @@ impl TcpBootstrap {
             return Err(conn::second_root(env, patience, "").with_pe(0));
         };
         let world = env.world;
-        let conns = accept::admit_all(&listener, env, timeout)?;
+        let (conns, pending) = accept::admit_all(&listener, env, timeout)?;
 
         let (tx, rx) = mpsc::channel();
         let mut writers: Vec<Option<BufWriter<Conn>>> = (0..world).map(|_| None).collect();
@@ -344,7 +346,7 @@ impl TcpBootstrap {
             .name("symheap-hub".into())
             .spawn(move || Hub::new(world, timeout, hub_shared, writers).run(rx))
             .map_err(|e| io_err("init", e))?;
-        let watcher = Watcher::start(listener, env.clone(), tx.clone(), shared.clone())?;
+        let watcher = Watcher::start(listener, env.clone(), pending, tx.clone(), shared.clone())?;
         Ok(Role::Root {
             hub_tx: Mutex::new(tx),
             hub: Mutex::new(Some(hub)),
