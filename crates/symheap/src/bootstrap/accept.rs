@@ -447,7 +447,10 @@ impl<'a> Gate<'a> {
             conflict,
         } = hello
         else {
-            unreachable!("judge passes Hellos only")
+            return Verdict::Refuse {
+                reason: "its first message was not a Hello".into(),
+                reply: true,
+            };
         };
         let env = self.env;
         let refuse = |reason: String| Verdict::Refuse {

@@ -419,11 +419,10 @@ fn reply(conn: &mut Conn, target: &Target, env: &LaunchEnv) -> std::result::Resu
 }
 
 fn unexpected(target: &Target, m: &Msg) -> Attempt {
-    let kind = format!("{m:?}");
-    let name = kind.split([' ', '{', '(']).next().unwrap_or("?");
     Attempt::Fail(io_err(format!(
-        "unexpected {name} from {target} during the rendezvous handshake: not this job's PE 0; \
-         this PE sent it nothing but its Hello"
+        "unexpected {} from {target} during the rendezvous handshake: not this job's PE 0; \
+         this PE sent it nothing but its Hello",
+        m.name()
     )))
 }
 

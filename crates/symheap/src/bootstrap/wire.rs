@@ -150,6 +150,21 @@ impl Msg {
         }
     }
 
+    /// The message's name, for diagnostics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Msg::Hello { .. } => "Hello",
+            Msg::Challenge { .. } => "Challenge",
+            Msg::Proof { .. } => "Proof",
+            Msg::Welcome => "Welcome",
+            Msg::Reject { .. } => "Reject",
+            Msg::Contribute { .. } => "Contribute",
+            Msg::Gathered { .. } => "Gathered",
+            Msg::Abort { .. } => "Abort",
+            Msg::Bye => "Bye",
+        }
+    }
+
     /// The whole frame, header included.
     pub fn encode(&self) -> Vec<u8> {
         let mut p = Vec::new();
