@@ -67,7 +67,10 @@ fn read(path: &Path) -> std::result::Result<Option<Vec<u8>>, String> {
         .open(path)
     {
         Ok(f) => f,
+        // Absent (or a path through something that is not a directory): try to create it,
+        // which names what stands in the way.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => return Ok(None),
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
             return Err("it is a symbolic link, which symheap does not follow".into())
         }
@@ -173,6 +176,23 @@ mod tests {
         // No temporary file is left behind.
         let left: Vec<_> = std::fs::read_dir(path.parent().unwrap()).unwrap().collect();
         assert_eq!(left.len(), 1);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_secret_that_can_be_neither_read_nor_created_is_named() {
+        let d = scratch("nowhere");
+        std::fs::create_dir_all(&d).unwrap();
+        // Its directory would have to be made inside a regular file.
+        let blocker = d.join("file");
+        std::fs::write(&blocker, b"x").unwrap();
+        let e = user_secret(&blocker.join("secret"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cannot be created") && e.contains("SYMHEAP_TOKEN"),
+            "{e}"
+        );
         std::fs::remove_dir_all(&d).unwrap();
     }
 
