@@ -6,7 +6,9 @@ Modes (subcommands):
 ``rendezvous``
     While a job of N PEs starts, strangers hit PE 0's rendezvous: idle connections (more of them
     than PE 0 lets wait at once), one dripping a Hello a byte at a time, garbage, a Hello with a
-    wrong token and one with the token a job without ``SYMHEAP_TOKEN`` would derive. Both
+    wrong token, one with the token a job without ``SYMHEAP_TOKEN`` would derive from public details
+    and a forger (it names the job's public fingerprint, then answers PE 0's challenge with a
+    made-up proof). Both
     transports are attacked: ``tcp`` (the launcher does not say the PEs share a node, the job
     has a secret token) and ``unix`` (``LOCAL_WORLD_SIZE == WORLD_SIZE``: the rendezvous is a Unix
     socket in the 0700 runtime directory, no secret token; the derived-token stranger tries TCP,
@@ -36,12 +38,21 @@ The PEs get RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (and LOCAL_WO
 the one-node transport) from :func:`pe_env`; :class:`Job` starts and collects them. A mode that
 kills PEs at random points reuses both (add a subparser and a ``pe`` scenario).
 
+The ``rendezvous`` mode's ``--cases`` also run, from ``fault_jobs.py``: ``two-jobs`` (two jobs with
+identical environments, no ``SYMHEAP_TOKEN``, started at the same moment on one port: never mixed,
+every PE that fails says why) and ``squatter`` (a process that is not the job listening on
+``MASTER_PORT`` before PE 0: it learns no token, and no PE sends it anything after its forged
+answer; and a stranger presenting the publicly derived token to a job across nodes without
+``SYMHEAP_TOKEN`` is refused).
+
 Example: ``python scripts/fault_harness.py rendezvous --pes 2,4,8 --trials 3``
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import hmac
 import os
 import random
 import secrets
@@ -56,8 +67,9 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 # ---- what symheap's bootstrap speaks (crates/symheap/src/bootstrap/wire.rs) -----------------
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 K_HELLO, K_WELCOME, K_REJECT = 1, 2, 3
+K_CHALLENGE, K_PROOF = 8, 9
 HEADER_LEN = 12
 
 
@@ -66,14 +78,45 @@ def frame(kind: int, payload: bytes) -> bytes:
     return b"SYMH" + struct.pack("<HBBI", WIRE_VERSION, kind, 0, len(payload)) + payload
 
 
+def _field(b: bytes) -> bytes:
+    return struct.pack("<I", len(b)) + b
+
+
+def fingerprint(token: bytes) -> str:
+    """A job's public identity: what a PE's Hello names (crates/symheap/src/bootstrap/auth.rs)."""
+    return hashlib.sha256(b"symheap job fingerprint\0" + token).digest()[:8].hex()
+
+
 def hello(token: bytes, rank: int, world: int) -> bytes:
-    """The first message a PE sends to PE 0."""
-    return frame(K_HELLO, struct.pack("<I", len(token)) + token + struct.pack("<II", rank, world))
+    """The first message a PE sends to PE 0: rank, world, a nonce and the job's fingerprint (no
+    secret: the token itself never goes on the wire)."""
+    payload = struct.pack("<II", rank, world) + _field(secrets.token_bytes(32))
+    payload += _field(fingerprint(token).encode()) + _field(b"SYMHEAP_TOKEN")
+    payload += struct.pack("<I", os.getpid()) + _field(b"harness")
+    return frame(K_HELLO, payload)
+
+
+def proof(mac: bytes) -> bytes:
+    return frame(K_PROOF, _field(mac))
+
+
+def identity(world: int, port: int, addr: str = "127.0.0.1") -> bytes:
+    """The public identity of a job started by hand (RANK/WORLD_SIZE, no SYMHEAP_TOKEN)."""
+    return f"symheap-job:RANK/WORLD_SIZE environment::{addr}:{port}:{world}".encode()
 
 
 def derived_token(world: int, port: int, addr: str = "127.0.0.1") -> bytes:
-    """The token a job started by hand (RANK/WORLD_SIZE, no SYMHEAP_TOKEN) derives."""
-    return f"symheap-job:RANK/WORLD_SIZE environment::{addr}:{port}:{world}".encode()
+    """The token of such a job on one node: its identity (the rendezvous is a Unix socket only
+    this user reaches). Across nodes the token is an HMAC of the user's secret file and the
+    identity (:func:`secret_token`), which another user cannot compute."""
+    return identity(world, port, addr)
+
+
+def secret_token(secret_file: str, world: int, port: int) -> bytes:
+    """The token a job across nodes without SYMHEAP_TOKEN derives from the user secret file."""
+    with open(secret_file, "rb") as f:
+        key = f.read().strip()
+    return hmac.new(key, b"symheap job token\0" + identity(world, port), hashlib.sha256).digest()
 
 
 def fnv1a(data: bytes) -> int:
@@ -238,6 +281,8 @@ def run_pe(args: argparse.Namespace) -> int:
     finalize. Scenario ``work PHASE``: the kill mode's loop for PHASE (see :func:`work`)."""
     if args.scenario == "work":
         return work(args.phase)
+    if args.scenario == "tag":
+        return tagged()
     import symheap
 
     rank = int(os.environ["RANK"])
@@ -250,6 +295,25 @@ def run_pe(args: argparse.Namespace) -> int:
         return 1
     print(f"PE-READY {rank} {took:.3f}", flush=True)
     symheap.finalize()
+    return 0
+
+
+def tagged() -> int:
+    """Scenario ``tag``: init, an all_gather of this PE's job tag (``HARNESS_JOB``, which symheap
+    does not read), finalize; prints ``GOT <tags>`` and exits 0, as a program would that cannot
+    tell it met another job's PEs, or ``ERROR <seconds> <class> <message>`` and exits 3."""
+    import symheap
+
+    t0 = time.monotonic()
+    try:
+        symheap.init()
+        got = symheap.all_gather_object_bytes(os.environ["HARNESS_JOB"].encode())
+        print("GOT " + ",".join(g.decode() for g in got), flush=True)
+        symheap.finalize()
+    except symheap.SymheapError as e:
+        msg = " ".join(str(e).split())
+        print(f"ERROR {time.monotonic() - t0:.3f} {type(e).__name__} {msg}", flush=True)
+        os._exit(3)
     return 0
 
 
@@ -277,11 +341,26 @@ def _read_reply(s: socket.socket) -> str:
         buf += chunk
     if buf[:4] != b"SYMH":
         return "closed"
-    return {K_WELCOME: "welcomed", K_REJECT: "rejected"}.get(buf[6], "closed")
+    _last_header[s.fileno()] = buf
+    return {K_WELCOME: "welcomed", K_REJECT: "rejected", K_CHALLENGE: "challenged"}.get(buf[6], "closed")
+
+
+_last_header: Dict[int, bytes] = {}
+
+
+def _skip_payload_after_header(s: socket.socket) -> None:
+    """Reads the payload of the frame whose header :func:`_read_reply` just read."""
+    (n,) = struct.unpack("<I", _last_header.pop(s.fileno(), b"\0" * 12)[8:12])
+    while n > 0:
+        chunk = s.recv(min(n, 4096))
+        if not chunk:
+            return
+        n -= len(chunk)
 
 
 class Stranger(threading.Thread):
-    """One attacking connection of ``kind``: idle, drip, garbage, wrong-token, derived-token."""
+    """One attacking connection of ``kind``: idle, drip, garbage, wrong-token, derived-token,
+    forger (names the job's public fingerprint, answers PE 0's challenge with a made-up proof)."""
 
     def __init__(self, kind: str, target: Target, stop: threading.Event, payload: bytes, drip_s: float) -> None:
         super().__init__(daemon=True)
@@ -333,9 +412,15 @@ class Stranger(threading.Thread):
         s.settimeout(0.2)
         while not self.stop.is_set():
             try:
-                return _read_reply(s)
+                got = _read_reply(s)
             except socket.timeout:
                 continue
+            if got != "challenged" or self.kind != "forger":
+                return got
+            s.settimeout(5)
+            _skip_payload_after_header(s)
+            s.sendall(proof(secrets.token_bytes(32)))
+            s.settimeout(0.2)
         return "open at the end"
 
 
@@ -346,6 +431,7 @@ def strangers_for(spec: JobSpec, idle: int, drip_s: float, stop: threading.Event
     main: Target = rendezvous_socket(token) if spec.one_node else tcp
     wrong = hello(secrets.token_hex(16).encode(), 1, spec.n)
     derived = hello(derived_token(spec.n, spec.port), 1, spec.n)
+    forged = hello(token, 2 % spec.n, spec.n)
     garbage = b"GET / HTTP/1.1\r\nHost: symheap\r\n\r\n" + secrets.token_bytes(64)
     drip = hello(secrets.token_hex(16).encode(), 1, spec.n)
     out = [Stranger("idle", main, stop, b"", drip_s) for _ in range(idle)]
@@ -353,6 +439,7 @@ def strangers_for(spec: JobSpec, idle: int, drip_s: float, stop: threading.Event
         Stranger("drip", main, stop, drip, drip_s),
         Stranger("garbage", main, stop, garbage, drip_s),
         Stranger("wrong-token", main, stop, wrong, drip_s),
+        Stranger("forger", main, stop, forged, drip_s),
         # Over the Unix socket a stranger of this user with the derived token would be a PE (the
         # user can ptrace the job anyway); what must hold is that nothing listens on TCP.
         Stranger("derived-token", tcp, stop, derived, drip_s),
@@ -472,6 +559,21 @@ def table(trials: List[Trial]) -> str:
 
 
 def run_rendezvous(args: argparse.Namespace) -> int:
+    cases = [c for c in args.cases.split(",") if c]
+    bad = 0
+    if "strangers" in cases:
+        bad |= run_strangers(args)
+    if "two-jobs" in cases or "squatter" in cases:
+        import fault_jobs
+
+        if "two-jobs" in cases:
+            bad |= fault_jobs.run_two_jobs(args)
+        if "squatter" in cases:
+            bad |= fault_jobs.run_squatter(args)
+    return bad
+
+
+def run_strangers(args: argparse.Namespace) -> int:
     pes = [int(p) for p in args.pes.split(",")]
     transports = ["tcp", "unix"] if args.transport == "both" else [args.transport]
     trials: List[Trial] = []
@@ -704,6 +806,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     r.add_argument("--timeout", type=float, default=10.0, help="SYMHEAP_TIMEOUT of the jobs (default 10)")
     r.add_argument("--idle", type=int, default=129, help="idle strangers per job (default 129)")
     r.add_argument("--drip", type=float, default=1.0, help="seconds between the dripping stranger's bytes")
+    r.add_argument(
+        "--cases",
+        default="strangers,two-jobs,squatter",
+        help="strangers (attack a starting job), two-jobs (two jobs with identical environments on "
+        "one port), squatter (a process on MASTER_PORT before PE 0); comma separated, default all",
+    )
     r.set_defaults(run=run_rendezvous)
     k = sub.add_parser("kill", help="kill one PE of running jobs at random points")
     k.add_argument("--pes", default="2,4,8", help="job sizes, comma separated (default 2,4,8)")
@@ -715,7 +823,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     k.set_defaults(run=run_kill)
     p = sub.add_parser("pe", help="(internal) one PE of a job")
     p.add_argument(
-        "scenario", nargs="?", default="init", choices=["init", "work"], help="what the PE does (default init)"
+        "scenario", nargs="?", default="init", choices=["init", "work", "tag"], help="what the PE does (default init)"
     )
     p.add_argument("phase", nargs="?", default="barrier", choices=PHASES, help="for work: the phase")
     p.set_defaults(run=run_pe)

@@ -1,6 +1,7 @@
 """The rendezvous mode of scripts/fault_harness.py, short: jobs of 2, 4 and 8 PEs started by hand
 (no launcher) on the host backend, over TCP and over the one-node Unix socket, while strangers
-(idle past PE 0's cap, dripping, garbage, wrong token, derived token) hit PE 0's rendezvous."""
+(idle past PE 0's cap, dripping, garbage, wrong token, derived token, a forger) hit PE 0's
+rendezvous; two jobs with identical environments on one port; a squatter on MASTER_PORT."""
 
 from __future__ import annotations
 
@@ -23,14 +24,14 @@ HARNESS = ROOT / "scripts" / "fault_harness.py"
 def test_rendezvous_cannot_be_stalled_or_joined() -> None:
     idle = 70  # more than the 64 connections PE 0 lets wait for their Hello at once
     timeout = 10.0
-    cmd = [sys.executable, str(HARNESS), "rendezvous", "--pes", "2,4,8", "--trials", "1"]
+    cmd = [sys.executable, str(HARNESS), "rendezvous", "--cases", "strangers", "--pes", "2,4,8", "--trials", "1"]
     cmd += ["--idle", str(idle), "--timeout", str(timeout)]
     p = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, f"exit status {p.returncode}\n{p.stdout}\n{p.stderr}"
     rows = [line.split("|")[1:-1] for line in p.stdout.splitlines() if line.startswith(("| tcp", "| unix"))]
     seen = {(r[0].strip(), int(r[1])) for r in rows}
     assert seen == {(t, n) for t in ("tcp", "unix") for n in (2, 4, 8)}, p.stdout
-    strangers = idle + 4
+    strangers = idle + 5
     for transport, _n, trials, started, refused, logged, init_s, join_s in (map(str.strip, r) for r in rows):
         assert trials == started == "1", p.stdout
         assert refused == f"{strangers} of {strangers}", p.stdout
@@ -63,8 +64,6 @@ def test_a_killed_pe_is_named_within_2_s_in_every_phase() -> None:
 sys.path.insert(0, str(ROOT / "scripts"))
 import fault_harness as fh  # noqa: E402
 
-JOINABLE = "has no secret (SYMHEAP_TOKEN is not set)"
-
 
 def _job(spec: fh.JobSpec, limit: float = 60) -> list:
     job = fh.Job(spec)
@@ -75,17 +74,70 @@ def _job(spec: fh.JobSpec, limit: float = 60) -> list:
     return results
 
 
-def test_a_joinable_job_says_so_once() -> None:
-    """Across nodes (the launcher does not say one node) without SYMHEAP_TOKEN, PE 0 warns once;
-    with a secret, or on one node (a Unix socket only this user reaches), nothing is said."""
-    r = _job(fh.JobSpec(n=3, port=fh.free_port(), timeout=20, one_node=False))
-    assert r[0].stderr.count(JOINABLE) == 1, r[0].stderr
-    assert all(JOINABLE not in x.stderr for x in r[1:])
-    for spec in (
-        fh.JobSpec(n=3, port=fh.free_port(), timeout=20, one_node=False, token="s3cret-of-this-job"),
-        fh.JobSpec(n=3, port=fh.free_port(), timeout=20, one_node=True),
-    ):
-        assert all(JOINABLE not in x.stderr for x in _job(spec)), spec
+def test_two_jobs_on_one_port_never_mix() -> None:
+    """Issue 40: two jobs with identical environments (no SYMHEAP_TOKEN, same MASTER_PORT,
+    children of one process) started at the same moment, over TCP and the Unix socket: no PE
+    ever holds the other job's data, and every PE that fails names the two jobs at once."""
+    cmd = [sys.executable, str(HARNESS), "rendezvous", "--cases", "two-jobs", "--pes", "2,4", "--trials", "3"]
+    cmd += ["--timeout", "5"]
+    p = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=400)
+    assert p.returncode == 0, f"exit status {p.returncode}\n{p.stdout}\n{p.stderr}"
+    rows = [ln.split("|")[1:-1] for ln in p.stdout.splitlines() if ln.startswith("| two-jobs")]
+    assert len(rows) == 4, p.stdout
+    for _case, _tr, _n, trials, mixed, _own, clear, other, hung, _secs in (map(str.strip, r) for r in rows):
+        assert trials == "3" and mixed == "0" and other == "0" and hung == "0", p.stdout
+        assert int(clear) > 0, p.stdout
+
+
+def test_a_squatter_learns_nothing() -> None:
+    """Issue 40: a process listening on MASTER_PORT before PE 0 receives no token (with
+    SYMHEAP_TOKEN, or derived from the user secret file), gets nothing after its forged answer,
+    and every PE fails at once naming it; a stranger with the publicly derived token cannot
+    join a job across nodes without SYMHEAP_TOKEN."""
+    cmd = [sys.executable, str(HARNESS), "rendezvous", "--cases", "squatter", "--pes", "2,4", "--trials", "2"]
+    cmd += ["--timeout", "5"]
+    p = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, f"exit status {p.returncode}\n{p.stdout}\n{p.stderr}"
+    rows = [ln.split("|")[1:-1] for ln in p.stdout.splitlines() if ln.startswith("| squatter")]
+    assert len(rows) == 6, p.stdout
+    for _c, variant, n, _t, learned, after, joined, own, failed, _s in (map(str.strip, r) for r in rows):
+        assert learned == after == joined == "0", p.stdout
+        if variant.startswith("joiner"):
+            assert own == str(2 * int(n)), p.stdout
+        else:
+            k = 2 * int(n)
+            assert failed == f"{k} of {k}", p.stdout
+
+
+def test_a_job_across_nodes_without_a_token_uses_the_user_secret(tmp_path) -> None:
+    """Without SYMHEAP_TOKEN a job across nodes derives its token from the user secret file
+    (created 0600 on first use) and says nothing about being joinable; PEs whose secret files
+    differ (nodes that do not share it) are refused at once, naming both job identities."""
+    secret = tmp_path / "cfg" / "secret"
+    env = {"SYMHEAP_SECRET_FILE": str(secret)}
+    r = _job(fh.JobSpec(n=3, port=fh.free_port(), timeout=20, one_node=False, extra_env=env))
+    assert all("has no secret" not in x.stderr for x in r)
+    assert secret.stat().st_mode & 0o777 == 0o600
+    assert (secret.parent.stat().st_mode & 0o777) == 0o700
+    spec = fh.JobSpec(n=2, port=fh.free_port(), timeout=10, one_node=False, extra_env=env)
+    job = fh.Job(spec)
+    job.start([0])
+    other = dict(spec.extra_env, SYMHEAP_SECRET_FILE=str(tmp_path / "other" / "secret"))
+    stranger = fh.Job(fh.JobSpec(n=2, port=spec.port, timeout=10, one_node=False, extra_env=other))
+    deadline = time.monotonic() + 20
+    while not fh.listening(spec) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    stranger.start([1])
+    (res,) = stranger.wait(30)
+    assert res.rc != 0 and time.monotonic() - t0 < 5, res.stderr
+    ours = fh.secret_token(str(secret), 2, spec.port)
+    theirs = fh.secret_token(str(tmp_path / "other" / "secret"), 2, spec.port)
+    for want in (f"127.0.0.1:{spec.port}", fh.fingerprint(ours), fh.fingerprint(theirs)):
+        assert want in res.stderr, res.stderr
+    job.start([1])
+    for r in job.wait(30):
+        assert r.rc == 0, r.stderr
 
 
 def _local_ipv4() -> str:

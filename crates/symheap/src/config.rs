@@ -127,6 +127,10 @@ pub const SYMHEAP_VARIABLES: &[(&str, &str)] = &[
         "job secret for the rendezvous (the launcher sets it)",
     ),
     (
+        "SYMHEAP_SECRET_FILE",
+        "the user secret a job across nodes without SYMHEAP_TOKEN derives its token from (default ~/.config/symheap/secret)",
+    ),
+    (
         "SYMHEAP_BOOTSTRAP_PORT",
         "rendezvous port (default MASTER_PORT, or MASTER_PORT+1 under torchrun)",
     ),

@@ -12,6 +12,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use super::auth::{self, Side, Transcript};
 use super::wire::Msg;
 use super::{unix, LaunchEnv};
 use crate::error::{bootstrap, Error, ErrorKind, Result};
@@ -54,6 +55,13 @@ impl Conn {
         match self {
             Conn::Tcp(s) => s.set_read_timeout(t),
             Conn::Unix(s) => s.set_read_timeout(t),
+        }
+    }
+
+    pub(super) fn set_write_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
+        match self {
+            Conn::Tcp(s) => s.set_write_timeout(t),
+            Conn::Unix(s) => s.set_write_timeout(t),
         }
     }
 
@@ -147,35 +155,51 @@ fn resolve(addr: &str, port: u16) -> Result<SocketAddr> {
         })
 }
 
-/// What PE 0 listens on. A Unix listener's socket file is removed when it is dropped.
+/// What PE 0 listens on, for the whole life of the job: as long as it exists no other PE 0 of
+/// this rendezvous can start (a TCP port binds once; a Unix socket is replaced only by the
+/// holder of the lock file beside it). A Unix listener's socket file is removed when it is
+/// dropped, before its lock is released.
 pub(super) enum Listener {
     Tcp(TcpListener),
-    Unix(UnixListener, PathBuf),
+    Unix {
+        listener: UnixListener,
+        path: PathBuf,
+        _lock: unix::RendezvousLock,
+    },
 }
 
 impl Listener {
-    /// PE 0's listener for `env`, non-blocking.
-    pub(super) fn bind(env: &LaunchEnv) -> Result<Listener> {
+    /// PE 0's listener for `env`, non-blocking; `None` when a live listener of the same
+    /// rendezvous holds it (another PE 0: the caller presents itself there, see
+    /// [`second_root`]).
+    pub(super) fn bind(env: &LaunchEnv) -> Result<Option<Listener>> {
         let l = match Target::of(env)? {
-            Target::Tcp(addr) => Listener::Tcp(bind_tcp(env, addr)?),
-            Target::Unix(path) => {
-                let l = bind_unix(&path)?;
-                Listener::Unix(l, path)
-            }
+            Target::Tcp(addr) => match bind_tcp(env, addr)? {
+                Some(l) => Listener::Tcp(l),
+                None => return Ok(None),
+            },
+            Target::Unix(path) => match bind_unix(&path)? {
+                Some((listener, lock)) => Listener::Unix {
+                    listener,
+                    path,
+                    _lock: lock,
+                },
+                None => return Ok(None),
+            },
         };
         let nb = match &l {
             Listener::Tcp(t) => t.set_nonblocking(true),
-            Listener::Unix(u, _) => u.set_nonblocking(true),
+            Listener::Unix { listener, .. } => listener.set_nonblocking(true),
         };
         nb.map_err(io_err)?;
-        Ok(l)
+        Ok(Some(l))
     }
 
     /// The next waiting connection and a description of who made it (address, or pid and uid).
     pub(super) fn accept(&self) -> std::io::Result<(Conn, String, Option<u32>)> {
         match self {
             Listener::Tcp(l) => l.accept().map(|(s, a)| (Conn::Tcp(s), a.to_string(), None)),
-            Listener::Unix(l, _) => l.accept().map(|(s, _)| {
+            Listener::Unix { listener, .. } => listener.accept().map(|(s, _)| {
                 let cred = unix::peer_cred(&s);
                 let who = match cred {
                     Some((uid, pid)) => format!("pid {pid} (uid {uid})"),
@@ -193,7 +217,7 @@ impl Listener {
                 .local_addr()
                 .map(|a| a.to_string())
                 .unwrap_or_else(|_| "?".into()),
-            Listener::Unix(_, p) => p.display().to_string(),
+            Listener::Unix { path, .. } => path.display().to_string(),
         }
     }
 }
@@ -202,38 +226,39 @@ impl AsFd for Listener {
     fn as_fd(&self) -> BorrowedFd<'_> {
         match self {
             Listener::Tcp(l) => l.as_fd(),
-            Listener::Unix(l, _) => l.as_fd(),
+            Listener::Unix { listener, .. } => listener.as_fd(),
         }
     }
 }
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        if let Listener::Unix(_, path) = self {
+        if let Listener::Unix { path, .. } = self {
             let _ = std::fs::remove_file(path);
         }
     }
 }
 
-/// Binds only the address MASTER_ADDR names (never every interface), and warns once when the
-/// job has no secret: any process that reaches the port and guesses the derived token joins.
-fn bind_tcp(env: &LaunchEnv, addr: SocketAddr) -> Result<TcpListener> {
-    let l = TcpListener::bind(addr).map_err(|e| {
-        let hint = match e.kind() {
-            std::io::ErrorKind::AddrInUse => {
-                "another job on this port? set MASTER_PORT or SYMHEAP_BOOTSTRAP_PORT".to_string()
-            }
-            std::io::ErrorKind::AddrNotAvailable => format!(
-                "MASTER_ADDR={} is not an address of this host: set it to PE 0's address on the \
-                 network the PEs share",
-                env.addr
-            ),
-            _ => "check MASTER_ADDR and MASTER_PORT".to_string(),
-        };
-        io_err(format!(
-            "PE 0 cannot listen on {addr} for the rendezvous: {e} ({hint})"
-        ))
-    })?;
+/// Binds only the address MASTER_ADDR names (never every interface). `None`: something
+/// listens there already.
+fn bind_tcp(env: &LaunchEnv, addr: SocketAddr) -> Result<Option<TcpListener>> {
+    let l = match TcpListener::bind(addr) {
+        Ok(l) => l,
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => return Ok(None),
+        Err(e) => {
+            let hint = match e.kind() {
+                std::io::ErrorKind::AddrNotAvailable => format!(
+                    "MASTER_ADDR={} is not an address of this host: set it to PE 0's address \
+                     on the network the PEs share",
+                    env.addr
+                ),
+                _ => "check MASTER_ADDR and MASTER_PORT".to_string(),
+            };
+            return Err(io_err(format!(
+                "PE 0 cannot listen on {addr} for the rendezvous: {e} ({hint})"
+            )));
+        }
+    };
     let named_loopback = addr.ip().is_loopback()
         && env.addr.parse::<std::net::IpAddr>().is_err()
         && env.addr != "localhost";
@@ -245,39 +270,25 @@ fn bind_tcp(env: &LaunchEnv, addr: SocketAddr) -> Result<TcpListener> {
             addr.ip()
         ));
     }
-    if !env.token_is_secret {
-        super::warn(&format!(
-            "the rendezvous at {addr} has no secret (SYMHEAP_TOKEN is not set): its token is \
-             derived from public job details, so any process that reaches this port can join \
-             the job as a PE; set SYMHEAP_TOKEN to the same random string on every PE \
-             (symheap launch does) to close it"
-        ));
-    }
-    Ok(l)
+    Ok(Some(l))
 }
 
-fn bind_unix(path: &std::path::Path) -> Result<UnixListener> {
+/// Takes the rendezvous lock and binds the socket; `None`: a live PE 0 holds the lock. The
+/// holder of the lock owns the path, so a socket found there is a killed PE 0's and goes.
+fn bind_unix(path: &std::path::Path) -> Result<Option<(UnixListener, unix::RendezvousLock)>> {
     let dir = unix::runtime_dir()?;
     unix::remove_stale_sockets(&dir);
-    // This job's own socket left by a killed PE 0 goes whatever its age; one that answers is
-    // another job of the same identity, which the bind below reports.
-    if let Err(e) = UnixStream::connect(path) {
-        if e.kind() == std::io::ErrorKind::ConnectionRefused {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-    UnixListener::bind(path).map_err(|e| {
-        let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
-            " (another job with the same identity is running: give each job its own \
-             MASTER_PORT or SYMHEAP_TOKEN)"
-        } else {
-            ""
-        };
+    let Some(lock) = unix::RendezvousLock::take(path)? else {
+        return Ok(None);
+    };
+    let _ = std::fs::remove_file(path);
+    let l = UnixListener::bind(path).map_err(|e| {
         io_err(format!(
-            "PE 0 cannot listen on {} for the rendezvous: {e}{hint}",
+            "PE 0 cannot listen on {} for the rendezvous: {e}",
             path.display()
         ))
-    })
+    })?;
+    Ok(Some((l, lock)))
 }
 
 /// How one attempt to say Hello to PE 0 ended, when it did not end in a Welcome.
@@ -295,7 +306,7 @@ pub(super) fn join(env: &LaunchEnv, timeout: Duration) -> Result<Conn> {
     let deadline = start + timeout;
     let target = Target::of(env)?;
     loop {
-        let why = match attempt(env, &target, deadline) {
+        let why = match attempt(env, &target, deadline, "") {
             Ok(c) => return Ok(c),
             Err(Attempt::Fail(e)) => return Err(e.with_pe(env.rank)),
             Err(Attempt::Retry(why)) => why,
@@ -316,17 +327,27 @@ pub(super) fn join(env: &LaunchEnv, timeout: Duration) -> Result<Conn> {
     }
 }
 
+/// One handshake with what listens at `target`; `conflict`: why this PE knows a second job
+/// shares the rendezvous (empty when it does not), for PE 0 to end its job with.
 fn attempt(
     env: &LaunchEnv,
     target: &Target,
     deadline: Instant,
+    conflict: &str,
 ) -> std::result::Result<Conn, Attempt> {
     let mut conn = connect(target, deadline)?;
     let _ = conn.set_nodelay(true);
+    let fingerprint = env.fingerprint();
+    let client_nonce = auth::nonce().map_err(Attempt::Fail)?;
     let hello = Msg::Hello {
-        token: env.token.clone(),
         rank: env.rank as u32,
         world: env.world as u32,
+        nonce: client_nonce.clone(),
+        fingerprint: fingerprint.clone(),
+        source: env.token_source.kind().to_string(),
+        pid: std::process::id(),
+        host: host_name(),
+        conflict: conflict.to_string(),
     };
     if let Err(e) = hello.write_to(&mut conn) {
         return Err(Attempt::Retry(format!(
@@ -338,19 +359,112 @@ fn attempt(
         .max(Duration::from_millis(1));
     conn.set_read_timeout(Some(left))
         .map_err(|e| Attempt::Fail(io_err(e)))?;
-    match Msg::read_from(&mut conn) {
-        Ok(Msg::Welcome) => {
+    let server_nonce = match reply(&mut conn, target, env)? {
+        Msg::Challenge { nonce, mac } => {
+            let tr = Transcript {
+                client_nonce: &client_nonce,
+                server_nonce: &nonce,
+                rank: env.rank as u32,
+                world: env.world as u32,
+                fingerprint: &fingerprint,
+            };
+            // Nothing more goes to a peer that has not proved the token: not the proof (which
+            // a forger could try to replay), not node information.
+            if !tr.verify(&env.token, Side::Root, &mac) {
+                return Err(Attempt::Fail(io_err(format!(
+                    "what answers at {target} did not prove it holds this job's token (job {}): \
+                     it is not this job's PE 0 (another job's, or a process impersonating it); \
+                     this PE sent it nothing but its Hello",
+                    fingerprint
+                ))));
+            }
+            nonce
+        }
+        other => return Err(unexpected(target, &other)),
+    };
+    let proof = Transcript {
+        client_nonce: &client_nonce,
+        server_nonce: &server_nonce,
+        rank: env.rank as u32,
+        world: env.world as u32,
+        fingerprint: &fingerprint,
+    }
+    .mac(&env.token, Side::Peer);
+    if let Err(e) = (Msg::Proof { mac: proof }).write_to(&mut conn) {
+        return Err(Attempt::Retry(format!(
+            "PE 0 closed the connection during the handshake: {e}"
+        )));
+    }
+    match reply(&mut conn, target, env)? {
+        Msg::Welcome => {
             conn.set_read_timeout(None)
                 .map_err(|e| Attempt::Fail(io_err(e)))?;
             Ok(conn)
         }
+        other => Err(unexpected(target, &other)),
+    }
+}
+
+/// The next handshake message from PE 0; a Reject ends the attempt for good.
+fn reply(conn: &mut Conn, target: &Target, env: &LaunchEnv) -> std::result::Result<Msg, Attempt> {
+    match Msg::read_from(conn) {
         Ok(Msg::Reject { reason }) => Err(Attempt::Fail(io_err(format!(
-            "PE 0 at {target} refused this PE: {reason}"
+            "PE 0 at {target} refused this PE (job {}, token from {}): {reason}",
+            env.fingerprint(),
+            env.token_source
         )))),
-        Ok(other) => Err(Attempt::Fail(io_err(format!(
-            "unexpected reply {other:?} from {target}"
-        )))),
+        Ok(m) => Ok(m),
         Err(e) => Err(classify_reply_error(target, e)),
+    }
+}
+
+fn unexpected(target: &Target, m: &Msg) -> Attempt {
+    Attempt::Fail(io_err(format!(
+        "unexpected {} from {target} during the rendezvous handshake: not this job's PE 0; \
+         this PE sent it nothing but its Hello",
+        m.name()
+    )))
+}
+
+/// This host's name, for messages.
+pub(super) fn host_name() -> String {
+    nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "an unknown host".into())
+}
+
+/// On a PE 0 whose rendezvous is held by a live listener: presents itself there as PE 0 of
+/// this job, so that a PE 0 of the same job identity ends its job (two jobs would mix) and
+/// says why; returns the error this PE fails with, which names the rendezvous and both jobs.
+/// `patience`: how long to wait for the holder to listen (it may be between taking the
+/// rendezvous and listening).
+pub(super) fn second_root(env: &LaunchEnv, patience: Duration, conflict: &str) -> Error {
+    let target = match Target::of(env) {
+        Ok(t) => t,
+        Err(e) => return e,
+    };
+    let deadline = Instant::now() + patience;
+    let held = |why: String| {
+        io_err(format!(
+            "PE 0 cannot host the rendezvous at {target}: another process holds it ({why}); \
+             another job on this port? give each job its own MASTER_PORT or \
+             SYMHEAP_BOOTSTRAP_PORT"
+        ))
+    };
+    loop {
+        match attempt(env, &target, deadline, conflict) {
+            Ok(_) => return held("it admitted a second PE 0, which no symheap PE 0 does".into()),
+            Err(Attempt::Fail(e)) => {
+                return match e.kind() {
+                    ErrorKind::Bootstrap(m) => io_err(format!(
+                        "PE 0 cannot host the rendezvous, another process holds it: {m}"
+                    )),
+                    _ => e,
+                }
+            }
+            Err(Attempt::Retry(why)) if Instant::now() >= deadline => return held(why),
+            Err(Attempt::Retry(_)) => std::thread::sleep(RETRY_PAUSE),
+        }
     }
 }
 
@@ -369,6 +483,29 @@ fn classify_reply_error(target: &Target, e: std::io::Error) -> Attempt {
             "PE 0 closed the connection without answering this PE's Hello: {e}"
         )),
     }
+}
+
+/// On a PE that found a twin of itself (`census.rs`): tells whoever holds the rendezvous, so
+/// that a PE 0 of the same job identity ends its job, which may hold PEs of the other job;
+/// returns the error this PE fails with. No waiting: a rendezvous nobody holds has no job to end.
+pub(super) fn announce(env: &LaunchEnv, why: String, timeout: Duration) -> Error {
+    let fail = |why: String| Error::new(Some(env.rank), "init", ErrorKind::Bootstrap(why));
+    if env.rank == 0 {
+        return match Listener::bind(env) {
+            Ok(None) => {
+                // A twin holding it may be failing too: not worth a long wait.
+                second_root(env, timeout.min(Duration::from_secs(1)), &why);
+                fail(why)
+            }
+            Ok(Some(_)) => fail(why),
+            Err(e) => e,
+        };
+    }
+    if let Ok(target) = Target::of(env) {
+        let deadline = Instant::now() + timeout.min(Duration::from_secs(2));
+        let _ = attempt(env, &target, deadline, &why);
+    }
+    fail(why)
 }
 
 /// One connection attempt; the reasons to retry are worded for the final timeout message.
@@ -423,7 +560,7 @@ fn connect(target: &Target, deadline: Instant) -> std::result::Result<Conn, Atte
                 Some((uid, _)) if uid == me => Ok(Conn::Unix(s)),
                 other => Err(Attempt::Fail(io_err(format!(
                     "the process listening on {} is not this user's (uid {:?}, this user is \
-                     {me}): refusing to send it the job token",
+                     {me}): refusing to talk to it",
                     path.display(),
                     other.map(|c| c.0)
                 )))),

@@ -4,6 +4,7 @@
 //! `symheap launch`), Open MPI (`OMPI_COMM_WORLD_*`), MPICH/Hydra (`PMI_RANK`, `PMI_SIZE`) and
 //! Slurm job steps (`SLURM_PROCID` under `srun`). None of them set means a single PE.
 
+use super::{auth, secret};
 use crate::config::Config;
 use crate::error::{invalid, Result};
 use crate::util::fnv1a;
@@ -42,6 +43,45 @@ impl Launcher {
     }
 }
 
+/// Where a job's token comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenSource {
+    /// `SYMHEAP_TOKEN` (`symheap launch` sets a random one).
+    Given,
+    /// HMAC of the user's secret file (this path) and the job's public identity: a job across
+    /// nodes without `SYMHEAP_TOKEN`.
+    UserSecret(std::path::PathBuf),
+    /// The job's public identity itself: a job on one node without `SYMHEAP_TOKEN`, whose
+    /// rendezvous only this user can reach.
+    Derived,
+}
+
+impl TokenSource {
+    /// A short name of the source, safe to tell a stranger (no path).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TokenSource::Given => "SYMHEAP_TOKEN",
+            TokenSource::UserSecret(_) => "the user secret file",
+            TokenSource::Derived => "the launch environment",
+        }
+    }
+
+    /// False when the token is public job details.
+    pub fn is_secret(&self) -> bool {
+        !matches!(self, TokenSource::Derived)
+    }
+}
+
+impl std::fmt::Display for TokenSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TokenSource::Given => write!(f, "SYMHEAP_TOKEN"),
+            TokenSource::UserSecret(p) => write!(f, "the user secret file {}", p.display()),
+            TokenSource::Derived => write!(f, "derived from the launch environment"),
+        }
+    }
+}
+
 /// The launch environment of this PE.
 #[derive(Debug, Clone)]
 pub struct LaunchEnv {
@@ -57,10 +97,11 @@ pub struct LaunchEnv {
     pub addr: String,
     /// TCP port of the rendezvous.
     pub port: u16,
-    /// Job secret every connection must present.
+    /// The job token: every PE proves it holds it at the rendezvous (it never goes on the
+    /// wire, see `auth.rs`).
     pub token: Vec<u8>,
-    /// False when the token was derived from public job identifiers, not a secret.
-    pub token_is_secret: bool,
+    /// Where the token comes from.
+    pub token_source: TokenSource,
     /// The launcher says every PE runs on this node (torchrun and `symheap launch`:
     /// `LOCAL_WORLD_SIZE == WORLD_SIZE`; Open MPI: `OMPI_COMM_WORLD_LOCAL_SIZE ==
     /// OMPI_COMM_WORLD_SIZE`; MPICH: `MPI_LOCALNRANKS == PMI_SIZE`; Slurm: one node in the
@@ -68,11 +109,30 @@ pub struct LaunchEnv {
     pub one_node: bool,
 }
 
-fn var(c: &mut Config, name: &str) -> Option<String> {
-    c.read(name).filter(|v| !v.trim().is_empty())
+/// Where launch variables are read from: this process's environment (through [`Config`], which
+/// records what was read), or another process's (the twin check, `census.rs`).
+pub(crate) trait Vars {
+    /// The variable's value, if set.
+    fn get(&mut self, name: &str) -> Option<String>;
 }
 
-fn num(c: &mut Config, name: &str) -> Result<Option<usize>> {
+impl Vars for Config {
+    fn get(&mut self, name: &str) -> Option<String> {
+        self.read(name)
+    }
+}
+
+impl Vars for std::collections::HashMap<String, String> {
+    fn get(&mut self, name: &str) -> Option<String> {
+        std::collections::HashMap::get(self, name).cloned()
+    }
+}
+
+fn var(c: &mut impl Vars, name: &str) -> Option<String> {
+    c.get(name).filter(|v| !v.trim().is_empty())
+}
+
+fn num(c: &mut impl Vars, name: &str) -> Result<Option<usize>> {
     match var(c, name) {
         None => Ok(None),
         Some(v) => v.trim().parse().map(Some).map_err(|_| {
@@ -93,7 +153,7 @@ fn derived_port(job_id: &str) -> usize {
 
 /// Which launcher started this PE, its rank, the world size and its local rank, from the first
 /// launcher whose variables are set.
-fn launcher_and_rank(cfg: &mut Config) -> Result<(Launcher, usize, usize, Option<usize>)> {
+fn launcher_and_rank(cfg: &mut impl Vars) -> Result<(Launcher, usize, usize, Option<usize>)> {
     Ok(
         if let (Some(r), Some(w)) = (num(cfg, "RANK")?, num(cfg, "WORLD_SIZE")?) {
             let l = if var(cfg, "SYMHEAP_LAUNCHER").is_some() {
@@ -133,7 +193,7 @@ fn launcher_and_rank(cfg: &mut Config) -> Result<(Launcher, usize, usize, Option
 }
 
 /// How many PEs the launcher says run on this node, if it says.
-fn local_size(cfg: &mut Config, launcher: Launcher, world: usize) -> Result<Option<usize>> {
+fn local_size(cfg: &mut impl Vars, launcher: Launcher, world: usize) -> Result<Option<usize>> {
     Ok(match launcher {
         Launcher::Symheap | Launcher::Torchrun | Launcher::TorchStyle => {
             num(cfg, "LOCAL_WORLD_SIZE")?
@@ -149,9 +209,14 @@ fn local_size(cfg: &mut Config, launcher: Launcher, world: usize) -> Result<Opti
 }
 
 /// The launcher's identifier of this job, the same on every PE, where it has one.
-fn job_id(cfg: &mut Config, launcher: Launcher) -> Option<String> {
+fn job_id(cfg: &mut impl Vars, launcher: Launcher) -> Option<String> {
     match launcher {
-        Launcher::Torchrun => var(cfg, "TORCHELASTIC_RUN_ID"),
+        // The restart count keeps a straggler of an earlier attempt out of the restarted job.
+        Launcher::Torchrun => Some(format!(
+            "{}/{}",
+            var(cfg, "TORCHELASTIC_RUN_ID").unwrap_or_default(),
+            var(cfg, "TORCHELASTIC_RESTART_COUNT").unwrap_or_default()
+        )),
         Launcher::OpenMpi => {
             var(cfg, "OMPI_MCA_ess_base_jobid").or_else(|| var(cfg, "PMIX_NAMESPACE"))
         }
@@ -167,7 +232,7 @@ fn job_id(cfg: &mut Config, launcher: Launcher) -> Option<String> {
 
 /// The host rank 0 listens on: `MASTER_ADDR`, else the step's first node under Slurm, else
 /// this machine.
-fn rendezvous_addr(cfg: &mut Config, launcher: Launcher) -> String {
+fn rendezvous_addr(cfg: &mut impl Vars, launcher: Launcher) -> String {
     match var(cfg, "MASTER_ADDR") {
         Some(a) => a,
         None => match launcher {
@@ -183,7 +248,7 @@ fn rendezvous_addr(cfg: &mut Config, launcher: Launcher) -> String {
 /// The rendezvous port: `SYMHEAP_BOOTSTRAP_PORT`, else from `MASTER_PORT`, else derived from
 /// the job identity under MPI, PMI and Slurm.
 fn rendezvous_port(
-    cfg: &mut Config,
+    cfg: &mut impl Vars,
     launcher: Launcher,
     world: usize,
     job_id: Option<&str>,
@@ -226,10 +291,67 @@ fn rendezvous_port(
 }
 
 impl LaunchEnv {
+    /// The job's public identity, shown in errors: a fingerprint of the token.
+    pub fn fingerprint(&self) -> String {
+        auth::fingerprint(&self.token)
+    }
+
     /// Reads the environment. Records every variable it used in `cfg.env_read`.
     pub fn detect(cfg: &mut Config) -> Result<LaunchEnv> {
-        let (launcher, rank, world, local_rank) = launcher_and_rank(cfg)?;
-        let one_node = local_size(cfg, launcher, world)? == Some(world);
+        let l = Launch::read(cfg)?;
+        let (token, token_source) = match l.given_token {
+            Some(t) => (t.into_bytes(), TokenSource::Given),
+            None if l.world > 1 && !l.one_node => {
+                let path = secret::secret_path().ok_or_else(|| {
+                    crate::error::bootstrap(
+                        "init",
+                        "a job across nodes without SYMHEAP_TOKEN needs the user secret file, \
+                         but neither SYMHEAP_SECRET_FILE, XDG_CONFIG_HOME nor HOME is set; set \
+                         SYMHEAP_TOKEN to the same random string on every PE",
+                    )
+                })?;
+                cfg.note("SYMHEAP_SECRET_FILE", &path.display().to_string());
+                let key = secret::user_secret(&path)?;
+                (
+                    auth::derive(&key, l.identity.as_bytes()),
+                    TokenSource::UserSecret(path),
+                )
+            }
+            None => (l.identity.into_bytes(), TokenSource::Derived),
+        };
+        Ok(LaunchEnv {
+            launcher: l.launcher,
+            rank: l.rank,
+            world: l.world,
+            local_rank: l.local_rank,
+            addr: l.addr,
+            port: l.port,
+            token,
+            token_source,
+            one_node: l.one_node,
+        })
+    }
+}
+
+/// What the launch variables say, before any secret is read.
+pub(crate) struct Launch {
+    pub(crate) launcher: Launcher,
+    pub(crate) rank: usize,
+    pub(crate) world: usize,
+    pub(crate) local_rank: Option<usize>,
+    pub(crate) one_node: bool,
+    pub(crate) addr: String,
+    pub(crate) port: u16,
+    /// The job's public identity: launcher, job id, rendezvous and world size.
+    pub(crate) identity: String,
+    /// `SYMHEAP_TOKEN`, if set.
+    pub(crate) given_token: Option<String>,
+}
+
+impl Launch {
+    pub(crate) fn read(v: &mut impl Vars) -> Result<Launch> {
+        let (launcher, rank, world, local_rank) = launcher_and_rank(v)?;
+        let one_node = local_size(v, launcher, world)? == Some(world);
         if world == 0 || rank >= world {
             return Err(invalid(
                 "init",
@@ -239,32 +361,36 @@ impl LaunchEnv {
         if world > u32::MAX as usize / 2 {
             return Err(invalid("init", format!("world size {world} is too large")));
         }
-        let job_id = job_id(cfg, launcher);
-        let addr = rendezvous_addr(cfg, launcher);
-        let port = rendezvous_port(cfg, launcher, world, job_id.as_deref())?;
-        let (token, token_is_secret) = match var(cfg, "SYMHEAP_TOKEN") {
-            Some(t) => (t.into_bytes(), true),
-            None => (
-                format!(
-                    "symheap-job:{}:{}:{addr}:{port}:{world}",
-                    launcher.name(),
-                    job_id.unwrap_or_default()
-                )
-                .into_bytes(),
-                false,
-            ),
-        };
-        Ok(LaunchEnv {
+        let job_id = job_id(v, launcher);
+        let addr = rendezvous_addr(v, launcher);
+        let port = rendezvous_port(v, launcher, world, job_id.as_deref())?;
+        let identity = format!(
+            "symheap-job:{}:{}:{addr}:{port}:{world}",
+            launcher.name(),
+            job_id.unwrap_or_default()
+        );
+        Ok(Launch {
             launcher,
             rank,
             world,
             local_rank,
+            one_node,
             addr,
             port,
-            token,
-            token_is_secret,
-            one_node,
+            identity,
+            given_token: var(v, "SYMHEAP_TOKEN"),
         })
+    }
+
+    /// What two processes that would be the same PE of the same job share: rank, identity,
+    /// token and transport.
+    pub(crate) fn twin_key(&self) -> (usize, &str, Option<&str>, bool) {
+        (
+            self.rank,
+            &self.identity,
+            self.given_token.as_deref(),
+            self.one_node,
+        )
     }
 }
 
@@ -311,6 +437,48 @@ mod tests {
         assert_eq!(derived_port("1234@0"), derived_port("1234@0"));
         let distinct: std::collections::HashSet<_> = ports.iter().collect();
         assert!(distinct.len() > 1500, "{} distinct ports", distinct.len());
+    }
+
+    fn vars(kv: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn the_identity_holds_the_launcher_job_id_and_torchrun_restart() {
+        let base = [
+            ("RANK", "1"),
+            ("WORLD_SIZE", "4"),
+            ("MASTER_ADDR", "10.0.0.1"),
+            ("MASTER_PORT", "29500"),
+        ];
+        let plain = Launch::read(&mut vars(&base)).unwrap();
+        assert_eq!(
+            plain.identity,
+            "symheap-job:RANK/WORLD_SIZE environment::10.0.0.1:29500:4"
+        );
+        let tr = |id: &str, restart: &str| {
+            let mut v = vars(&base);
+            v.insert("TORCHELASTIC_RUN_ID".into(), id.into());
+            v.insert("TORCHELASTIC_RESTART_COUNT".into(), restart.into());
+            Launch::read(&mut v).unwrap().identity
+        };
+        // torchrun's rendezvous is MASTER_PORT + 1; a restart is another job.
+        assert!(
+            tr("abc", "0").ends_with(":abc/0:10.0.0.1:29501:4"),
+            "{}",
+            tr("abc", "0")
+        );
+        assert_ne!(tr("abc", "0"), tr("abc", "1"));
+        assert_ne!(tr("abc", "0"), tr("xyz", "0"));
+        let given = Launch::read(&mut vars(&[
+            ("SYMHEAP_TOKEN", "s"),
+            base[0],
+            base[1],
+            base[3],
+        ]));
+        assert_eq!(given.unwrap().given_token.as_deref(), Some("s"));
     }
 
     #[test]

@@ -6,16 +6,21 @@
 //! Python layer can implement it over torch.distributed's store.
 
 mod accept;
+mod auth;
+mod census;
 mod conn;
 mod env;
 mod health;
+#[cfg(test)]
+mod jobs_tests;
 mod node;
+mod secret;
 mod single;
 mod tcp;
 pub(crate) mod unix;
 pub(crate) mod wire;
 
-pub use env::{first_host, LaunchEnv, Launcher};
+pub use env::{first_host, LaunchEnv, Launcher, TokenSource};
 pub use health::{Failure, Health};
 pub use node::{NodeChannel, NodeInfo};
 pub use single::SingleBootstrap;

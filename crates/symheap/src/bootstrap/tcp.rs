@@ -19,9 +19,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::accept;
 use super::conn::{self, Conn, Listener};
 use super::wire::{AbortClass, Msg};
+use super::{accept, census};
 use super::{Bootstrap, Health, LaunchEnv};
 use crate::error::{bootstrap, Error, ErrorKind, Result};
 use hub::Hub;
@@ -187,13 +187,56 @@ enum Event {
         why: String,
     },
     Abort(Msg),
+    /// A failure PE 0 noticed outside the hub (a second job at the rendezvous).
+    Fail(ErrorKind),
     Finalize(Sender<Result<(), String>>),
+}
+
+/// PE 0's thread that keeps the rendezvous after admission (`accept::watch`) until finalize,
+/// so that no other PE 0 can take it and a second job's PE is caught.
+struct Watcher {
+    stop: std::os::fd::OwnedFd,
+    thread: JoinHandle<()>,
+}
+
+impl Watcher {
+    fn start(
+        listener: Listener,
+        env: LaunchEnv,
+        pending: accept::Pending,
+        tx: Sender<Event>,
+        shared: Arc<Shared>,
+    ) -> Result<Watcher> {
+        let (rd, wr) = nix::unistd::pipe().map_err(|e| io_err("init", e))?;
+        let thread = std::thread::Builder::new()
+            .name("symheap-rdv-watch".into())
+            .spawn(move || {
+                let stop = std::os::fd::AsFd::as_fd(&rd);
+                accept::watch(&listener, &env, pending, stop, |why| {
+                    let kind = ErrorKind::Bootstrap(why);
+                    // Once the hub has finished, PE 0 alone can still report it.
+                    if let Err(mpsc::SendError(Event::Fail(kind))) = tx.send(Event::Fail(kind)) {
+                        shared.fail(kind);
+                    }
+                });
+                drop(listener);
+            })
+            .map_err(|e| io_err("init", e))?;
+        Ok(Watcher { stop: wr, thread })
+    }
+
+    /// Stops watching and gives the rendezvous up (the socket goes, the port is free).
+    fn stop(self) {
+        let _ = nix::unistd::write(&self.stop, &[1]);
+        let _ = self.thread.join();
+    }
 }
 
 enum Role {
     Root {
         hub_tx: Mutex<Sender<Event>>,
         hub: Mutex<Option<JoinHandle<()>>>,
+        watcher: Mutex<Option<Watcher>>,
     },
     Leaf {
         writer: Mutex<BufWriter<Conn>>,
@@ -220,6 +263,12 @@ impl TcpBootstrap {
     /// Joins (or, on rank 0, hosts) the rendezvous described by `env`, waiting at most
     /// `timeout` for every PE to connect.
     pub fn connect(env: &LaunchEnv, timeout: Duration) -> Result<TcpBootstrap> {
+        let twins = census::twins(env, timeout);
+        if !twins.is_empty() {
+            let place = conn::Target::of(env)?.to_string();
+            let why = census::message(env, &place, &twins);
+            return Err(conn::announce(env, why, timeout));
+        }
         let shared = Arc::new(Shared {
             rank: env.rank,
             health: Arc::new(Health::new()),
@@ -244,12 +293,13 @@ impl TcpBootstrap {
     }
 
     fn host(env: &LaunchEnv, timeout: Duration, shared: &Arc<Shared>) -> Result<Role> {
-        let listener = Listener::bind(env)?;
+        let Some(listener) = Listener::bind(env)? else {
+            // The holder may be between taking the rendezvous and listening: a few seconds.
+            let patience = timeout.min(Duration::from_secs(5));
+            return Err(conn::second_root(env, patience, "").with_pe(0));
+        };
         let world = env.world;
-        let conns = accept::admit_all(&listener, env, timeout)?;
-        // Closing the listener (and unlinking a Unix socket) as soon as the job is complete
-        // leaves nothing for a stranger to connect to.
-        drop(listener);
+        let (conns, pending) = accept::admit_all(&listener, env, timeout)?;
 
         let (tx, rx) = mpsc::channel();
         let mut writers: Vec<Option<BufWriter<Conn>>> = (0..world).map(|_| None).collect();
@@ -296,9 +346,11 @@ impl TcpBootstrap {
             .name("symheap-hub".into())
             .spawn(move || Hub::new(world, timeout, hub_shared, writers).run(rx))
             .map_err(|e| io_err("init", e))?;
+        let watcher = Watcher::start(listener, env.clone(), pending, tx.clone(), shared.clone())?;
         Ok(Role::Root {
             hub_tx: Mutex::new(tx),
             hub: Mutex::new(Some(hub)),
+            watcher: Mutex::new(Some(watcher)),
         })
     }
 
@@ -456,7 +508,11 @@ impl Bootstrap for TcpBootstrap {
             return Ok(());
         }
         let result = match &self.role {
-            Role::Root { hub_tx, hub } => {
+            Role::Root {
+                hub_tx,
+                hub,
+                watcher,
+            } => {
                 let (tx, rx) = mpsc::channel();
                 let sent = hub_tx
                     .lock()
@@ -471,6 +527,9 @@ impl Bootstrap for TcpBootstrap {
                 };
                 if let Some(h) = hub.lock().unwrap_or_else(|p| p.into_inner()).take() {
                     let _ = h.join();
+                }
+                if let Some(w) = watcher.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                    w.stop();
                 }
                 r.map_err(|e| io_err("finalize", e).with_pe(0))
             }
@@ -500,6 +559,12 @@ impl Bootstrap for TcpBootstrap {
                 Ok(())
             }
         };
+        // A failure that arrived while the job was finalizing (PE 0 found a second job at its
+        // rendezvous) is this finalize's: the job's results cannot be trusted.
+        let result = match self.shared.health.failure() {
+            Some(kind) => Err(Error::new(Some(self.rank), "finalize", kind)),
+            None => result,
+        };
         self.shared.health.set_finalized();
         result
     }
@@ -508,7 +573,14 @@ impl Bootstrap for TcpBootstrap {
 impl Drop for TcpBootstrap {
     fn drop(&mut self) {
         match &self.role {
-            Role::Root { hub_tx, hub } => {
+            Role::Root {
+                hub_tx,
+                hub,
+                watcher,
+            } => {
+                if let Some(w) = watcher.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                    w.stop();
+                }
                 if !self.shared.finalizing.load(Ordering::Acquire) {
                     // Dropped without finalize: tell the others why they are losing PE 0.
                     let msg = Msg::Abort {
@@ -552,7 +624,7 @@ mod tests {
             addr: "127.0.0.1".into(),
             port,
             token: token.as_bytes().to_vec(),
-            token_is_secret: true,
+            token_source: crate::bootstrap::TokenSource::Given,
             one_node: false,
         }
     }
@@ -636,7 +708,15 @@ mod tests {
         let e = TcpBootstrap::connect(&env(1, 2, port, "wrong"), Duration::from_secs(3))
             .err()
             .unwrap();
-        assert!(e.to_string().contains("wrong job token"), "{e}");
+        // Refused at once, naming the port and both job identities.
+        let s = e.to_string();
+        for want in [
+            format!("127.0.0.1:{port}"),
+            crate::bootstrap::auth::fingerprint(b"right"),
+            crate::bootstrap::auth::fingerprint(b"wrong"),
+        ] {
+            assert!(s.contains(&want), "{want} not in {s}");
+        }
         // The root never got its PE 1 and says so.
         let e = root.join().unwrap().unwrap();
         assert!(

@@ -113,6 +113,59 @@ pub(crate) fn rendezvous_path(dir: &Path, token: &[u8]) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// The lock a one-node job's PE 0 holds on its rendezvous for the job's whole life: a file
+/// beside the socket, `flock`ed. Only its holder may remove and bind the socket, so a live
+/// socket is never replaced (a second PE 0 of the same job identity finds the lock taken and
+/// presents itself instead), while a killed PE 0's lock goes with it and its socket is
+/// replaced. The holder removes the file before it lets the lock go; a process that locked a
+/// file already removed (it opened it just before) sees that the path no longer names it, and
+/// tries again.
+pub(crate) struct RendezvousLock {
+    _lock: nix::fcntl::Flock<std::fs::File>,
+    path: PathBuf,
+}
+
+impl RendezvousLock {
+    /// Takes the lock of the rendezvous socket `socket`; `None` if a live process holds it.
+    pub(crate) fn take(socket: &Path) -> Result<Option<RendezvousLock>> {
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        let path = socket.with_extension("lock");
+        loop {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
+                .open(&path)
+                .map_err(|e| rerr(format!("cannot open the lock file {}: {e}", path.display())))?;
+            let lock =
+                match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+                    Ok(lock) => lock,
+                    Err((_, nix::errno::Errno::EWOULDBLOCK)) => return Ok(None),
+                    Err((_, e)) => {
+                        return Err(rerr(format!("cannot lock {}: {e}", path.display())))
+                    }
+                };
+            let held = lock.metadata().ok();
+            let named = std::fs::symlink_metadata(&path).ok();
+            let same = matches!((held, named), (Some(a), Some(b))
+                if a.ino() == b.ino() && a.dev() == b.dev());
+            if same {
+                return Ok(Some(RendezvousLock { _lock: lock, path }));
+            }
+        }
+    }
+}
+
+impl Drop for RendezvousLock {
+    fn drop(&mut self) {
+        // Removed while still locked: nobody can lock this file after it is gone from the path.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 /// A clear error for a path longer than a Unix socket address holds.
 pub(crate) fn check_path_len(path: &Path) -> Result<()> {
     let len = path.as_os_str().len();

@@ -8,7 +8,7 @@
 use std::io::{Read, Write};
 
 /// Bumped whenever a message layout changes; peers of another version are refused by name.
-pub const WIRE_VERSION: u16 = 1;
+pub const WIRE_VERSION: u16 = 2;
 /// Frame header bytes.
 pub const HEADER_LEN: usize = 12;
 /// Largest payload accepted (an all_gather result of a few MiB per PE fits easily).
@@ -18,16 +18,40 @@ const MAGIC: &[u8; 4] = b"SYMH";
 /// One bootstrap message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Msg {
-    /// First message of a connection to the root: who I am and the job's secret.
+    /// First message of a connection to the root: who I am, which job I belong to (public),
+    /// and a nonce for the root to prove it holds the job token. No secret.
     Hello {
-        /// The job token; the root drops connections whose token differs.
-        token: Vec<u8>,
         /// Sender's rank.
         rank: u32,
         /// Sender's idea of the world size.
         world: u32,
+        /// The sender's fresh nonce.
+        nonce: Vec<u8>,
+        /// The job's public fingerprint (a hash of the token); the root refuses another.
+        fingerprint: String,
+        /// Where the sender's token comes from, for messages ("SYMHEAP_TOKEN", ...).
+        source: String,
+        /// The sender's process id, for messages.
+        pid: u32,
+        /// The sender's host name, for messages.
+        host: String,
+        /// Empty, or why the sender knows a second job shares the rendezvous (it found a
+        /// twin of itself, `census.rs`): a root that checks its proof ends its job.
+        conflict: String,
     },
-    /// Root accepted the Hello.
+    /// The root's answer to a Hello of this job: its nonce and its proof of the token.
+    Challenge {
+        /// The root's fresh nonce.
+        nonce: Vec<u8>,
+        /// HMAC of the token over both nonces, the rank, world and fingerprint.
+        mac: Vec<u8>,
+    },
+    /// The connecting PE's proof of the token, sent once the root's proof checked out.
+    Proof {
+        /// HMAC of the token over both nonces, the rank, world and fingerprint.
+        mac: Vec<u8>,
+    },
+    /// Root accepted the proof.
     Welcome,
     /// Root refused the connection, with the reason.
     Reject {
@@ -108,6 +132,8 @@ const K_CONTRIBUTE: u8 = 4;
 const K_GATHERED: u8 = 5;
 const K_ABORT: u8 = 6;
 const K_BYE: u8 = 7;
+const K_CHALLENGE: u8 = 8;
+const K_PROOF: u8 = 9;
 
 impl Msg {
     fn kind(&self) -> u8 {
@@ -119,6 +145,23 @@ impl Msg {
             Msg::Gathered { .. } => K_GATHERED,
             Msg::Abort { .. } => K_ABORT,
             Msg::Bye => K_BYE,
+            Msg::Challenge { .. } => K_CHALLENGE,
+            Msg::Proof { .. } => K_PROOF,
+        }
+    }
+
+    /// The message's name, for diagnostics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Msg::Hello { .. } => "Hello",
+            Msg::Challenge { .. } => "Challenge",
+            Msg::Proof { .. } => "Proof",
+            Msg::Welcome => "Welcome",
+            Msg::Reject { .. } => "Reject",
+            Msg::Contribute { .. } => "Contribute",
+            Msg::Gathered { .. } => "Gathered",
+            Msg::Abort { .. } => "Abort",
+            Msg::Bye => "Bye",
         }
     }
 
@@ -126,11 +169,30 @@ impl Msg {
     pub fn encode(&self) -> Vec<u8> {
         let mut p = Vec::new();
         match self {
-            Msg::Hello { token, rank, world } => {
-                put_bytes(&mut p, token);
+            Msg::Hello {
+                rank,
+                world,
+                nonce,
+                fingerprint,
+                source,
+                pid,
+                host,
+                conflict,
+            } => {
                 p.extend_from_slice(&rank.to_le_bytes());
                 p.extend_from_slice(&world.to_le_bytes());
+                put_bytes(&mut p, nonce);
+                put_bytes(&mut p, fingerprint.as_bytes());
+                put_bytes(&mut p, source.as_bytes());
+                p.extend_from_slice(&pid.to_le_bytes());
+                put_bytes(&mut p, host.as_bytes());
+                put_bytes(&mut p, conflict.as_bytes());
             }
+            Msg::Challenge { nonce, mac } => {
+                put_bytes(&mut p, nonce);
+                put_bytes(&mut p, mac);
+            }
+            Msg::Proof { mac } => put_bytes(&mut p, mac),
             Msg::Welcome | Msg::Bye => {}
             Msg::Reject { reason } => put_bytes(&mut p, reason.as_bytes()),
             Msg::Contribute { seq, what, data } => {
@@ -187,7 +249,7 @@ impl Msg {
             return Err(WireError::Version(version));
         }
         let kind = h[6];
-        if !(K_HELLO..=K_BYE).contains(&kind) {
+        if !(K_HELLO..=K_PROOF).contains(&kind) {
             return Err(WireError::Kind(kind));
         }
         if h[7] != 0 {
@@ -205,9 +267,21 @@ impl Msg {
         let mut r = Reader(payload);
         let msg = match kind {
             K_HELLO => Msg::Hello {
-                token: r.bytes()?.to_vec(),
                 rank: r.u32()?,
                 world: r.u32()?,
+                nonce: r.bytes()?.to_vec(),
+                fingerprint: r.string()?,
+                source: r.string()?,
+                pid: r.u32()?,
+                host: r.string()?,
+                conflict: r.string()?,
+            },
+            K_CHALLENGE => Msg::Challenge {
+                nonce: r.bytes()?.to_vec(),
+                mac: r.bytes()?.to_vec(),
+            },
+            K_PROOF => Msg::Proof {
+                mac: r.bytes()?.to_vec(),
             },
             K_WELCOME => Msg::Welcome,
             K_REJECT => Msg::Reject {
@@ -349,8 +423,26 @@ mod tests {
     fn any_msg() -> impl Strategy<Value = Msg> {
         let bytes = proptest::collection::vec(any::<u8>(), 0..64);
         prop_oneof![
-            (bytes.clone(), any::<u32>(), any::<u32>())
-                .prop_map(|(token, rank, world)| { Msg::Hello { token, rank, world } }),
+            (
+                (any::<u32>(), any::<u32>(), bytes.clone()),
+                (".{0,20}", ".{0,20}", any::<u32>(), ".{0,20}", ".{0,20}")
+            )
+                .prop_map(
+                    |((rank, world, nonce), (fingerprint, source, pid, host, conflict))| {
+                        Msg::Hello {
+                            rank,
+                            world,
+                            nonce,
+                            fingerprint,
+                            source,
+                            pid,
+                            host,
+                            conflict,
+                        }
+                    }
+                ),
+            (bytes.clone(), bytes.clone()).prop_map(|(nonce, mac)| Msg::Challenge { nonce, mac }),
+            bytes.clone().prop_map(|mac| Msg::Proof { mac }),
             Just(Msg::Welcome),
             ".{0,40}".prop_map(|reason| Msg::Reject { reason }),
             (any::<u64>(), ".{0,20}", bytes.clone())

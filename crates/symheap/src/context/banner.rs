@@ -58,11 +58,7 @@ pub(crate) fn render(c: &Inner) -> String {
         s,
         "  timeout   : {:.1} s | rendezvous token: {}",
         c.cfg.timeout.as_secs_f64(),
-        if c.token_is_secret {
-            "secret (SYMHEAP_TOKEN)"
-        } else {
-            "derived from the job id (set SYMHEAP_TOKEN for a secret)"
-        }
+        c.token_source
     );
     if let Some(p) = c.init_phases.get() {
         let _ = write!(s, "  init      : {}", p.render());

@@ -112,7 +112,7 @@ impl ContextBuilder {
             spin,
             cfg,
             launcher: met.launcher,
-            token_is_secret: met.token_is_secret,
+            token_source: met.token_source,
             rendezvous: met.what,
             rank,
             world,
@@ -151,7 +151,7 @@ struct Met {
     boot: Arc<dyn Bootstrap>,
     launcher: Launcher,
     token: Vec<u8>,
-    token_is_secret: bool,
+    token_source: String,
     what: String,
 }
 
@@ -162,7 +162,7 @@ fn rendezvous(cfg: &mut Config, given: Option<Arc<dyn Bootstrap>>) -> Result<Met
             token: format!("custom-bootstrap:{}", b.size()).into_bytes(),
             boot: b,
             launcher: Launcher::TorchStyle,
-            token_is_secret: false,
+            token_source: "the caller's bootstrap (no rendezvous token)".into(),
             what: "the caller's bootstrap".into(),
         });
     }
@@ -184,7 +184,12 @@ fn rendezvous(cfg: &mut Config, given: Option<Arc<dyn Bootstrap>>) -> Result<Met
         boot,
         launcher: env.launcher,
         token: env.token.clone(),
-        token_is_secret: env.token_is_secret,
+        token_source: match &env.token_source {
+            crate::bootstrap::TokenSource::Derived => {
+                "derived from the launch environment (one node: only this user reaches the rendezvous)".into()
+            }
+            other => format!("secret, from {other}"),
+        },
         what,
     })
 }

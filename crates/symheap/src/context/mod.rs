@@ -58,7 +58,7 @@ pub(crate) struct Inner {
     /// How long waits spin before yielding (see `sync::SpinBudget`).
     pub(crate) spin: sync::SpinBudget,
     pub(crate) launcher: Launcher,
-    pub(crate) token_is_secret: bool,
+    pub(crate) token_source: String,
     /// How the PEs met, for the banner.
     pub(crate) rendezvous: String,
     pub(crate) rank: usize,

@@ -200,6 +200,7 @@ impl Hub {
                     self.fail(kind, origin as usize);
                 }
             }
+            Event::Fail(kind) => self.fail(kind, 0),
             Event::Finalize(tx) => {
                 self.finalize = Some((tx, Instant::now() + self.timeout));
             }
