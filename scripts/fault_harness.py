@@ -66,7 +66,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 # ---- what symheap's bootstrap speaks (crates/symheap/src/bootstrap/wire.rs) -----------------
 
-WIRE_VERSION = 2
+WIRE_VERSION = 3
 K_HELLO, K_WELCOME, K_REJECT = 1, 2, 3
 K_CHALLENGE, K_PROOF = 8, 9
 HEADER_LEN = 12

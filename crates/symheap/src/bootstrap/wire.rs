@@ -8,7 +8,7 @@
 use std::io::{Read, Write};
 
 /// Bumped whenever a message layout changes; peers of another version are refused by name.
-pub const WIRE_VERSION: u16 = 2;
+pub const WIRE_VERSION: u16 = 3;
 /// Frame header bytes.
 pub const HEADER_LEN: usize = 12;
 /// Largest payload accepted (an all_gather result of a few MiB per PE fits easily).
