@@ -67,7 +67,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 # ---- what symheap's bootstrap speaks (crates/symheap/src/bootstrap/wire.rs) -----------------
 
-WIRE_VERSION = 2
+WIRE_VERSION = 3
 K_HELLO, K_WELCOME, K_REJECT = 1, 2, 3
 K_CHALLENGE, K_PROOF = 8, 9
 HEADER_LEN = 12
@@ -88,16 +88,16 @@ def fingerprint(token: bytes) -> str:
 
 
 def hello(token: bytes, rank: int, world: int) -> bytes:
-    """The first message a PE sends to PE 0: rank, world, a nonce and the job's fingerprint (no
-    secret: the token itself never goes on the wire)."""
+    """The first message a PE sends to PE 0: rank, world, a nonce, the job's fingerprint and where
+    its token comes from (nothing secret, nothing about the PE: the token never goes on the wire)."""
     payload = struct.pack("<II", rank, world) + _field(secrets.token_bytes(32))
     payload += _field(fingerprint(token).encode()) + _field(b"SYMHEAP_TOKEN")
-    payload += struct.pack("<I", os.getpid()) + _field(b"harness")
     return frame(K_HELLO, payload)
 
 
 def proof(mac: bytes) -> bytes:
-    return frame(K_PROOF, _field(mac))
+    """A PE's answer to PE 0's challenge: its MAC, then its pid, host name and conflict (none)."""
+    return frame(K_PROOF, _field(mac) + struct.pack("<I", os.getpid()) + _field(b"harness") + _field(b""))
 
 
 def identity(world: int, port: int, addr: str = "127.0.0.1") -> bytes:

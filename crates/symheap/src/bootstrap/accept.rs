@@ -42,11 +42,16 @@ const ACCEPTS_PER_TURN: usize = 32;
 /// What PE 0 knows of a connection whose Hello named this job: what its Proof must bind.
 struct Claim {
     rank: u32,
-    conflict: String,
     client_nonce: Vec<u8>,
     server_nonce: Vec<u8>,
+}
+
+/// What a connecting PE says about itself in its Proof, once PE 0 proved the token to it.
+struct Told<'m> {
     pid: u32,
-    host: String,
+    host: &'m str,
+    /// Why it knows a second job shares the rendezvous (empty: it does not).
+    conflict: &'m str,
 }
 
 /// Where a connection is in its handshake.
@@ -428,23 +433,36 @@ impl<'a> Gate<'a> {
         }
         match (&c.stage, Msg::decode(buf)) {
             (_, Err(e)) => refuse(format!("no valid handshake: {e}")),
-            (Stage::Hello, Ok(m @ Msg::Hello { .. })) => self.check_hello(m),
-            (Stage::Proof(claim), Ok(Msg::Proof { mac })) => self.check_proof(claim, &mac),
+            (Stage::Hello, Ok(m @ Msg::Hello { .. })) => self.check_hello(m, &c.peer),
+            (
+                Stage::Proof(claim),
+                Ok(Msg::Proof {
+                    mac,
+                    pid,
+                    host,
+                    conflict,
+                }),
+            ) => {
+                let told = Told {
+                    pid,
+                    host: &host,
+                    conflict: &conflict,
+                };
+                self.check_proof(claim, &mac, &told)
+            }
             (Stage::Hello, Ok(_)) => refuse("its first message was not a Hello".into()),
             (Stage::Proof(_), Ok(_)) => refuse("it answered the challenge with no proof".into()),
         }
     }
 
-    fn check_hello(&self, hello: Msg) -> Verdict {
+    /// `peer`: who connected, as the listener tells (address, or pid and uid).
+    fn check_hello(&self, hello: Msg, peer: &str) -> Verdict {
         let Msg::Hello {
             rank,
             world,
             nonce,
             fingerprint,
             source,
-            pid,
-            host,
-            conflict,
         } = hello
         else {
             return Verdict::Refuse {
@@ -459,8 +477,8 @@ impl<'a> Gate<'a> {
         };
         if fingerprint != self.fingerprint {
             return refuse(format!(
-                "this rendezvous at {} belongs to job {} (token from {}), and PE {rank} (pid \
-                 {pid} on {host}) is of job {fingerprint} (token from {source}): two jobs on \
+                "this rendezvous at {} belongs to job {} (token from {}), and PE {rank} (from \
+                 {peer}) is of job {fingerprint} (token from {source}): two jobs on \
                  one port? give each job its own MASTER_PORT (or SYMHEAP_BOOTSTRAP_PORT); the \
                  PEs of one job need the same SYMHEAP_TOKEN, or, without it, the same launch \
                  environment and user secret file",
@@ -487,11 +505,8 @@ impl<'a> Gate<'a> {
         match auth::nonce() {
             Ok(server_nonce) => Verdict::Challenge(Claim {
                 rank,
-                conflict,
                 client_nonce: nonce,
                 server_nonce,
-                pid,
-                host,
             }),
             Err(e) => Verdict::Refuse {
                 reason: e.to_string(),
@@ -500,7 +515,7 @@ impl<'a> Gate<'a> {
         }
     }
 
-    fn check_proof(&self, claim: &Claim, mac: &[u8]) -> Verdict {
+    fn check_proof(&self, claim: &Claim, mac: &[u8], told: &Told<'_>) -> Verdict {
         if mac.len() != MAC_LEN
             || !self
                 .transcript(claim)
@@ -514,10 +529,10 @@ impl<'a> Gate<'a> {
         let rank = claim.rank as usize;
         // A PE that found a twin of itself on its node (`census.rs`) says so: its job is a
         // second one with this identity even where its rank is still free.
-        if claim.conflict.is_empty() && !self.joined[rank] {
+        if told.conflict.is_empty() && !self.joined[rank] {
             return Verdict::Admit(rank);
         }
-        let when = if !claim.conflict.is_empty() {
+        let when = if !told.conflict.is_empty() {
             ", having found a twin of itself on its node"
         } else if self.joined.iter().all(|&j| j) {
             " after every PE of this job had joined"
@@ -528,7 +543,7 @@ impl<'a> Gate<'a> {
             "two jobs share the rendezvous at {}: PE {rank} (pid {} on {}) of a second job with \
              this identity (job {}) arrived{when}; give each job its own MASTER_PORT or \
              SYMHEAP_TOKEN",
-            self.place, claim.pid, claim.host, self.fingerprint
+            self.place, told.pid, told.host, self.fingerprint
         ))
     }
 
@@ -638,6 +653,13 @@ pub(super) mod tests {
             nonce: auth::nonce().unwrap(),
             fingerprint: auth::fingerprint(token),
             source: "SYMHEAP_TOKEN".into(),
+        }
+    }
+
+    /// A Proof carrying `mac`, from a PE that found no twin.
+    pub(in crate::bootstrap) fn proof_with(mac: Vec<u8>) -> Msg {
+        Msg::Proof {
+            mac,
             pid: 1,
             host: "test".into(),
             conflict: String::new(),
@@ -708,7 +730,7 @@ pub(super) mod tests {
             let _ = hello_for(b"t", 2, 3).write_to(&mut s);
             let mut reply = Msg::read_from(&mut s);
             if matches!(reply, Ok(Msg::Challenge { .. })) {
-                let _ = (Msg::Proof { mac: vec![7; 32] }).write_to(&mut s);
+                let _ = proof_with(vec![7; 32]).write_to(&mut s);
                 reply = Msg::read_from(&mut s);
             }
             assert!(

@@ -345,9 +345,6 @@ fn attempt(
         nonce: client_nonce.clone(),
         fingerprint: fingerprint.clone(),
         source: env.token_source.kind().to_string(),
-        pid: std::process::id(),
-        host: host_name(),
-        conflict: conflict.to_string(),
     };
     if let Err(e) = hello.write_to(&mut conn) {
         return Err(Attempt::Retry(format!(
@@ -369,7 +366,8 @@ fn attempt(
                 fingerprint: &fingerprint,
             };
             // Nothing more goes to a peer that has not proved the token: not the proof (which
-            // a forger could try to replay), not node information.
+            // a forger could try to replay), not this process's pid, host or twins, not node
+            // information.
             if !tr.verify(&env.token, Side::Root, &mac) {
                 return Err(Attempt::Fail(io_err(format!(
                     "what answers at {target} did not prove it holds this job's token (job {}): \
@@ -390,7 +388,13 @@ fn attempt(
         fingerprint: &fingerprint,
     }
     .mac(&env.token, Side::Peer);
-    if let Err(e) = (Msg::Proof { mac: proof }).write_to(&mut conn) {
+    let proof = Msg::Proof {
+        mac: proof,
+        pid: std::process::id(),
+        host: host_name(),
+        conflict: conflict.to_string(),
+    };
+    if let Err(e) = proof.write_to(&mut conn) {
         return Err(Attempt::Retry(format!(
             "PE 0 closed the connection during the handshake: {e}"
         )));

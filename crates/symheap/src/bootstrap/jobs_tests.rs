@@ -92,6 +92,10 @@ fn squat(forged: Msg) -> (Error, Duration, Vec<u8>, Vec<u8>) {
         !hello.windows(token.len()).any(|w| w == token.as_bytes()),
         "the Hello carries the token"
     );
+    // Nothing but what is public: rank, world, the nonce, the fingerprint and the token's
+    // source (no pid, host name or twins for a listener that has not proved the token).
+    let public = 4 + 4 + (4 + auth::NONCE_LEN) + (4 + 16) + (4 + "SYMHEAP_TOKEN".len());
+    assert_eq!(hello.len(), HEADER_LEN + public, "the Hello carries more");
     (e, took, hello, after)
 }
 
@@ -245,7 +249,9 @@ fn a_handshake_under_way_when_admission_ends_is_still_judged() {
         fingerprint: &auth::fingerprint(token.as_bytes()),
     }
     .mac(token.as_bytes(), auth::Side::Peer);
-    (Msg::Proof { mac }).write_to(&mut s).unwrap();
+    super::accept::tests::proof_with(mac)
+        .write_to(&mut s)
+        .unwrap();
     let reply = Msg::read_from(&mut s);
     assert!(
         matches!(&reply, Ok(Msg::Reject { reason }) if reason.contains(TWO_JOBS)),
@@ -299,7 +305,9 @@ fn an_unproved_second_pe_0_changes_nothing() {
         .write_to(&mut s)
         .unwrap();
     assert!(matches!(Msg::read_from(&mut s), Ok(Msg::Challenge { .. })));
-    (Msg::Proof { mac: vec![0; 32] }).write_to(&mut s).unwrap();
+    super::accept::tests::proof_with(vec![0; 32])
+        .write_to(&mut s)
+        .unwrap();
     assert!(matches!(Msg::read_from(&mut s), Ok(Msg::Reject { .. })));
     s.flush().unwrap();
     std::thread::scope(|sc| {

@@ -8,7 +8,7 @@
 use std::io::{Read, Write};
 
 /// Bumped whenever a message layout changes; peers of another version are refused by name.
-pub const WIRE_VERSION: u16 = 2;
+pub const WIRE_VERSION: u16 = 3;
 /// Frame header bytes.
 pub const HEADER_LEN: usize = 12;
 /// Largest payload accepted (an all_gather result of a few MiB per PE fits easily).
@@ -31,13 +31,6 @@ pub enum Msg {
         fingerprint: String,
         /// Where the sender's token comes from, for messages ("SYMHEAP_TOKEN", ...).
         source: String,
-        /// The sender's process id, for messages.
-        pid: u32,
-        /// The sender's host name, for messages.
-        host: String,
-        /// Empty, or why the sender knows a second job shares the rendezvous (it found a
-        /// twin of itself, `census.rs`): a root that checks its proof ends its job.
-        conflict: String,
     },
     /// The root's answer to a Hello of this job: its nonce and its proof of the token.
     Challenge {
@@ -46,10 +39,18 @@ pub enum Msg {
         /// HMAC of the token over both nonces, the rank, world and fingerprint.
         mac: Vec<u8>,
     },
-    /// The connecting PE's proof of the token, sent once the root's proof checked out.
+    /// The connecting PE's proof of the token, sent once the root's proof checked out, with
+    /// what it says about itself only to a root that proved the token.
     Proof {
         /// HMAC of the token over both nonces, the rank, world and fingerprint.
         mac: Vec<u8>,
+        /// The sender's process id, for messages.
+        pid: u32,
+        /// The sender's host name, for messages.
+        host: String,
+        /// Empty, or why the sender knows a second job shares the rendezvous (it found a
+        /// twin of itself, `census.rs`): a root that checks its proof ends its job.
+        conflict: String,
     },
     /// Root accepted the proof.
     Welcome,
@@ -175,24 +176,28 @@ impl Msg {
                 nonce,
                 fingerprint,
                 source,
-                pid,
-                host,
-                conflict,
             } => {
                 p.extend_from_slice(&rank.to_le_bytes());
                 p.extend_from_slice(&world.to_le_bytes());
                 put_bytes(&mut p, nonce);
                 put_bytes(&mut p, fingerprint.as_bytes());
                 put_bytes(&mut p, source.as_bytes());
-                p.extend_from_slice(&pid.to_le_bytes());
-                put_bytes(&mut p, host.as_bytes());
-                put_bytes(&mut p, conflict.as_bytes());
             }
             Msg::Challenge { nonce, mac } => {
                 put_bytes(&mut p, nonce);
                 put_bytes(&mut p, mac);
             }
-            Msg::Proof { mac } => put_bytes(&mut p, mac),
+            Msg::Proof {
+                mac,
+                pid,
+                host,
+                conflict,
+            } => {
+                put_bytes(&mut p, mac);
+                p.extend_from_slice(&pid.to_le_bytes());
+                put_bytes(&mut p, host.as_bytes());
+                put_bytes(&mut p, conflict.as_bytes());
+            }
             Msg::Welcome | Msg::Bye => {}
             Msg::Reject { reason } => put_bytes(&mut p, reason.as_bytes()),
             Msg::Contribute { seq, what, data } => {
@@ -272,9 +277,6 @@ impl Msg {
                 nonce: r.bytes()?.to_vec(),
                 fingerprint: r.string()?,
                 source: r.string()?,
-                pid: r.u32()?,
-                host: r.string()?,
-                conflict: r.string()?,
             },
             K_CHALLENGE => Msg::Challenge {
                 nonce: r.bytes()?.to_vec(),
@@ -282,6 +284,9 @@ impl Msg {
             },
             K_PROOF => Msg::Proof {
                 mac: r.bytes()?.to_vec(),
+                pid: r.u32()?,
+                host: r.string()?,
+                conflict: r.string()?,
             },
             K_WELCOME => Msg::Welcome,
             K_REJECT => Msg::Reject {
@@ -424,25 +429,28 @@ mod tests {
         let bytes = proptest::collection::vec(any::<u8>(), 0..64);
         prop_oneof![
             (
-                (any::<u32>(), any::<u32>(), bytes.clone()),
-                (".{0,20}", ".{0,20}", any::<u32>(), ".{0,20}", ".{0,20}")
+                any::<u32>(),
+                any::<u32>(),
+                bytes.clone(),
+                ".{0,20}",
+                ".{0,20}"
             )
-                .prop_map(
-                    |((rank, world, nonce), (fingerprint, source, pid, host, conflict))| {
-                        Msg::Hello {
-                            rank,
-                            world,
-                            nonce,
-                            fingerprint,
-                            source,
-                            pid,
-                            host,
-                            conflict,
-                        }
-                    }
-                ),
+                .prop_map(|(rank, world, nonce, fingerprint, source)| Msg::Hello {
+                    rank,
+                    world,
+                    nonce,
+                    fingerprint,
+                    source,
+                }),
             (bytes.clone(), bytes.clone()).prop_map(|(nonce, mac)| Msg::Challenge { nonce, mac }),
-            bytes.clone().prop_map(|mac| Msg::Proof { mac }),
+            (bytes.clone(), any::<u32>(), ".{0,20}", ".{0,20}").prop_map(
+                |(mac, pid, host, conflict)| Msg::Proof {
+                    mac,
+                    pid,
+                    host,
+                    conflict
+                }
+            ),
             Just(Msg::Welcome),
             ".{0,40}".prop_map(|reason| Msg::Reject { reason }),
             (any::<u64>(), ".{0,20}", bytes.clone())
