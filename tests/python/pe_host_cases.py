@@ -354,7 +354,7 @@ def case_errors() -> None:
     ro.flags.writeable = False
     raises(SymheapValueError, symheap.get, ro, x, 0)
     e = raises(SymheapValueError, symheap.atomic_fetch_add, x, 1, 0)  # from Rust
-    assert isinstance(e, ValueError) and e.kind == "invalid_argument" and e.pe == me and e.call == "atomic"
+    assert isinstance(e, ValueError) and e.kind == "invalid_argument" and e.pe == me and e.call == "atomic_fetch_add"
     assert "not defined on float32" in str(e), str(e)
     raises(SymheapValueError, symheap.atomic_fetch, y, 0, index=8)
     raises(SymheapValueError, symheap.atomic_set, y, 2**70, 0)

@@ -57,8 +57,9 @@ def test_error_carries_rust_details(ctx) -> None:
     with pytest.raises(symheap.SymheapValueError) as ei:
         symheap.atomic_fetch_add(x, 1.0, 0)
     e = ei.value
-    assert e.kind == "invalid_argument" and e.pe == 0 and e.call == "atomic"
-    assert str(e).startswith("symheap PE 0: atomic: invalid argument:")
+    # The call the user made, not the Rust helper ("atomic") that refused it.
+    assert e.kind == "invalid_argument" and e.pe == 0 and e.call == "atomic_fetch_add"
+    assert str(e).startswith("symheap PE 0: atomic_fetch_add: invalid argument:")
 
 
 def test_buffer_exports(ctx) -> None:
