@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # `scripts/build_wheel.sh [--out DIR] [--profile release|dev] [--target x86_64|aarch64|all]`
 #
-# Builds the symheap wheel as it ships: the abi3 extension (CPython 3.9+) with the `symheap`
-# command inside, tagged manylinux_2_28 (zig links against glibc 2.28, the floor torch's wheels
-# use), with symheap's kernels compiled ahead of time for sm_80, sm_90, sm_100 and sm_120 and
-# embedded, so a first init on those GPUs runs no NVRTC. Needs only Rust and the project venv
-# (made here from scripts/requirements-test.txt: maturin, ziglang, NVRTC); no GPU.
+# Builds the symheap wheel as it ships: the abi3 extension (CPython 3.9+) and, beside it in the
+# package, the `symheap` executable (crates/symheap-cli: launch, info, selftest, bench, kernels;
+# the console script and `python -m symheap` run it, and the extension does not link its
+# self-test scenarios and benchmarks), both tagged manylinux_2_28 (zig links against glibc 2.28,
+# the floor torch's wheels use), with symheap's kernels compiled ahead of time for sm_80, sm_90,
+# sm_100 and sm_120 and embedded, so a first init on those GPUs runs no NVRTC. Needs only Rust
+# and the project venv (made here from scripts/requirements-test.txt: maturin, ziglang, NVRTC);
+# no GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=lib/steps.sh
@@ -38,6 +41,26 @@ rm -rf "$PREBUILT"
 step "build the kernel compiler" cargo build --locked -p symheap-cli --bin symheap
 step "compile the kernels for sm_${ARCHS//,/, sm_}" target/debug/symheap kernels --out "$PREBUILT" --arch "$ARCHS"
 
+# The executable goes into the package as python/symheap/_bin/symheap (git-ignored, included by
+# pyproject.toml) only for the wheel being built: never left behind for a later `pip install .`.
+BIN=python/symheap/_bin
+rm -rf "$BIN"
+trap 'rm -rf "$BIN"' EXIT
+# Takes the executable out of the binary wheel maturin built into $1.
+stage_command() {
+  python - "$1" "$BIN" <<'PY'
+import glob, os, sys, zipfile
+(whl,) = glob.glob(os.path.join(sys.argv[1], "symheap_command-*.whl"))
+with zipfile.ZipFile(whl) as z:
+    (name,) = [n for n in z.namelist() if n.endswith(".data/scripts/symheap")]
+    os.makedirs(sys.argv[2], exist_ok=True)
+    exe = os.path.join(sys.argv[2], "symheap")
+    with open(exe, "wb") as f:
+        f.write(z.read(name))
+os.chmod(exe, 0o755)
+PY
+}
+
 mkdir -p "$OUTDIR"
 for t in $TARGETS; do
   case "$t" in
@@ -48,8 +71,15 @@ for t in $TARGETS; do
   if ! rustup target list --installed 2>/dev/null | grep -qx "$triple"; then
     step "add the Rust target $triple" rustup target add "$triple"
   fi
+  cmd_out="target/command-wheels/$t"
+  rm -rf "$cmd_out" "$BIN"
+  step "the symheap executable for $t (manylinux_2_28, $PROFILE)" env SYMHEAP_PREBUILT_KERNELS="$PREBUILT" \
+    maturin build --locked --profile "$PROFILE" --target "$triple" --zig \
+    --compatibility manylinux_2_28 -m crates/symheap-cli/Cargo.toml -o "$cmd_out"
+  step "put the executable into the package" stage_command "$cmd_out"
   step "wheel for $t (manylinux_2_28, $PROFILE)" env SYMHEAP_PREBUILT_KERNELS="$PREBUILT" \
     maturin build --locked --profile "$PROFILE" --target "$triple" --zig \
     --compatibility manylinux_2_28 -o "$OUTDIR"
+  rm -rf "$BIN"
 done
 ls -l "$OUTDIR"/symheap-*.whl >&2

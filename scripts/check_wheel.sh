@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # `scripts/check_wheel.sh WHEEL`: what a pip user gets. Installs WHEEL into a fresh venv (pulling
 # its dependencies, NumPy, from PyPI) and checks, with that venv's bin first on PATH and no Rust:
-# the `symheap` command (info, launch -n 4 -- symheap info, selftest), `python -m symheap`, the
-# NumPy front, and the wheel's tag and contents (manylinux_2_28, licenses, prebuilt kernels).
+# the `symheap` command (info, launch -n 4 -- symheap info, selftest, bench), `python -m symheap`,
+# the NumPy front, and the wheel's tag and contents (manylinux_2_28, licenses, prebuilt kernels,
+# the command's executable beside an extension module that links none of its self-test
+# scenarios and benchmarks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHEEL="$1"
@@ -31,9 +33,14 @@ for r in 0 1 2 3; do
 done
 SYMHEAP_BACKEND=host python -m symheap selftest --pes 1,2 --only contract | grep -q "2 of 2 runs passed" ||
   fail "python -m symheap selftest"
+SYMHEAP_BACKEND=host symheap selftest --pes 1,2 --only contract,release | grep -q "4 of 4 runs passed" ||
+  fail "symheap selftest"
+bench="$(symheap bench coll --host -n 2 --op all_gather --sizes 4K,64K 2>&1)" || fail "symheap bench: $bench"
+grep -q "all_gather f32" <<<"$bench" || fail "symheap bench printed no all_gather row: $bench"
 python -c "import symheap.numpy, numpy; print(symheap.__version__)" >/dev/null || fail "import symheap.numpy"
 python - <<'PY' || fail "wheel contents"
 import importlib.metadata as md
+import os
 dist = md.distribution("symheap")
 files = {str(f) for f in dist.files}
 for want in ("symheap/include/symheap.cuh", "symheap/py.typed"):
@@ -42,5 +49,15 @@ lic = [f for f in files if f.endswith(("LICENSE-MIT", "LICENSE-APACHE"))]
 assert len(lic) == 2, lic
 assert dist.metadata["License-Expression"] == "MIT OR Apache-2.0", dist.metadata["License-Expression"]
 assert any(e.name == "symheap" for e in dist.entry_points), "no symheap console script"
+exe = dist.locate_file("symheap/_bin/symheap")
+assert "symheap/_bin/symheap" in files and os.access(exe, os.X_OK), "no symheap executable in the package"
+# The command's self-test scenarios and benchmark PEs are in the executable, not in the module
+# every `import symheap` loads.
+so = [f for f in files if f.startswith("symheap/_native") and f.endswith(".so")]
+assert len(so) == 1, so
+native, command = dist.locate_file(so[0]).read_bytes(), exe.read_bytes()
+for marker in (b"selftest-pe", b"bench-pe-gpu", b"coll-nodes-nccl"):
+    assert marker in command, marker
+    assert marker not in native, f"{so[0]} carries the command's {marker.decode()}"
 PY
 echo "check_wheel.sh: ok ($(basename "$WHEEL"))"

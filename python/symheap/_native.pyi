@@ -41,9 +41,6 @@ def launch(
 ) -> int:
     """Starts ``n`` PEs of ``program args...`` like ``symheap launch``; returns its exit status."""
 
-def cli_main(argv: Sequence[str], self_command: Sequence[str]) -> int:
-    """Runs the ``symheap`` command (``argv[0]`` is the program name); returns its exit status."""
-
 def set_python_search_path(dirs: Sequence[str]) -> None:
     """Directories in which to look for NVIDIA's pip wheels (NVRTC, NVSHMEM)."""
 

@@ -81,3 +81,44 @@ def test_console_script_is_installed_next_to_the_interpreter() -> None:
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "[PE 1] symheap" in r.stdout and "PE 1 of 2" in r.stdout, r.stdout
+
+
+def test_the_extension_module_does_not_carry_the_command() -> None:
+    # The self-test scenarios and the benchmark PEs (NCCL and MPI peers) live in the `symheap`
+    # executable the package carries, not in the module every `import symheap` loads.
+    import symheap
+    from symheap import _cli, _native
+
+    assert not hasattr(_native, "cli_main")
+    exe = _cli.command_path()
+    assert exe is not None and Path(exe).parent == Path(symheap.__file__).parent / "_bin", exe
+    native, command = Path(_native.__file__).read_bytes(), Path(exe).read_bytes()
+    for marker in (b"selftest-pe", b"bench-pe-gpu", b"coll-nodes-nccl"):
+        assert marker in command, marker
+        assert marker not in native, f"{_native.__file__} carries the command's {marker.decode()}"
+
+
+def test_selftest_runs_from_the_console_script() -> None:
+    script = Path(sys.executable).parent / "symheap"
+    r = subprocess.run(
+        [str(script), "selftest", "--pes", "1,2", "--only", "contract"],
+        env=clean_env({"SYMHEAP_BACKEND": "host"}),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0 and "2 of 2 runs passed" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_package_without_the_executable_still_launches() -> None:
+    # What `pip install .` gives (no executable in the package): `symheap launch` through the
+    # extension's launcher, and a message naming where the other subcommands come from.
+    code = "import sys, symheap._cli as c; c.command_path = lambda: None; sys.exit(c.main(sys.argv[1:]))"
+    run = [sys.executable, "-c", code]
+    r = subprocess.run([*run, "info"], env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "cargo install --path crates/symheap-cli" in r.stderr, r.stdout + r.stderr
+    pe = [sys.executable, "-c", "import os; print('rank', os.environ['RANK'])"]
+    argv = [*run, "launch", "-n", "2", "--", *pe]
+    r = subprocess.run(argv, env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "[PE 0] rank 0" in r.stdout and "[PE 1] rank 1" in r.stdout, r.stdout

@@ -164,8 +164,7 @@ fn code(c: i32) -> i32 {
 }
 
 /// Parses `args` (the program name first) and runs the subcommand; returns the exit status.
-pub fn run(args: Vec<OsString>) -> i32 {
-    // A second call in one process (the Python package's tests) keeps the first subscriber.
+pub(crate) fn run(args: Vec<OsString>) -> i32 {
     crate::init_logging();
     let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
@@ -383,6 +382,11 @@ fn info(vars: bool) -> i32 {
             println!("  {name:<24} {what}");
         }
         println!("  launcher variables: RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT (torchrun, symheap launch), OMPI_COMM_WORLD_* (Open MPI), PMI_RANK PMI_SIZE (MPICH), SLURM_PROCID SLURM_STEP_NUM_TASKS SLURM_LOCALID (srun)");
+        println!(
+            "  command variables: {} {} (set by the Python package's `symheap` for this executable: its interpreter and sys.path)",
+            crate::selfcmd::PYTHON_VAR,
+            crate::selfcmd::PYTHON_PATH_VAR
+        );
     }
     match ctx.finalize() {
         Ok(()) => code(0),

@@ -36,16 +36,6 @@ pub fn launch(
     Ok(outcome.exit_code())
 }
 
-/// Runs the `symheap` command with `argv` (the program name first) and returns its exit status.
-/// `self_command` is how the command starts itself again for the PEs of `selftest` and `bench`
-/// (`[sys.executable, "-m", "symheap"]`). Runs with the GIL released.
-#[pyfunction]
-pub fn cli_main(py: Python<'_>, argv: Vec<String>, self_command: Vec<String>) -> i32 {
-    symheap_cli::set_self_command(self_command.into_iter().map(Into::into).collect());
-    let args = argv.into_iter().map(Into::into).collect();
-    py.detach(move || symheap_cli::run_status(args))
-}
-
 /// Tells the runtime which directories (`sys.path`) to search for NVIDIA's pip wheels
 /// (`nvidia-cuda-nvrtc`, `nvidia-nvshmem-cu13`) when it loads NVRTC or NVSHMEM.
 #[pyfunction]

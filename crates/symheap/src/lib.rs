@@ -29,6 +29,8 @@ pub(crate) mod ops;
 pub mod provider;
 mod stream;
 pub(crate) mod table;
+#[doc(hidden)]
+pub mod tools;
 mod util;
 
 /// The CUDA backend's public parts: the backend a context runs on ([`Context::cuda`]), users'

@@ -7,9 +7,9 @@
 
 use std::path::Path;
 
-use crate::tools::cuda::{DeviceBuffer, Event, Graph, PeerCopy};
-use crate::tools::nccl::Nccl;
 use serde::{Deserialize, Serialize};
+use symheap::tools::Nccl;
+use symheap::tools::{DeviceBuffer, Event, Graph, PeerCopy};
 use symheap::{AllReduceAlgo, Cmp, Context, DType, Engine, ReduceOp, SignalOp, SymmetricBuffer};
 
 /// One measured configuration.
@@ -282,7 +282,7 @@ fn time_coll(case: &CollCase<'_>, nccl: &mut Nccl, bytes: u64) -> Result<CollTim
 /// The in-process peer's column name, with the version of the libnccl.so.2 the loader found.
 fn nccl_name() -> String {
     match Nccl::version() {
-        Ok(v) => format!("NCCL {}", crate::tools::nccl::version_string(v)),
+        Ok(v) => format!("NCCL {}", symheap::tools::nccl_version_string(v)),
         Err(_) => "NCCL".into(),
     }
 }

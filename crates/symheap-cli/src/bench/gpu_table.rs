@@ -1,5 +1,5 @@
 //! The GPU sweep's tables: symheap against every peer measured in the same run. The peer in the
-//! bench PEs (NCCL through `tools/nccl.rs`) fills `peer_*` of each row; the peers measured by
+//! bench PEs (NCCL through `symheap::tools::Nccl`) fills `peer_*` of each row; the peers measured by
 //! their own programs in the same suite (`bench/*.py`: torch SymmetricMemory, NCCL by path with
 //! symmetric windows and copy-engine collectives, NVSHMEM, FlashInfer) come as JSON lists of
 //! `{"op", "bytes", "name", "us", "eager_us"?}` (`us`: CUDA-graph replay; `eager_us`: eager

@@ -479,8 +479,6 @@ pub fn run_host(o: &HostOptions) -> i32 {
     }
 }
 
-/// The Python that draws charts: the interpreter running this command when it runs from the
-/// Python package (`python -m symheap`), else `python3`; checked to have matplotlib.
 /// The Python that draws the chart asked for (`None` when no `--png`). A chart that cannot be
 /// drawn is refused now, with the reason printed, not after the sweep.
 fn chart_for(png: Option<&Path>) -> Result<Option<std::ffi::OsString>, ()> {
@@ -494,13 +492,11 @@ fn chart_for(png: Option<&Path>) -> Result<Option<std::ffi::OsString>, ()> {
     }
 }
 
+/// The Python that draws charts: the interpreter running this command when it runs from the
+/// Python package (`symheap` installed by pip, `python -m symheap`), else `python3`; checked to
+/// have matplotlib.
 fn chart_python() -> Result<std::ffi::OsString, String> {
-    let own = crate::selfcmd::argv().into_iter().next().filter(|a| {
-        Path::new(a)
-            .file_name()
-            .is_some_and(|f| f.to_string_lossy().starts_with("python"))
-    });
-    let py = own.unwrap_or_else(|| "python3".into());
+    let py = crate::selfcmd::python().unwrap_or_else(|| "python3".into());
     let shown = py.to_string_lossy().into_owned();
     match Command::new(&py).args(["-c", "import matplotlib"]).output() {
         Ok(o) if o.status.success() => Ok(py),

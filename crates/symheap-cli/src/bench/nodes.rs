@@ -7,7 +7,7 @@
 use symheap::{AllReduceAlgo, Context, DType, ReduceOp, Team, NODES_ALL_REDUCE_SMALL};
 
 use super::gpu::{time_graph, time_stream, GpuRow};
-use crate::tools::nccl::Nccl;
+use symheap::tools::Nccl;
 
 fn e2s(e: symheap::Error) -> String {
     e.to_string()

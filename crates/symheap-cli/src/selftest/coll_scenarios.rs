@@ -2,9 +2,9 @@
 //! and their agreement with NCCL (GPU only).
 #![allow(clippy::needless_range_loop, clippy::neg_cmp_op_on_partial_ord)]
 
-use crate::tools::cuda::Graph;
-use crate::tools::nccl::Nccl;
 use half::{bf16, f16};
+use symheap::tools::Graph;
+use symheap::tools::Nccl;
 use symheap::{AllReduceAlgo, Context, DType, ReduceOp, SymmetricBuffer, Team};
 
 use super::ops_scenarios::{close, data, poison, reference, TestElem};

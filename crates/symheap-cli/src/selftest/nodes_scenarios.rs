@@ -8,7 +8,7 @@
 use half::{bf16, f16};
 use symheap::{AllReduceAlgo, Context, DType, ErrorKind, ReduceOp, Team};
 
-use crate::tools::cuda::Graph;
+use symheap::tools::Graph;
 
 use super::coll_scenarios::{graph_replays, sum_case, team_cases, world_cases};
 use super::ops_scenarios::with_roundings;

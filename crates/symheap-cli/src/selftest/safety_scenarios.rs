@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::tools::cuda::Graph;
+use symheap::tools::Graph;
 use symheap::{AllReduceAlgo, Cmp, Context, DType, ErrorKind, ReduceOp};
 
 use super::scenarios::{e2s, Outcome, PeArgs};

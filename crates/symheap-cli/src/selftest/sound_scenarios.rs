@@ -7,8 +7,8 @@
 use symheap::{Context, Stream};
 
 use super::scenarios::{e2s, Outcome, PeArgs};
-use crate::tools::cuda::DeviceBuffer;
-use crate::tools::DeviceMem;
+use symheap::tools::DeviceBuffer;
+use symheap::tools::DeviceMem;
 
 /// Runs `f`, which must fail with an invalid-argument error whose text contains `says`.
 fn refused(what: &str, says: &str, r: symheap::Result<()>) -> Outcome {
@@ -119,7 +119,7 @@ fn foreign_stream(ctx: &Context, sym: &symheap::SymmetricBuffer) -> Outcome {
         return Ok(());
     }
     let other = (cu.device_ordinal() + 1) % symheap::cuda::gpu_count();
-    let foreign = crate::tools::cuda::foreign_stream(other).map_err(e2s)?;
+    let foreign = symheap::tools::ForeignStream::new(other).map_err(e2s)?;
     let r = ctx.put_on_stream(sym.addr(), sym.addr(), 8, ctx.my_pe(), foreign.stream());
     cu.bind().map_err(e2s)?;
     refused("a stream of another device", "another CUDA context", r)

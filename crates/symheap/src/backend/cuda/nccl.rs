@@ -434,6 +434,39 @@ impl Comm {
         first_err.and(self.api.check(rc, "ncclGroupEnd"))
     }
 
+    /// `ncclSend` of `bytes` bytes at `src` to rank `peer`.
+    pub(crate) fn send(
+        &self,
+        src: u64,
+        bytes: u64,
+        peer: usize,
+        stream: u64,
+    ) -> Result<(), String> {
+        const U8: c_int = 1;
+        let raw = self.raw("ncclSend")?;
+        let n = bytes as usize;
+        // SAFETY: the contract of `Comm`: `src` holds `bytes` bytes; NCCL checks `peer`.
+        let rc =
+            unsafe { (self.api.send)(src as *const c_void, n, U8, peer as c_int, raw, stream) };
+        self.api.check(rc, "ncclSend")
+    }
+
+    /// `ncclRecv` of `bytes` bytes from rank `peer` into `dst`.
+    pub(crate) fn recv(
+        &self,
+        dst: u64,
+        bytes: u64,
+        peer: usize,
+        stream: u64,
+    ) -> Result<(), String> {
+        const U8: c_int = 1;
+        let raw = self.raw("ncclRecv")?;
+        let n = bytes as usize;
+        // SAFETY: the contract of `Comm`: `dst` holds `bytes` bytes; NCCL checks `peer`.
+        let rc = unsafe { (self.api.recv)(dst as *mut c_void, n, U8, peer as c_int, raw, stream) };
+        self.api.check(rc, "ncclRecv")
+    }
+
     /// Whether NCCL has recorded an asynchronous error on this communicator (a peer's failure,
     /// a network error): its text.
     pub(crate) fn async_error(&self) -> Option<String> {

@@ -11,6 +11,7 @@ use cudarc::driver::sys::{self, CUresult};
 
 use crate::error::{backend, err, ErrorKind, Result};
 
+pub(crate) mod measure;
 mod objects;
 pub(crate) use objects::{ctx_synchronize, stream_after, stream_wait, DoneEvent, MappedHost};
 

@@ -1,59 +1,54 @@
-//! Driver objects the benchmarks and self-tests use: timing events, CUDA graphs captured from
-//! a stream, the plain peer-to-peer copy symheap's transfers are measured against, and ordinary
-//! `cuMemAlloc` buffers (what an NCCL user passes to NCCL).
+//! Driver objects the `symheap` command measures and checks the runtime with (see
+//! [`crate::tools`]): timing events, CUDA graphs captured from a stream, the plain peer-to-peer
+//! copy symheap's transfers are compared with, ordinary `cuMemAlloc` buffers (what an NCCL user
+//! passes to NCCL) and a stream of another device. The runtime itself never makes them; they sit
+//! here so that the command reaches the driver through this one layer, not a second binding.
+//! Every safe function checks its buffers' sizes and takes symheap's [`Stream`], so safe callers
+//! cannot reach memory outside the buffers they pass.
 
 use cudarc::driver::sys;
-use symheap::{Result, Stream, SymmetricBuffer};
 
-use super::{backend, check, DeviceMem};
+use super::{check, Device};
+use crate::error::{backend, Result};
+use crate::stream::Stream;
 
-/// A device with its primary context retained (released on drop) and made current.
-struct Device {
-    dev: sys::CUdevice,
-    ctx: sys::CUcontext,
+/// A measuring tool's refusal, as a backend error of the call "tools".
+fn refused(why: String) -> crate::Error {
+    backend("tools", why)
 }
 
-impl Device {
-    fn open(ordinal: usize) -> Result<Device> {
-        let mut dev = 0;
-        check(
-            // SAFETY: writes one device handle; the ordinal is checked by the driver (symheap's
-            // context initialised the driver before any tool is made).
-            unsafe { sys::cuDeviceGet(&mut dev, ordinal as i32) },
-            "cuDeviceGet",
-        )?;
-        let mut ctx = std::ptr::null_mut();
-        check(
-            // SAFETY: writes one context handle for a valid device; released in Drop.
-            unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) },
-            "cuDevicePrimaryCtxRetain",
-        )?;
-        let d = Device { dev, ctx };
-        d.bind()?;
-        Ok(d)
-    }
+/// Device memory a tool may hand to the driver or to NCCL: an address and how many bytes are
+/// there.
+///
+/// # Safety
+/// An implementation promises that `len_bytes()` bytes at `addr()` are device memory of the
+/// current device that stay allocated while the value is borrowed.
+pub unsafe trait DeviceMem {
+    /// Device address of the first byte.
+    fn addr(&self) -> u64;
+    /// Bytes at `addr`.
+    fn len_bytes(&self) -> u64;
 
-    fn bind(&self) -> Result<()> {
-        // SAFETY: the context is retained until Drop.
-        check(unsafe { sys::cuCtxSetCurrent(self.ctx) }, "cuCtxSetCurrent")
-    }
-}
-
-impl Drop for Device {
-    fn drop(&mut self) {
-        // SAFETY: balances the retain in `open`.
-        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.dev) };
+    /// `addr`, once `bytes` fit.
+    fn span(&self, bytes: u64, what: &str) -> Result<u64> {
+        if bytes > self.len_bytes() {
+            return Err(refused(format!(
+                "{what}: {bytes} bytes asked of a {}-byte buffer",
+                self.len_bytes()
+            )));
+        }
+        Ok(self.addr())
     }
 }
 
 /// Device timing events (for benchmarks).
-pub(crate) struct Event(sys::CUevent);
+pub struct Event(sys::CUevent);
 // SAFETY: event handles may be recorded and queried from any thread.
 unsafe impl Send for Event {}
 
 impl Event {
     /// A timing event in the current context.
-    pub(crate) fn new() -> Result<Event> {
+    pub fn new() -> Result<Event> {
         let mut e = std::ptr::null_mut();
         check(
             // SAFETY: writes one event handle, destroyed in Drop.
@@ -64,7 +59,7 @@ impl Event {
     }
 
     /// Records the event on `stream`.
-    pub(crate) fn record(&self, stream: &Stream) -> Result<()> {
+    pub fn record(&self, stream: &Stream) -> Result<()> {
         // SAFETY: a live event; `Stream` holds a live stream handle.
         check(
             unsafe { sys::cuEventRecord(self.0, stream.raw() as sys::CUstream) },
@@ -73,7 +68,7 @@ impl Event {
     }
 
     /// Milliseconds from `self` to `end` (both recorded; waits for `end`).
-    pub(crate) fn elapsed_ms(&self, end: &Event) -> Result<f32> {
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
         check(
             // SAFETY: valid event handle.
             unsafe { sys::cuEventSynchronize(end.0) },
@@ -97,7 +92,7 @@ impl Drop for Event {
 }
 
 /// An instantiated CUDA graph captured from a stream.
-pub(crate) struct Graph {
+pub struct Graph {
     graph: sys::CUgraph,
     exec: sys::CUgraphExec,
 }
@@ -108,18 +103,18 @@ impl Graph {
     /// Captures everything `body` enqueues on `stream` (which must not be the legacy default
     /// stream) into a graph, without running it. The capture is relaxed, so other threads'
     /// unrelated CUDA calls are not disturbed.
-    pub(crate) fn capture(stream: &Stream, body: impl FnOnce() -> Result<()>) -> Result<Graph> {
+    pub fn capture(stream: &Stream, body: impl FnOnce() -> Result<()>) -> Result<Graph> {
         if stream.is_default() {
-            return Err(backend(
+            return Err(refused(
                 "a CUDA graph cannot be captured from a default stream".into(),
             ));
         }
-        let stream = stream.raw();
+        let stream = stream.raw() as sys::CUstream;
         check(
             // SAFETY: begins capture on a caller-provided stream; ended below on every path.
             unsafe {
                 sys::cuStreamBeginCapture_v2(
-                    stream as sys::CUstream,
+                    stream,
                     sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
                 )
             },
@@ -129,7 +124,7 @@ impl Graph {
         let mut graph = std::ptr::null_mut();
         // SAFETY: ends the capture begun above; writes one graph handle (null if it failed).
         let end = check(
-            unsafe { sys::cuStreamEndCapture(stream as sys::CUstream, &mut graph) },
+            unsafe { sys::cuStreamEndCapture(stream, &mut graph) },
             "cuStreamEndCapture",
         );
         r?;
@@ -148,7 +143,7 @@ impl Graph {
     }
 
     /// Enqueues one replay on `stream`.
-    pub(crate) fn launch(&self, stream: &Stream) -> Result<()> {
+    pub fn launch(&self, stream: &Stream) -> Result<()> {
         // SAFETY: the executable graph is valid until Drop; `Stream` holds a live handle.
         check(
             unsafe { sys::cuGraphLaunch(self.exec, stream.raw() as sys::CUstream) },
@@ -167,10 +162,21 @@ impl Drop for Graph {
     }
 }
 
+/// `bytes` (at least 1) of this context's device memory from `cuMemAlloc`; the caller frees it.
+fn mem_alloc(bytes: u64) -> Result<u64> {
+    let mut p = 0;
+    check(
+        // SAFETY: writes one device pointer to `bytes` bytes.
+        unsafe { sys::cuMemAlloc_v2(&mut p, bytes.max(1) as usize) },
+        "cuMemAlloc",
+    )?;
+    Ok(p)
+}
+
 /// The baseline symheap's transfers are measured against: a plain peer-to-peer copy-engine copy
 /// (`cuMemcpyPeerAsync`) between two ordinary `cuMemAlloc` buffers on two GPUs of this process,
 /// the same thing `cudaMemcpyPeer` or a torch cross-device `copy_` does.
-pub(crate) struct PeerCopy {
+pub struct PeerCopy {
     src_dev: Device,
     dst_dev: Device,
     src: u64,
@@ -181,17 +187,12 @@ pub(crate) struct PeerCopy {
 impl PeerCopy {
     /// Allocates `bytes` on device `src` and on device `dst` (filled with a pattern, never
     /// zeros, so the copy moves real data).
-    pub(crate) fn new(src: usize, dst: usize, bytes: u64) -> Result<PeerCopy> {
+    pub fn new(src: usize, dst: usize, bytes: u64) -> Result<PeerCopy> {
         let src_dev = Device::open(src)?;
         let dst_dev = Device::open(dst)?;
         let alloc = |d: &Device| -> Result<u64> {
             d.bind()?;
-            let mut p = 0;
-            check(
-                // SAFETY: writes one device pointer to `bytes` bytes, freed in Drop.
-                unsafe { sys::cuMemAlloc_v2(&mut p, bytes as usize) },
-                "cuMemAlloc",
-            )?;
+            let p = mem_alloc(bytes)?;
             check(
                 // SAFETY: `p` points at `bytes` bytes of this device's memory.
                 unsafe { sys::cuMemsetD8_v2(p, 0x5b, bytes as usize) },
@@ -203,7 +204,7 @@ impl PeerCopy {
         let s = alloc(&src_dev)?;
         // Direct GPU-to-GPU DMA, as symheap's own mappings get; "already enabled" is fine.
         // SAFETY: both contexts are retained by the Device values held in `self`.
-        let _ = unsafe { sys::cuCtxEnablePeerAccess(dst_dev.ctx, 0) };
+        let _ = unsafe { sys::cuCtxEnablePeerAccess(dst_dev.ctx.0, 0) };
         Ok(PeerCopy {
             src_dev,
             dst_dev,
@@ -215,9 +216,9 @@ impl PeerCopy {
 
     /// Enqueues a copy of `bytes` (at most the allocation) on `stream` (a stream of the source
     /// device's context).
-    pub(crate) fn enqueue(&self, bytes: u64, stream: &Stream) -> Result<()> {
+    pub fn enqueue(&self, bytes: u64, stream: &Stream) -> Result<()> {
         if bytes > self.bytes {
-            return Err(backend(format!(
+            return Err(refused(format!(
                 "a peer copy of {bytes} bytes between {}-byte buffers",
                 self.bytes
             )));
@@ -228,9 +229,9 @@ impl PeerCopy {
             unsafe {
                 sys::cuMemcpyPeerAsync(
                     self.dst,
-                    self.dst_dev.ctx,
+                    self.dst_dev.ctx.0,
                     self.src,
-                    self.src_dev.ctx,
+                    self.src_dev.ctx.0,
                     bytes as usize,
                     stream.raw() as sys::CUstream,
                 )
@@ -256,27 +257,21 @@ impl Drop for PeerCopy {
 /// An ordinary `cuMemAlloc` buffer on the device whose context is current: what an NCCL user
 /// passes to NCCL. The benchmarks give the NCCL peer these, not symheap's heap, so NCCL runs on
 /// the memory it is normally run on.
-pub(crate) struct DeviceBuffer {
+pub struct DeviceBuffer {
     ptr: u64,
     bytes: u64,
 }
 
 impl DeviceBuffer {
     /// Allocates `bytes` (at least 1) of zeroed memory in the current context.
-    pub(crate) fn zeroed(bytes: u64) -> Result<DeviceBuffer> {
-        let mut p = 0;
-        check(
-            // SAFETY: writes one device pointer to `bytes` bytes, freed in Drop.
-            unsafe { sys::cuMemAlloc_v2(&mut p, bytes.max(1) as usize) },
-            "cuMemAlloc",
-        )?;
+    pub fn zeroed(bytes: u64) -> Result<DeviceBuffer> {
         let b = DeviceBuffer {
-            ptr: p,
+            ptr: mem_alloc(bytes)?,
             bytes: bytes.max(1),
         };
         check(
-            // SAFETY: `p` points at `b.bytes` bytes of this context's device memory.
-            unsafe { sys::cuMemsetD8_v2(p, 0, b.bytes as usize) },
+            // SAFETY: `ptr` points at `b.bytes` bytes of this context's device memory.
+            unsafe { sys::cuMemsetD8_v2(b.ptr, 0, b.bytes as usize) },
             "cuMemsetD8",
         )?;
         // The memset is queued on the legacy stream, which work on a non-blocking stream does
@@ -289,25 +284,19 @@ impl DeviceBuffer {
         Ok(b)
     }
 
-    /// Allocates a buffer the size of `copy_from` in the current context (symheap's, which
-    /// the caller bound) and copies its bytes into it.
-    pub(crate) fn copy_of(copy_from: &SymmetricBuffer) -> Result<DeviceBuffer> {
+    /// Allocates a buffer the size of `copy_from` in the current context (the one the caller
+    /// bound, which `copy_from` belongs to) and copies its bytes into it.
+    pub fn copy_of(copy_from: &impl DeviceMem) -> Result<DeviceBuffer> {
         let bytes = copy_from.len_bytes();
-        let mut p = 0;
-        check(
-            // SAFETY: writes one device pointer to `bytes` bytes, freed in Drop.
-            unsafe { sys::cuMemAlloc_v2(&mut p, bytes.max(1) as usize) },
-            "cuMemAlloc",
-        )?;
         let b = DeviceBuffer {
-            ptr: p,
+            ptr: mem_alloc(bytes)?,
             bytes: bytes.max(1),
         };
         check(
-            // SAFETY: both ranges hold `bytes` bytes of device memory: the new buffer, and the
-            // live symmetric allocation `copy_from` (which outlives this call); the copy is
+            // SAFETY: both ranges hold `bytes` bytes of device memory: the new buffer, and
+            // `copy_from` (live while borrowed, by `DeviceMem`'s contract); the copy is
             // synchronous with respect to the host.
-            unsafe { sys::cuMemcpyDtoD_v2(p, copy_from.addr(), bytes as usize) },
+            unsafe { sys::cuMemcpyDtoD_v2(b.ptr, copy_from.addr(), bytes as usize) },
             "cuMemcpyDtoD",
         )?;
         Ok(b)
@@ -326,51 +315,51 @@ unsafe impl DeviceMem for DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        // SAFETY: allocated in `copy_of`, freed once; callers synchronise their streams first.
-        unsafe {
-            let _ = sys::cuMemFree_v2(self.ptr);
-        }
+        // SAFETY: allocated by `mem_alloc`, freed once; callers synchronise their streams first.
+        let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
     }
 }
 
 /// A stream of device `ordinal`'s primary context, for checking that symheap refuses streams
 /// of a device other than its own.
-pub(crate) struct ForeignStream {
+pub struct ForeignStream {
     stream: Stream,
     raw: u64,
     _dev: Device,
 }
 
-/// Creates a [`ForeignStream`] on device `ordinal` (leaves that device's context current).
-pub(crate) fn foreign_stream(ordinal: usize) -> Result<ForeignStream> {
-    let dev = Device::open(ordinal)?;
-    let mut s = std::ptr::null_mut();
-    check(
-        // SAFETY: writes one stream handle of the current (just bound) context, destroyed in
-        // Drop while `_dev` still retains that context.
-        unsafe { sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) },
-        "cuStreamCreate",
-    )?;
-    let raw = s as u64;
-    Ok(ForeignStream {
-        // SAFETY: a live stream, destroyed only in Drop, after the `Stream` view is gone (it is
-        // only lent out by reference).
-        stream: unsafe { Stream::from_raw(raw) },
-        raw,
-        _dev: dev,
-    })
-}
-
 impl ForeignStream {
+    /// Creates a stream on device `ordinal` (leaves that device's context current).
+    pub fn new(ordinal: usize) -> Result<ForeignStream> {
+        let dev = Device::open(ordinal)?;
+        let mut s = std::ptr::null_mut();
+        check(
+            // SAFETY: writes one stream handle of the current (just bound) context, destroyed in
+            // Drop while `_dev` still retains that context.
+            unsafe {
+                sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+            },
+            "cuStreamCreate",
+        )?;
+        let raw = s as u64;
+        Ok(ForeignStream {
+            // SAFETY: a live stream, destroyed only in Drop, after the `Stream` view is gone (it
+            // is only lent out by reference).
+            stream: unsafe { Stream::from_raw(raw) },
+            raw,
+            _dev: dev,
+        })
+    }
+
     /// The stream, as symheap takes it.
-    pub(crate) fn stream(&self) -> &Stream {
+    pub fn stream(&self) -> &Stream {
         &self.stream
     }
 }
 
 impl Drop for ForeignStream {
     fn drop(&mut self) {
-        // SAFETY: created in `foreign_stream`, destroyed once; its context is still retained.
+        // SAFETY: created in `new`, destroyed once; its context is still retained.
         let _ = unsafe { sys::cuStreamDestroy_v2(self.raw as sys::CUstream) };
     }
 }
