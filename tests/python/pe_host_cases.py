@@ -499,6 +499,9 @@ def case_signal_timeout_names_the_silent_pe() -> None:
         if me == 2:
             time.sleep(0.3)
             symheap.put_signal(data, one, sig[1:2], 1, 0)
+        # The others' barrier must time out after PE 0's wait does: a barrier verdict that
+        # reaches PE 0 first is what PE 0 reports (both timers are SYMHEAP_TIMEOUT long).
+        time.sleep(1.0)
         e = raises(SymheapError, symheap.barrier_all)
         assert isinstance(e, (SymheapTimeoutError, SymheapPeerError)), type(e)
     raises(SymheapError, symheap.barrier_all)
