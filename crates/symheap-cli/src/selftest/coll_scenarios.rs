@@ -755,6 +755,19 @@ fn nccl_rest<T: TestElem>(
     Ok(())
 }
 
+/// Why `coll-nccl` cannot run: NCCL refuses two ranks on one GPU (a machine of one GPU still
+/// runs it at one PE). Every PE gathers every PE's GPU, so all reach the same answer.
+pub fn nccl_not_here(ctx: &Context) -> Result<Option<String>, String> {
+    let Some(cu) = ctx.cuda() else {
+        return Ok(None);
+    };
+    let all = ctx.all_gather_bytes(&cu.device_uuid()).map_err(e2s)?;
+    let mut seen = std::collections::HashSet::new();
+    Ok(all.iter().position(|u| !seen.insert(u.clone())).map(|pe| {
+        format!("PE {pe} shares its GPU with another PE, and NCCL refuses two ranks on one GPU")
+    }))
+}
+
 /// symheap's GPU collectives agree with NCCL on random data for every op, dtype and size class.
 pub fn coll_nccl(ctx: &Context, a: PeArgs) -> Outcome {
     let cu = ctx.cuda().ok_or("this scenario needs the CUDA backend")?;

@@ -17,6 +17,7 @@ mod coll_scenarios;
 mod diverge_scenarios;
 mod eager_scenarios;
 mod gpu_scenarios;
+mod judge;
 mod nodes_scenarios;
 mod ops_scenarios;
 mod provider_scenarios;
@@ -30,6 +31,7 @@ use std::io::Read;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use judge::{all_skipped, case_problems};
 use scenarios::{Outcome, PeArgs};
 use symheap::Context;
 
@@ -538,7 +540,19 @@ pub const SCENARIOS: &[Scenario] = &[
     },
 ];
 
+/// What a PE prints when its scenario passed.
 const PASS: &str = "SELFTEST-PASS";
+/// What a PE prints when its scenario cannot run on this machine (with the reason).
+const SKIP: &str = "SELFTEST-SKIP";
+
+/// Why scenario `name` cannot run on this machine (every PE reaches the same answer), or None.
+/// A skip is reported with its reason and is not a pass: the runner counts it apart.
+fn not_here(name: &str, ctx: &Context) -> Result<Option<String>, String> {
+    match name {
+        "coll-nccl" => coll_scenarios::nccl_not_here(ctx),
+        _ => Ok(None),
+    }
+}
 
 /// PE mode: initialise, run one scenario, report. Returns the process exit code.
 pub fn run_pe(name: &str, seed: u64, victim: usize) -> i32 {
@@ -555,6 +569,17 @@ pub fn run_pe(name: &str, seed: u64, victim: usize) -> i32 {
     };
     let me = ctx.my_pe();
     let victim = victim.min(ctx.n_pes() - 1);
+    match not_here(name, &ctx) {
+        Ok(None) => {}
+        Ok(Some(why)) => {
+            println!("{SKIP} {name} PE {me}: {why}");
+            return 0;
+        }
+        Err(msg) => {
+            eprintln!("SELFTEST-FAIL {name} PE {me}: {msg}");
+            return 1;
+        }
+    }
     match (s.run)(&ctx, PeArgs { seed, victim }) {
         Ok(()) => {
             println!("{PASS} {name} PE {me}");
@@ -571,6 +596,8 @@ pub fn run_pe(name: &str, seed: u64, victim: usize) -> i32 {
 struct Verdict {
     label: String,
     ok: bool,
+    /// Every PE said the scenario cannot run here, and why (the first PE's words).
+    skipped: Option<String>,
     secs: f64,
     detail: String,
 }
@@ -648,55 +675,6 @@ fn wait_within(
     }
 }
 
-/// What is wrong with a finished run of `s` against what it must show: the launcher's status
-/// and, on stdout, exactly one PASS line from each PE that must pass. Empty when nothing is.
-fn case_problems(
-    s: &Scenario,
-    n: usize,
-    victim: usize,
-    status: Option<std::process::ExitStatus>,
-    limit: Duration,
-    stdout: &str,
-    stderr: &str,
-) -> Vec<String> {
-    let mut problems = Vec::new();
-    let passed: Vec<usize> = (0..n)
-        .filter(|r| {
-            stdout
-                .lines()
-                .filter(|l| {
-                    l.starts_with(&format!("[PE {r}] "))
-                        && l.contains(&format!("{PASS} {} PE {r}", s.name))
-                })
-                .count()
-                == 1
-        })
-        .collect();
-    match (s.expect, status.as_ref().and_then(|s| s.code())) {
-        (_, None) if status.is_none() => problems.push(format!("hung for over {limit:?}")),
-        (Expect::AllPass, Some(0)) => {}
-        (Expect::AllPass, code) => {
-            problems.push(format!("launcher exit code {code:?}, expected 0"))
-        }
-        (Expect::VictimKilled, Some(137)) => {
-            if !stderr.contains(&format!("PE {victim}")) || !stderr.contains("SIGKILL") {
-                problems.push("launcher summary does not name the killed PE and SIGKILL".into());
-            }
-        }
-        (Expect::VictimKilled, code) => {
-            problems.push(format!("launcher exit code {code:?}, expected 137"))
-        }
-    }
-    let want: Vec<usize> = match s.expect {
-        Expect::AllPass => (0..n).collect(),
-        Expect::VictimKilled => (0..n).filter(|&r| r != victim).collect(),
-    };
-    if passed != want {
-        problems.push(format!("PEs that passed: {passed:?}, expected {want:?}"));
-    }
-    problems
-}
-
 /// One run of `s` on `n` PEs under `symheap launch`, judged.
 fn run_case(s: &Scenario, n: usize, victim: usize, seed: u64, gpu: bool) -> Verdict {
     let exe = crate::selfcmd::argv();
@@ -709,6 +687,7 @@ fn run_case(s: &Scenario, n: usize, victim: usize, seed: u64, gpu: bool) -> Verd
             return Verdict {
                 label,
                 ok: false,
+                skipped: None,
                 secs: 0.0,
                 detail: format!("cannot start {:?}: {e}", exe),
             }
@@ -724,10 +703,16 @@ fn run_case(s: &Scenario, n: usize, victim: usize, seed: u64, gpu: bool) -> Verd
     let stdout = to.join().unwrap_or_default();
     let stderr = te.join().unwrap_or_default();
     let secs = t0.elapsed().as_secs_f64();
-    let problems = case_problems(s, n, victim, status, limit, &stdout, &stderr);
+    let skipped = all_skipped(s, n, status, &stdout);
+    let problems = if skipped.is_some() {
+        Vec::new()
+    } else {
+        case_problems(s, n, victim, status, limit, &stdout, &stderr)
+    };
     Verdict {
         label,
         ok: problems.is_empty(),
+        skipped,
         secs,
         detail: if problems.is_empty() {
             String::new()
@@ -776,6 +761,7 @@ pub fn run_suite(pes: &[usize], sel: &Selection<'_>, seed: u64, gpu: bool) -> i3
         if gpu { "cuda" } else { "host" }
     );
     let mut failures = 0;
+    let mut skips = 0;
     let mut rows = Vec::new();
     for s in selected {
         for &n in pes {
@@ -789,29 +775,41 @@ pub fn run_suite(pes: &[usize], sel: &Selection<'_>, seed: u64, gpu: bool) -> i3
             };
             for v in victims {
                 let verdict = run_case(s, n, v, seed, gpu);
+                let result = match (&verdict.skipped, verdict.ok) {
+                    (Some(why), _) => format!("skipped: {why}"),
+                    (None, true) => "pass".to_string(),
+                    (None, false) => "FAIL".to_string(),
+                };
                 eprintln!(
                     "  {:<28} {n} PEs  {:>6.2} s  {}",
                     verdict.label,
                     verdict.secs,
-                    if verdict.ok { "ok" } else { "FAILED" }
+                    if verdict.ok { &result } else { "FAILED" }
                 );
                 if !verdict.ok {
                     failures += 1;
                     eprintln!("{}", verdict.detail);
                 }
-                rows.push((verdict.label, n, verdict.ok, verdict.secs));
+                skips += usize::from(verdict.skipped.is_some());
+                rows.push((verdict.label, n, result, verdict.secs));
             }
         }
     }
     println!("| scenario | PEs | result | seconds |");
     println!("|---|---|---|---|");
-    for (label, n, ok, secs) in &rows {
-        println!(
-            "| {label} | {n} | {} | {secs:.2} |",
-            if *ok { "pass" } else { "FAIL" }
-        );
+    for (label, n, result, secs) in &rows {
+        println!("| {label} | {n} | {result} | {secs:.2} |");
     }
-    println!("{} of {} runs passed", rows.len() - failures, rows.len());
+    let ran = rows.len() - skips;
+    println!("{} of {ran} runs passed", ran - failures);
+    if skips > 0 {
+        println!("{skips} runs skipped (their reason is in the table)");
+    }
+    if ran == 0 && skips > 0 {
+        // Only skips: nothing was checked, which is not a pass either.
+        eprintln!("no runs: every selected scenario was skipped on this machine");
+        return 2;
+    }
     if rows.is_empty() {
         // A run of nothing is not a pass: every selected scenario needs more PEs than given.
         eprintln!("no runs: the selected scenarios need more PEs than --pes {pes:?}");

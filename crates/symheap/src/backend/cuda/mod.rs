@@ -293,6 +293,12 @@ impl CudaBackend {
         self.dev.ordinal
     }
 
+    /// The device's UUID (as NVML and `nvidia-smi -L` name it): two PEs with the same UUID
+    /// share one GPU.
+    pub fn device_uuid(&self) -> [u8; 16] {
+        self.dev.uuid
+    }
+
     /// (major, minor) compute capability.
     pub fn compute_capability(&self) -> (i32, i32) {
         self.dev.cc
