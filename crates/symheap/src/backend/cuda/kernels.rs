@@ -95,8 +95,9 @@ pub(super) fn build(
     Ok((module, origin))
 }
 
-/// The program names of symheap's two kernel programs.
+/// The program name of kernels.cu (in messages, and in [`shipped_sources`]).
 const KERNELS_PROGRAM: &str = "symheap_kernels.cu";
+/// The program name of coll.cu.
 const COLL_PROGRAM: &str = "symheap_coll.cu";
 
 /// symheap's own kernel sources as the backend compiles them with no tuning overrides: (program
