@@ -8,7 +8,7 @@
 //! (installs `nvidia-cuda-nvrtc` 13.0 into the project venv and sets `SYMHEAP_NVRTC_LIB`), or with
 //! a `python3` on PATH whose site-packages hold that wheel.
 
-use symheap::cuda::nvrtc;
+use symheap::cuda::{coll_source, kernel_entries, kernels_source, nvrtc};
 
 const ARCHS: [u32; 2] = [80, 90];
 const RING_PUT: &str = include_str!(concat!(
@@ -84,10 +84,20 @@ fn nvrtc_is_loadable() {
     assert!(major >= 12, "NVRTC {major}.{minor} is too old");
 }
 
+/// kernels.cu as the backend compiles it (with the argument layout checks).
+fn kernels_program() -> String {
+    kernels_source()
+}
+
+/// coll.cu as the backend compiles it with no tuning (with the argument layout checks).
+fn coll_program() -> String {
+    coll_source(&[])
+}
+
 #[test]
 fn backend_kernels_compile_to_cubin() {
     for arch in ARCHS {
-        cubin(nvrtc::KERNELS, "kernels.cu", arch);
+        cubin(&kernels_program(), "kernels.cu", arch);
     }
 }
 
@@ -124,7 +134,7 @@ fn every_header_template_compiles() {
 
 #[test]
 fn copy_kernel_moves_16_byte_vectors() {
-    let p = ptx(nvrtc::KERNELS, "kernels.cu", 90);
+    let p = ptx(&kernels_program(), "kernels.cu", 90);
     let body = entry(&p, "symheap_copy");
     assert_has(
         body,
@@ -146,7 +156,7 @@ fn copy_kernel_moves_16_byte_vectors() {
 
 #[test]
 fn signals_and_waits_order_at_system_scope() {
-    let p = ptx(nvrtc::KERNELS, "kernels.cu", 90);
+    let p = ptx(&kernels_program(), "kernels.cu", 90);
     let signal = entry(&p, "symheap_signal");
     assert_has(signal, "signal fence", &["fence.sc.sys"]);
     assert_has(signal, "signal set", &["st.release.sys.global.u64"]);
@@ -180,7 +190,6 @@ fn signals_and_waits_order_at_system_scope() {
             &[&format!("atom.sys.global.{op}")],
         );
     }
-    entry(&p, "symheap_fill_u64");
 }
 
 #[test]
@@ -251,26 +260,18 @@ const COLL_DTYPES: [&str; 4] = ["f32", "f16", "bf16", "i32"];
 
 /// Every extern "C" kernel of coll.cu, as the Rust launcher names them.
 fn coll_kernels() -> Vec<String> {
-    let mut names = Vec::new();
+    let names: Vec<String> = kernel_entries()
+        .into_iter()
+        .filter(|e| e.program == "symheap_coll.cu")
+        .map(|e| e.symbol)
+        .collect();
+    // Five reducing kinds for each element type, five byte kinds.
+    assert_eq!(names.len(), 5 * COLL_DTYPES.len() + 5, "{names:?}");
     for dt in COLL_DTYPES {
-        for kind in [
-            "ar_oneshot",
-            "ar_flag",
-            "ar_ll128",
-            "ar_twoshot",
-            "reduce_scatter",
-        ] {
-            names.push(format!("symheap_{kind}_{dt}"));
-        }
-    }
-    for name in [
-        "symheap_allgather",
-        "symheap_broadcast",
-        "symheap_alltoall",
-        "symheap_exchange_ll",
-        "symheap_exchange_ll128",
-    ] {
-        names.push(name.to_string());
+        assert!(
+            names.contains(&format!("symheap_ar_twoshot_{dt}")),
+            "{names:?}"
+        );
     }
     names
 }
@@ -292,66 +293,122 @@ fn coll_ptx(arch: u32) -> &'static str {
         .iter()
         .position(|&a| a == arch)
         .unwrap_or_else(|| panic!("arch {arch} not in {ARCHS:?}"));
-    PTX[slot].get_or_init(|| ptx(nvrtc::COLL, "coll.cu", arch))
+    PTX[slot].get_or_init(|| ptx(&coll_program(), "coll.cu", arch))
 }
 
 #[test]
 fn coll_kernels_compile_with_tuning_defines() {
     // What SYMHEAP_COLL_DEFINES puts ahead of the source (backend/cuda/mod.rs, coll_source):
     // every #ifndef constant of coll.cu may be overridden, including template arguments.
-    let src = format!(
-        "#define SYMHEAP_COLL_BCAST_PUSH 0\n#define SYMHEAP_COLL_UNROLL 2\n\
-         #define SYMHEAP_COLL_UNROLL_ONESHOT 1\n#define SYMHEAP_COLL_PUSH2_MIN 0\n\
-         #define SYMHEAP_COLL_LL128_UNROLL 2\n#define SYMHEAP_COLL_A2A_OWN 0\n{}",
-        nvrtc::COLL
-    );
-    cubin(&src, "coll_tuned.cu", 90);
+    let defines: Vec<(String, u64)> = [
+        ("SYMHEAP_COLL_BCAST_PUSH", 0),
+        ("SYMHEAP_COLL_UNROLL", 2),
+        ("SYMHEAP_COLL_UNROLL_ONESHOT", 1),
+        ("SYMHEAP_COLL_PUSH2_MIN", 0),
+        ("SYMHEAP_COLL_LL128_UNROLL", 2),
+        ("SYMHEAP_COLL_A2A_OWN", 0),
+    ]
+    .map(|(n, v)| (n.to_string(), v))
+    .into();
+    cubin(&coll_source(&defines), "coll_tuned.cu", 90);
 }
 
 #[test]
 fn coll_kernels_compile_to_cubin() {
     for arch in ARCHS {
-        cubin(nvrtc::COLL, "coll.cu", arch);
+        cubin(&coll_program(), "coll.cu", arch);
     }
 }
 
 #[test]
-fn coll_exports_every_kernel_with_the_team_arguments() {
+fn every_kernel_takes_its_argument_block() {
+    // Each kernel the backend launches has one parameter, its argument block by value, of the
+    // size of the Rust struct the launcher passes (the layout inside is checked by the
+    // program's static_asserts).
+    let kernels = kernels_program();
     for arch in ARCHS {
-        let p = coll_ptx(arch);
-        for name in coll_kernels() {
-            let params = entry_params(p, &name);
-            // Kernel arguments, then the 8 team arguments (bases, flags, peer_flags, ctl, me, n,
-            // timeout_ns, error): u64 pointers / sizes, s32 ints.
-            let count = params.matches(".param").count();
-            let leading = match name.as_str() {
-                n if n.starts_with("symheap_ar_oneshot_") => 8,
-                n if n.starts_with("symheap_ar_flag_") => 8,
-                n if n.starts_with("symheap_ar_ll128_") => 9,
-                n if n.starts_with("symheap_ar_twoshot_") => 4,
-                n if n.starts_with("symheap_reduce_scatter_") => 4,
-                "symheap_broadcast" => 4,
-                "symheap_exchange_ll" => 8,
-                "symheap_exchange_ll128" => 9,
-                _ => 3,
+        let own = ptx(&kernels, "kernels.cu", arch);
+        for e in kernel_entries() {
+            let p = if e.program == "symheap_coll.cu" {
+                coll_ptx(arch)
+            } else {
+                own.as_str()
             };
+            let params = entry_params(p, &e.symbol);
+            let want = format!(".param .align 8 .b8 {}_param_0[{}]", e.symbol, e.arg_bytes);
             assert_eq!(
-                count,
-                leading + 8,
-                "{name} sm_{arch}: unexpected parameter count in\n{params}"
+                params.matches(".param").count(),
+                1,
+                "{} sm_{arch}: one parameter expected in\n{params}",
+                e.symbol
             );
-            let kinds: Vec<&str> = params
-                .split(".param")
-                .skip(1)
-                .map(|p| p.split_whitespace().next().unwrap_or(""))
-                .collect();
-            let team = &kinds[leading..];
-            assert_eq!(
-                team,
-                [".u64", ".u64", ".u64", ".u64", ".u32", ".u32", ".u64", ".u64"],
-                "{name}: team arguments"
+            assert!(
+                params.contains(&want),
+                "{} sm_{arch}: expected `{want}` in\n{params}",
+                e.symbol
             );
         }
+    }
+}
+
+/// NVRTC's log for `source`, which must not compile.
+fn compile_error(source: &str, name: &str) -> String {
+    require_nvrtc();
+    match nvrtc::compile_ptx(source, name, 90, &headers()) {
+        Ok(_) => panic!("{name} compiled although its argument layout is wrong"),
+        Err(log) => log,
+    }
+}
+
+#[test]
+fn an_argument_layout_that_differs_does_not_compile() {
+    let coll = coll_program();
+    let kernels = kernels_program();
+    // The .cu side drifts: a field added, a field widened, two fields swapped.
+    let added = coll.replacen(
+        "  uint64_t stride;",
+        "  uint64_t extra;\n  uint64_t stride;",
+        1,
+    );
+    assert_ne!(added, coll);
+    let log = compile_error(&added, "coll_added.cu");
+    assert!(
+        log.contains("coll::Args::stride: Rust puts 8 bytes at offset 24"),
+        "{log}"
+    );
+    let widened = kernels.replacen("  int32_t cmp;", "  int64_t cmp;", 1);
+    assert_ne!(widened, kernels);
+    let log = compile_error(&widened, "kernels_widened.cu");
+    assert!(
+        log.contains("kern::WaitArgs::cmp: Rust puts 4 bytes at offset 32"),
+        "{log}"
+    );
+    let swapped = coll.replacen(
+        "  int32_t me;\n  int32_t n;",
+        "  int32_t n;\n  int32_t me;",
+        1,
+    );
+    assert_ne!(swapped, coll);
+    let log = compile_error(&swapped, "coll_swapped.cu");
+    assert!(
+        log.contains("coll::Team::me: Rust puts 4 bytes at offset 32"),
+        "{log}"
+    );
+    // The Rust side drifts: the header says another offset.
+    let moved = coll.replacen(
+        "SYMHEAP_ARG_OFFSET(coll::Args, root) == 80",
+        "SYMHEAP_ARG_OFFSET(coll::Args, root) == 84",
+        1,
+    );
+    assert_ne!(moved, coll);
+    compile_error(&moved, "coll_moved.cu");
+    // Without the checks the programs refuse to compile at all.
+    for (raw, name) in [
+        (nvrtc::COLL, "coll_raw.cu"),
+        (nvrtc::KERNELS, "kernels_raw.cu"),
+    ] {
+        let log = compile_error(raw, name);
+        assert!(log.contains("prepends the Rust layout checks"), "{log}");
     }
 }
 
@@ -515,7 +572,7 @@ fn coll_kernels_do_not_spill() {
     // Every kernel is reported before the verdict, so one run shows all that went over.
     let mut over = Vec::new();
     for arch in ARCHS {
-        let log = ptxas_report(nvrtc::COLL, "coll.cu", arch);
+        let log = ptxas_report(&coll_program(), "coll.cu", arch);
         let usage = ptxas_usage(&log);
         for name in coll_kernels() {
             let (_, regs, spill_st, spill_ld, stack) = usage

@@ -1,21 +1,26 @@
-//! symheap's own kernels: where their images come from (embedded at build time, the on-disk
-//! cache or NVRTC), the collective kernels' names and dtypes, and loading them into modules.
+//! symheap's own kernels: their programs as compiled (the sources with the argument layout
+//! checks ahead of them), where their images come from (embedded at build time, the on-disk
+//! cache or NVRTC), and loading them into modules as handles typed by their argument blocks.
 
-use std::collections::HashMap;
-
-use super::driver::{Device, Function, Module};
+use super::arg_block::{layout_header, Kernel};
+use super::coll_args::{self, CollDType, CollKernels};
+use super::driver::{Device, Module};
+use super::kernel_args::{
+    self, AtomicArgs, BarrierArgs, CopyArgs, OneKernel, PutSignalArgs, SignalArgs, WaitArgs,
+};
 use super::{cache, nvrtc, prebuilt};
 use crate::element::DType;
 use crate::error::{err, ErrorKind, Result};
 
+/// kernels.cu's kernels, each typed by its argument block.
 pub(super) struct Kernels {
     pub(super) _module: Module,
-    pub(super) copy: Function,
-    pub(super) put_signal: Function,
-    pub(super) signal: Function,
-    pub(super) wait: Function,
-    pub(super) barrier: Function,
-    pub(super) atomic: Function,
+    pub(super) copy: Kernel<CopyArgs>,
+    pub(super) put_signal: Kernel<PutSignalArgs>,
+    pub(super) signal: Kernel<SignalArgs>,
+    pub(super) wait: Kernel<WaitArgs>,
+    pub(super) barrier: Kernel<BarrierArgs>,
+    pub(super) atomic: Kernel<AtomicArgs>,
     /// Where the cubin came from, for the banner.
     pub(super) origin: String,
 }
@@ -90,13 +95,56 @@ pub(super) fn build(
     Ok((module, origin))
 }
 
+/// The program name of kernels.cu (in messages, and in [`shipped_sources`]).
+const KERNELS_PROGRAM: &str = "symheap_kernels.cu";
+/// The program name of coll.cu.
+const COLL_PROGRAM: &str = "symheap_coll.cu";
+
 /// symheap's own kernel sources as the backend compiles them with no tuning overrides: (program
 /// name, source). `symheap kernels` compiles these ahead of time for the wheel.
 pub fn shipped_sources() -> Vec<(&'static str, String)> {
     vec![
-        ("symheap_kernels.cu", nvrtc::KERNELS.to_string()),
-        ("symheap_coll.cu", coll_source(&[])),
+        (KERNELS_PROGRAM, kernels_source()),
+        (COLL_PROGRAM, coll_source(&[])),
     ]
+}
+
+/// One kernel of symheap's programs: its program (as named in [`shipped_sources`]), its symbol
+/// and the size of the argument block it takes as its one parameter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelEntry {
+    /// The program's name.
+    pub program: &'static str,
+    /// The `extern "C"` symbol.
+    pub symbol: String,
+    /// Bytes of its argument block.
+    pub arg_bytes: usize,
+}
+
+/// Every kernel the backend launches, for checks of the compiled programs.
+pub fn kernel_entries() -> Vec<KernelEntry> {
+    let own = kernel_args::symbols()
+        .into_iter()
+        .map(|(symbol, arg_bytes)| KernelEntry {
+            program: KERNELS_PROGRAM,
+            symbol: symbol.to_string(),
+            arg_bytes,
+        });
+    let coll = coll_args::symbols()
+        .into_iter()
+        .map(|(symbol, arg_bytes)| KernelEntry {
+            program: COLL_PROGRAM,
+            symbol,
+            arg_bytes,
+        });
+    own.chain(coll).collect()
+}
+
+/// kernels.cu as compiled: its argument layout checks, then the source.
+pub fn kernels_source() -> String {
+    let mut src = layout_header(&kernel_args::blocks());
+    src.push_str(nvrtc::KERNELS);
+    src
 }
 
 /// The file name under which the image of `source` (from [`shipped_sources`]) for `arch` is
@@ -110,23 +158,7 @@ pub fn prebuilt_archs() -> Vec<u32> {
     prebuilt::archs()
 }
 
-/// Names of the collective kernels (coll.cu), looked up once at init.
-const COLL_KERNELS: &[&str] = &[
-    "symheap_allgather",
-    "symheap_broadcast",
-    "symheap_alltoall",
-    "symheap_exchange_ll",
-    "symheap_exchange_ll128",
-];
-/// Reduction kernels exist per dtype suffix.
-const COLL_REDUCING: &[&str] = &[
-    "symheap_ar_oneshot",
-    "symheap_ar_flag",
-    "symheap_ar_ll128",
-    "symheap_ar_twoshot",
-    "symheap_reduce_scatter",
-];
-/// Dtypes the reducing kernels are built for.
+/// Dtypes the reducing kernels are built for, with their symbol suffix.
 pub const COLL_DTYPES: &[(DType, &str)] = &[
     (DType::F32, "f32"),
     (DType::F16, "f16"),
@@ -136,23 +168,20 @@ pub const COLL_DTYPES: &[(DType, &str)] = &[
 
 /// Whether the GPU reduction kernels handle `d`.
 pub fn coll_supports(d: DType) -> bool {
-    COLL_DTYPES.iter().any(|(t, _)| *t == d)
+    CollDType::of(d).is_some()
 }
 
-pub(super) struct CollKernels {
-    pub(super) _module: Module,
-    pub(super) fns: HashMap<String, Function>,
-}
-
-/// The collective kernels' source with `defines` (already validated: `SYMHEAP_COLL_*` names,
-/// integer values) ahead of it; they change the cache key with the source.
-pub(super) fn coll_source(defines: &[(String, u64)]) -> String {
+/// The collective kernels' program: `defines` (already validated: `SYMHEAP_COLL_*` names,
+/// integer values; they change the cache key with the source), the argument layout checks, then
+/// the source.
+pub fn coll_source(defines: &[(String, u64)]) -> String {
     let mut src = String::new();
     for (name, value) in defines {
         // A plain decimal literal: it takes the smallest integer type that holds it, so it also
         // fits `int` template arguments (an `ull` suffix would be a narrowing conversion there).
         src.push_str(&format!("#define {name} {value}\n"));
     }
+    src.push_str(&layout_header(&coll_args::blocks()));
     src.push_str(nvrtc::COLL);
     src
 }
@@ -163,33 +192,26 @@ pub(super) fn compile_coll(
     defines: &[(String, u64)],
 ) -> Result<CollKernels> {
     let source = coll_source(defines);
-    let (module, _) = build(dev, driver_version, &source, "symheap_coll.cu")?;
-    let mut fns = HashMap::new();
-    for k in COLL_KERNELS {
-        fns.insert(k.to_string(), module.function(k)?);
-    }
-    for k in COLL_REDUCING {
-        for (_, sfx) in COLL_DTYPES {
-            let name = format!("{k}_{sfx}");
-            let f = module.function(&name)?;
-            fns.insert(name, f);
-        }
-    }
-    Ok(CollKernels {
-        _module: module,
-        fns,
-    })
+    let (module, _) = build(dev, driver_version, &source, COLL_PROGRAM)?;
+    CollKernels::load(module)
+}
+
+/// kernels.cu's kernel for block `A`.
+fn one<A: OneKernel>(module: &Module) -> Result<Kernel<A>> {
+    // SAFETY: `A::SYMBOL` takes `A`'s C struct by value (kernels.cu; the program's layout checks
+    // and nvrtc_compile's `every_kernel_takes_its_argument_block`); the module is kept alongside.
+    unsafe { Kernel::load(module, A::SYMBOL) }
 }
 
 pub(super) fn compile_kernels(dev: &Device, driver_version: i32) -> Result<Kernels> {
-    let (module, origin) = build(dev, driver_version, nvrtc::KERNELS, "symheap_kernels.cu")?;
+    let (module, origin) = build(dev, driver_version, &kernels_source(), KERNELS_PROGRAM)?;
     Ok(Kernels {
-        copy: module.function("symheap_copy")?,
-        put_signal: module.function("symheap_put_signal")?,
-        signal: module.function("symheap_signal")?,
-        wait: module.function("symheap_wait")?,
-        barrier: module.function("symheap_barrier")?,
-        atomic: module.function("symheap_atomic")?,
+        copy: one(&module)?,
+        put_signal: one(&module)?,
+        signal: one(&module)?,
+        wait: one(&module)?,
+        barrier: one(&module)?,
+        atomic: one(&module)?,
         _module: module,
         origin,
     })
@@ -209,6 +231,32 @@ mod coll_source_tests {
             "#define SYMHEAP_COLL_LL_MAX 131072\n#define SYMHEAP_COLL_BCAST_PUSH 0\n"
         ));
         assert!(src.ends_with(nvrtc::COLL));
-        assert_eq!(coll_source(&[]), nvrtc::COLL);
+        let plain = coll_source(&[]);
+        assert!(plain.starts_with("// Generated by symheap"), "{plain:.200}");
+        assert!(plain.contains("#define SYMHEAP_ARG_LAYOUT \\\n"));
+        assert!(plain.ends_with(nvrtc::COLL));
+        assert!(src.ends_with(&plain));
+    }
+
+    #[test]
+    fn coll_dtypes_are_the_reducing_kernels_types() {
+        let table: Vec<(DType, &str)> = CollDType::ALL
+            .iter()
+            .map(|d| (d.dtype(), d.suffix()))
+            .collect();
+        assert_eq!(COLL_DTYPES, table.as_slice());
+        assert!(coll_supports(DType::BF16) && !coll_supports(DType::F64));
+    }
+
+    #[test]
+    fn every_kernel_is_listed_once() {
+        let entries = kernel_entries();
+        assert_eq!(entries.len(), 6 + 5 * 4 + 5);
+        let mut symbols: Vec<&str> = entries.iter().map(|e| e.symbol.as_str()).collect();
+        symbols.sort_unstable();
+        symbols.dedup();
+        assert_eq!(symbols.len(), entries.len());
+        let programs: Vec<&str> = shipped_sources().iter().map(|(p, _)| *p).collect();
+        assert!(entries.iter().all(|e| programs.contains(&e.program)));
     }
 }

@@ -8,8 +8,11 @@
 //! direct and get 0 in every table. Kernels are CUDA C++ compiled at run time by NVRTC for the
 //! device's own arch and cached on disk.
 
+mod arg_block;
 mod cache;
+pub(crate) mod coll_args;
 pub(crate) mod driver;
+mod kernel_args;
 mod kernels;
 mod module;
 pub(crate) mod nccl;
@@ -20,10 +23,13 @@ mod prebuilt;
 mod stream_ops;
 pub mod topology;
 
+use coll_args::CollKernels;
+use kernel_args::AtomicArgs;
 pub use kernels::{
-    coll_supports, prebuilt_archs, prebuilt_file_name, shipped_sources, COLL_DTYPES,
+    coll_source, coll_supports, kernel_entries, kernels_source, prebuilt_archs, prebuilt_file_name,
+    shipped_sources, KernelEntry, COLL_DTYPES,
 };
-use kernels::{compile_coll, compile_kernels, CollKernels, Kernels};
+use kernels::{compile_coll, compile_kernels, Kernels};
 pub use module::CudaModule;
 pub use stream_ops::FUSED_PUT_SIGNAL_MAX;
 
@@ -39,7 +45,6 @@ use crate::bootstrap::{Bootstrap, NodeChannel, NodeInfo};
 use crate::element::DType;
 use crate::error::{backend, err, invalid, ErrorKind, Result};
 
-use driver::Arg;
 pub use driver::Arg as KernelArg;
 
 /// Oldest arch whose memory model (release/acquire at system scope) the kernels rely on.
@@ -534,21 +539,17 @@ impl Backend for CudaBackend {
             AtomicOp::Xor => 7,
         };
         let _g = self.ops.lock().unwrap_or_else(|p| p.into_inner());
-        driver::launch(
-            self.kernels.atomic,
-            1,
-            1,
-            0,
-            self.stream.0,
-            &[
-                Arg::U64(addr),
-                Arg::I32(code),
-                Arg::I32(width as i32),
-                Arg::U64(operand),
-                Arg::U64(compare),
-                Arg::U64(self.flags.dev + ATOMIC_OLD as u64),
-            ],
-        )?;
+        let args = AtomicArgs {
+            addr,
+            operand,
+            compare,
+            old_out: self.flags.dev + ATOMIC_OLD as u64,
+            op: code,
+            width: width as i32,
+        };
+        // SAFETY: `addr` is a heap word of a direct PE the ops layer checked, aligned to `width`
+        // (above); `old_out` is this backend's mapped block; the stream is the backend's own.
+        unsafe { self.kernels.atomic.launch(1, 1, 0, self.stream.0, &args) }?;
         driver::stream_sync(self.stream.0)?;
         Ok(self.flags.read_u64(ATOMIC_OLD))
     }

@@ -32,7 +32,9 @@ impl CudaModule {
     ) -> Result<()> {
         let f = self.module.function(kernel)?;
         let stream = stream.checked(self.ctx, "launch")?;
-        driver::launch(f, grid, block, shared, stream, args)
+        // SAFETY: `args` match the kernel's parameters and their addresses are valid (this
+        // function's contract); `stream` belongs to the module's context (checked above).
+        unsafe { driver::launch(f, grid, block, shared, stream, args) }
     }
 
     /// The device ordinal it was compiled for.

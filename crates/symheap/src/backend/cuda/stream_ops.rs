@@ -2,7 +2,9 @@
 //! launches), how it learns that device-side waits gave up, and the fences of stream-ordered
 //! release.
 
+use super::coll_args::{CollArgs, CollKernel};
 use super::driver::{self, Arg, Device};
+use super::kernel_args::{BarrierArgs, CopyArgs, PutSignalArgs, SignalArgs, WaitArgs};
 use super::{CudaBackend, Engine, ABORT, ERR_BARRIER, ERR_COLL, ERR_WAIT};
 use crate::error::{backend, err, invalid, ErrorKind, Result};
 use crate::stream::Stream;
@@ -87,14 +89,10 @@ impl CudaBackend {
         let grid = bytes
             .div_ceil(per_block)
             .clamp(1, (self.dev.sm_count.max(1) as u64) * 8) as u32;
-        driver::launch(
-            self.kernels.copy,
-            grid,
-            block,
-            0,
-            stream,
-            &[Arg::U64(dst), Arg::U64(src), Arg::U64(bytes)],
-        )
+        let args = CopyArgs { dst, src, bytes };
+        // SAFETY: the ops layer passes ranges it checked: symmetric memory of direct PEs or
+        // this GPU's own allocations (`check_local_range`); `stream` is of this context.
+        unsafe { self.kernels.copy.launch(grid, block, 0, stream, &args) }
     }
 
     /// Enqueues a copy of `bytes` from `src` to `dst` (device addresses, any direct PE) on
@@ -125,14 +123,15 @@ impl CudaBackend {
         stream: u64,
     ) -> Result<()> {
         self.bind()?;
-        driver::launch(
-            self.kernels.signal,
-            1,
-            1,
-            0,
-            stream,
-            &[Arg::U64(sig), Arg::U64(value), Arg::I32(i32::from(add))],
-        )
+        let args = SignalArgs {
+            sig,
+            value,
+            op: i32::from(add),
+            reserved: 0,
+        };
+        // SAFETY: `sig` is a signal word in the heap of a direct PE, checked by the ops layer;
+        // `stream` is of this context.
+        unsafe { self.kernels.signal.launch(1, 1, 0, stream, &args) }
     }
 
     /// Enqueues a copy of `bytes` from `src` to `dst` followed by a signal update as
@@ -155,41 +154,36 @@ impl CudaBackend {
             return self.signal_on_stream(sig, value, add, stream);
         }
         self.bind()?;
-        driver::launch(
-            self.kernels.put_signal,
-            1,
-            fused_put_signal_threads(bytes),
-            0,
-            stream,
-            &[
-                Arg::U64(dst),
-                Arg::U64(src),
-                Arg::U64(bytes),
-                Arg::U64(sig),
-                Arg::U64(value),
-                Arg::I32(i32::from(add)),
-            ],
-        )
+        let args = PutSignalArgs {
+            dst,
+            src,
+            bytes,
+            sig,
+            value,
+            op: i32::from(add),
+            reserved: 0,
+        };
+        let threads = fused_put_signal_threads(bytes);
+        // SAFETY: the data ranges and the signal word were checked by the ops layer (as for
+        // `copy_on_stream` and `signal_on_stream`); `stream` is of this context.
+        unsafe { self.kernels.put_signal.launch(1, threads, 0, stream, &args) }
     }
 
     /// Enqueues a wait until `*sig CMP value` (cmp per symheap.cuh's constants) on `stream`. A
     /// wait longer than the timeout stops and raises the device error flag.
     pub(crate) fn wait_on_stream(&self, sig: u64, cmp: i32, value: u64, stream: u64) -> Result<()> {
         self.bind()?;
-        driver::launch(
-            self.kernels.wait,
-            1,
-            1,
-            0,
-            stream,
-            &[
-                Arg::U64(sig),
-                Arg::I32(cmp),
-                Arg::U64(value),
-                Arg::U64(self.timeout_ns()),
-                Arg::U64(self.flags.dev + ERR_WAIT as u64),
-            ],
-        )
+        let args = WaitArgs {
+            sig,
+            value,
+            timeout_ns: self.timeout_ns(),
+            error: self.flags.dev + ERR_WAIT as u64,
+            cmp,
+            reserved: 0,
+        };
+        // SAFETY: `sig` is this PE's signal word, checked by the ops layer; `error` is this
+        // backend's mapped block; `stream` is of this context.
+        unsafe { self.kernels.wait.launch(1, 1, 0, stream, &args) }
     }
 
     /// Enqueues a barrier among `n` members on `stream`. `flags` is this PE's flag array,
@@ -207,25 +201,41 @@ impl CudaBackend {
     ) -> Result<()> {
         self.bind()?;
         let threads = (n as u32).next_multiple_of(32).max(32);
-        driver::launch(
-            self.kernels.barrier,
-            1,
-            threads,
-            0,
-            stream,
-            &[
-                Arg::U64(flags),
-                Arg::U64(peer_flags),
-                Arg::U64(epoch_ptr),
-                Arg::I32(me as i32),
-                Arg::I32(n as i32),
-                Arg::U64(self.timeout_ns()),
-                Arg::U64(self.flags.dev + ERR_BARRIER as u64),
-            ],
-        )
+        let args = BarrierArgs {
+            flags,
+            peer_flags,
+            epoch_ptr,
+            timeout_ns: self.timeout_ns(),
+            error: self.flags.dev + ERR_BARRIER as u64,
+            me: me as i32,
+            n: n as i32,
+        };
+        // SAFETY: the flag arrays, their device table and the counter are the team's device
+        // state in symmetric memory, set up by the context for `n` members; `error` is this
+        // backend's mapped block; `stream` is of this context.
+        unsafe { self.kernels.barrier.launch(1, threads, 0, stream, &args) }
     }
 
-    /// Launches collective kernel `name` (from coll.cu) with `grid` blocks of 512 threads.
+    /// Launches collective `kernel` (coll.cu) with `grid` blocks of 512 threads and `args`.
+    /// The caller (the ops layer) builds `args` from buffers it checked and the team's device
+    /// state; `kernel` reads the fields its family uses (see [`CollKernel`]).
+    pub(crate) fn launch_coll_kernel(
+        &self,
+        kernel: CollKernel,
+        grid: u32,
+        stream: u64,
+        args: &CollArgs,
+    ) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the buffers were checked by the ops layer (symmetric ranges, or this GPU's own
+        // memory for the kernels that stay local); the team part is the team's device state and
+        // this backend's error word; `stream` is of this context.
+        unsafe { self.coll.get(kernel).launch(grid, 512, 0, stream, args) }
+    }
+
+    /// Launches collective kernel `name` (coll.cu's symbol) with `grid` blocks of 512 threads
+    /// and `args` in the kernel's former parameter order ([`CollArgs::from_positional`]). For
+    /// callers that still name kernels by symbol; [`Self::launch_coll_kernel`] is the typed form.
     pub(crate) fn launch_coll(
         &self,
         name: &str,
@@ -233,13 +243,10 @@ impl CudaBackend {
         stream: u64,
         args: &[Arg],
     ) -> Result<()> {
-        self.bind()?;
-        let f = *self
-            .coll
-            .fns
-            .get(name)
+        let kernel = CollKernel::from_symbol(name)
             .ok_or_else(|| backend("collective", format!("no kernel {name}")))?;
-        driver::launch(f, grid, 512, 0, stream, args)
+        let args = CollArgs::from_positional(kernel, args)?;
+        self.launch_coll_kernel(kernel, grid, stream, &args)
     }
 
     /// The backend's own non-blocking stream (host-level calls run their kernels on it).

@@ -689,48 +689,45 @@ using coll::Team;
 // One-shot all_reduce (latency path; stride 0) and one-shot reduce_scatter (stride == count:
 // src holds n blocks of count elements, block j for member j; dst gets count elements). scratch:
 // my symmetric scratch [2 parities][n slots][slot_bytes]; peer_scratch[j]: member j's scratch
-// base. count * sizeof(T) <= slot_bytes.
-#define COLL_ONESHOT(SUFFIX, D, S)                                                          \
-  extern "C" __global__ void __launch_bounds__(1024) symheap_ar_oneshot_##SUFFIX(           \
-      const S* src, S* dst, uint64_t count, uint64_t stride, int op,                        \
-      const uint64_t* peer_scratch, uint64_t* scratch, uint64_t slot_bytes,                 \
-      COLL_TEAM_PARAMS) {                                                                   \
-    coll::ar_oneshot<D>(src, dst, count, stride, op, peer_scratch, scratch, slot_bytes,     \
-                        COLL_TEAM);                                                         \
+// base. count * sizeof(T) <= slot_bytes. Reads src, dst, count, stride, op, peer_scratch,
+// scratch, slot_bytes.
+#define COLL_ONESHOT(SUFFIX, D, S)                                                      \
+  extern "C" __global__ void __launch_bounds__(1024)                                    \
+      symheap_ar_oneshot_##SUFFIX(const coll::Args a) {                                 \
+    coll::ar_oneshot<D>((const S*)a.src, (S*)a.dst, a.count, a.stride, a.op,            \
+                        a.peer_scratch, a.scratch, a.slot_bytes, coll::Team(a.team));   \
   }
 
-// The one-shot's flag path (the launcher's choice above the LL sizes): the same arguments.
-#define COLL_FLAG(SUFFIX, D, S)                                                                \
-  extern "C" __global__ void __launch_bounds__(1024) symheap_ar_flag_##SUFFIX(                 \
-      const S* src, S* dst, uint64_t count, uint64_t stride, int op,                           \
-      const uint64_t* peer_scratch, uint64_t* scratch, uint64_t slot_bytes,                    \
-      COLL_TEAM_PARAMS) {                                                                      \
-    coll::ar_flag<D>(src, dst, count, stride, op, peer_scratch, scratch, slot_bytes, COLL_TEAM); \
+// The one-shot's flag path (the launcher's choice above the LL sizes): the same fields.
+#define COLL_FLAG(SUFFIX, D, S)                                                                  \
+  extern "C" __global__ void __launch_bounds__(1024) symheap_ar_flag_##SUFFIX(const coll::Args a) { \
+    coll::ar_flag<D>((const S*)a.src, (S*)a.dst, a.count, a.stride, a.op, a.peer_scratch,        \
+                     a.scratch, a.slot_bytes, coll::Team(a.team));                               \
   }
 
 // The one-shot's LL128 path (mid-size messages): scratch is my scratch base, the LL128 region
-// starts ll_off bytes into every member's scratch, `part` bytes per parity.
-#define COLL_LL128(SUFFIX, D, S)                                                              \
-  extern "C" __global__ void __launch_bounds__(1024) symheap_ar_ll128_##SUFFIX(               \
-      const S* src, S* dst, uint64_t count, uint64_t stride, int op,                          \
-      const uint64_t* peer_scratch, uint64_t* scratch, uint64_t ll_off, uint64_t part,        \
-      COLL_TEAM_PARAMS) {                                                                     \
-    coll::ar_ll128<D>(src, dst, count, stride, op, peer_scratch, scratch, ll_off, part,       \
-                      COLL_TEAM);                                                             \
+// starts ll_off bytes into every member's scratch, `part` bytes per parity. Reads src, dst,
+// count, stride, op, peer_scratch, scratch, ll_off, part.
+#define COLL_LL128(SUFFIX, D, S)                                                        \
+  extern "C" __global__ void __launch_bounds__(1024)                                    \
+      symheap_ar_ll128_##SUFFIX(const coll::Args a) {                                   \
+    coll::ar_ll128<D>((const S*)a.src, (S*)a.dst, a.count, a.stride, a.op, a.peer_scratch, \
+                      a.scratch, a.ll_off, a.part, coll::Team(a.team));                 \
   }
 
-// Two-shot all_reduce (bandwidth path), no scratch.
-#define COLL_TWOSHOT(SUFFIX, D, S)                                                \
-  extern "C" __global__ void __launch_bounds__(1024) symheap_ar_twoshot_##SUFFIX( \
-      const S* src, S* dst, uint64_t count, int op, COLL_TEAM_PARAMS) {           \
-    coll::ar_twoshot<D>(src, dst, count, op, COLL_TEAM);                          \
+// Two-shot all_reduce (bandwidth path), no scratch. Reads src, dst, count, op.
+#define COLL_TWOSHOT(SUFFIX, D, S)                                                      \
+  extern "C" __global__ void __launch_bounds__(1024)                                    \
+      symheap_ar_twoshot_##SUFFIX(const coll::Args a) {                                 \
+    coll::ar_twoshot<D>((const S*)a.src, (S*)a.dst, a.count, a.op, coll::Team(a.team)); \
   }
 
 // reduce_scatter: src holds n * count elements; dst[i] = reduce_j member j's src[me * count + i].
-#define COLL_REDUCE_SCATTER(SUFFIX, D, S)                                             \
-  extern "C" __global__ void __launch_bounds__(1024) symheap_reduce_scatter_##SUFFIX( \
-      const S* src, S* dst, uint64_t count, int op, COLL_TEAM_PARAMS) {               \
-    coll::reduce_scatter<D>(src, dst, count, op, COLL_TEAM);                          \
+// Reads src, dst, count, op.
+#define COLL_REDUCE_SCATTER(SUFFIX, D, S)                                                   \
+  extern "C" __global__ void __launch_bounds__(1024)                                        \
+      symheap_reduce_scatter_##SUFFIX(const coll::Args a) {                                 \
+    coll::reduce_scatter<D>((const S*)a.src, (S*)a.dst, a.count, a.op, coll::Team(a.team)); \
   }
 
 #define COLL_REDUCTIONS(SUFFIX, D, S) \

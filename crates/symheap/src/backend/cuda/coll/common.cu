@@ -28,7 +28,10 @@
 //     exchange_ll / exchange_ll128 as ar_oneshot / ar_ll128, over the bytes per member (a
 //                 broadcast never in two waves);
 //     allgather / reduce_scatter / broadcast / alltoall: clamp(ceil(bytes / 16 KiB), 1, 2 x SMs).
-// * Trailing team arguments, in this order (COLL_TEAM_PARAMS):
+// * One parameter: the argument block coll::Args (below), by value, mirrored by CollArgs in
+//   coll_args.rs; the Rust side prepends SYMHEAP_ARG_LAYOUT (static_asserts of its layout, see
+//   arg_block.rs), expanded after the structs, so a field that differs fails the compile. Each
+//   kernel reads the fields of its family (the kernels' comments); its team part, coll::Team:
 //     const int64_t* bases       device array [n]: heap base of each member in this process's
 //                                address space; member j's copy of my symmetric p is
 //                                bases[j] + (p - bases[me]). Deltas must be multiples of 16 for
@@ -381,17 +384,44 @@ struct Team {
   uint64_t* flags;
   const uint64_t* peer_flags;
   uint64_t* ctl;
-  int me;
-  int n;
+  int32_t me;
+  int32_t n;
   uint64_t timeout_ns;
   uint32_t* error;
 };
 
-#define COLL_TEAM_PARAMS                                                                           \
-  const int64_t *bases, uint64_t *flags, const uint64_t *peer_flags, uint64_t *ctl, int me, int n, \
-      uint64_t timeout_ns, uint32_t *error
-#define COLL_TEAM \
-  Team { bases, flags, peer_flags, ctl, me, n, timeout_ns, error }
+// The one parameter of every collective kernel (see the launch contract above).
+struct Args {
+  const void* src;
+  void* dst;
+  uint64_t count;                // elements (reducing kernels) or bytes per member (the others)
+  uint64_t stride;               // one-shot: element stride between the members' src blocks
+  const uint64_t* peer_scratch;  // scratch kernels: device array [n] of the scratch bases
+  uint64_t* scratch;             // scratch kernels: my scratch
+  uint64_t slot_bytes;           // LL and flag kernels: the scratch slot size
+  uint64_t ll_off;               // LL128 kernels: the LL128 region's offset in every scratch
+  uint64_t part;                 // LL128 kernels: the region's bytes per parity
+  int32_t op;                    // reducing kernels: 0 sum, 1 min, 2 max, 3 prod
+  int32_t mode;                  // exchange kernels: COLL_XCHG_*
+  int32_t root;                  // broadcast and exchange kernels: the root's team index
+  int32_t reserved;
+  Team team;
+};
+
+#ifndef SYMHEAP_ARG_LAYOUT
+#error "compile coll.cu through coll_source() (kernels.rs): it prepends the Rust layout checks"
+#endif
+SYMHEAP_ARG_LAYOUT
+
+// The team's fields under the names the kernel bodies use (not every kernel uses each).
+#define COLL_TEAM_NAMES(T)                                            \
+  [[maybe_unused]] const int me = (T).me;                             \
+  [[maybe_unused]] const int n = (T).n;                               \
+  [[maybe_unused]] uint64_t* const flags = (T).flags;                 \
+  [[maybe_unused]] const uint64_t* const peer_flags = (T).peer_flags; \
+  [[maybe_unused]] uint64_t* const ctl = (T).ctl;                     \
+  [[maybe_unused]] const uint64_t timeout_ns = (T).timeout_ns;        \
+  [[maybe_unused]] uint32_t* const error = (T).error
 
 // Per-block state every kernel sets up at entry (static shared memory).
 struct Block {

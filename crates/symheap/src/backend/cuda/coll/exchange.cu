@@ -4,9 +4,13 @@
 
 // all_gather: round 0; my `bytes` from src go to dst + me * bytes of every member (self too,
 // unless src == dst + me * bytes); round 1.
-extern "C" __global__ void __launch_bounds__(1024)
-    symheap_allgather(const uint8_t* src, uint8_t* dst, uint64_t bytes, COLL_TEAM_PARAMS) {
-  const Team t = COLL_TEAM;
+// Reads src, dst, count (bytes).
+extern "C" __global__ void __launch_bounds__(1024) symheap_allgather(const coll::Args a) {
+  const Team t = a.team;
+  COLL_TEAM_NAMES(t);
+  const uint8_t* const src = (const uint8_t*)a.src;
+  uint8_t* const dst = (uint8_t*)a.dst;
+  const uint64_t bytes = a.count;
   __shared__ coll::Block blk;
   coll::begin(t, blk);
   uint8_t* mine = dst + (size_t)me * bytes;
@@ -34,10 +38,14 @@ extern "C" __global__ void __launch_bounds__(1024)
 #ifndef SYMHEAP_COLL_BCAST_PUSH
 #define SYMHEAP_COLL_BCAST_PUSH 1
 #endif
-extern "C" __global__ void __launch_bounds__(1024)
-    symheap_broadcast(const uint8_t* src, uint8_t* dst, uint64_t bytes, int root,
-                      COLL_TEAM_PARAMS) {
-  const Team t = COLL_TEAM;
+// Reads src, dst, count (bytes), root.
+extern "C" __global__ void __launch_bounds__(1024) symheap_broadcast(const coll::Args a) {
+  const Team t = a.team;
+  COLL_TEAM_NAMES(t);
+  const uint8_t* const src = (const uint8_t*)a.src;
+  uint8_t* const dst = (uint8_t*)a.dst;
+  const uint64_t bytes = a.count;
+  const int root = a.root;
   __shared__ coll::Block blk;
   coll::begin(t, blk);
   const size_t rank = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -142,11 +150,18 @@ COLL_DEV void store_part(uint8_t* p, size_t len, bool al, const v16& v) {
 #define COLL_XCHG_ALLTOALL 1
 #define COLL_XCHG_BROADCAST 2
 
-extern "C" __global__ void __launch_bounds__(1024)
-    symheap_exchange_ll(const uint8_t* src, uint8_t* dst, uint64_t bytes, int mode, int root,
-                        const uint64_t* peer_scratch, uint64_t* scratch, uint64_t slot_bytes,
-                        COLL_TEAM_PARAMS) {
-  const Team t = COLL_TEAM;
+// Reads src, dst, count (bytes per member), mode, root, peer_scratch, scratch, slot_bytes.
+extern "C" __global__ void __launch_bounds__(1024) symheap_exchange_ll(const coll::Args a) {
+  const Team t = a.team;
+  COLL_TEAM_NAMES(t);
+  const uint8_t* const src = (const uint8_t*)a.src;
+  uint8_t* const dst = (uint8_t*)a.dst;
+  const uint64_t bytes = a.count;
+  const int mode = a.mode;
+  const int root = a.root;
+  const uint64_t* const peer_scratch = a.peer_scratch;
+  uint64_t* const scratch = a.scratch;
+  const uint64_t slot_bytes = a.slot_bytes;
   __shared__ coll::Block blk;
   coll::begin_epoch(blk, *(volatile const uint64_t*)&ctl[0]);
   const uint64_t e = blk.epoch;
@@ -250,11 +265,19 @@ COLL_DEV void store_piece_bytes(uint8_t* p, size_t len, unsigned plen, bool al, 
 
 }  // namespace coll
 
-extern "C" __global__ void __launch_bounds__(1024)
-    symheap_exchange_ll128(const uint8_t* src, uint8_t* dst, uint64_t bytes, int mode, int root,
-                           const uint64_t* peer_scratch, uint64_t* scratch, uint64_t ll_off,
-                           uint64_t part, COLL_TEAM_PARAMS) {
-  const Team t = COLL_TEAM;
+// Reads src, dst, count (bytes per member), mode, root, peer_scratch, scratch, ll_off, part.
+extern "C" __global__ void __launch_bounds__(1024) symheap_exchange_ll128(const coll::Args a) {
+  const Team t = a.team;
+  COLL_TEAM_NAMES(t);
+  const uint8_t* const src = (const uint8_t*)a.src;
+  uint8_t* const dst = (uint8_t*)a.dst;
+  const uint64_t bytes = a.count;
+  const int mode = a.mode;
+  const int root = a.root;
+  const uint64_t* const peer_scratch = a.peer_scratch;
+  uint64_t* const scratch = a.scratch;
+  const uint64_t ll_off = a.ll_off;
+  const uint64_t part = a.part;
   __shared__ coll::Block blk;
   coll::begin_epoch(blk, *(volatile const uint64_t*)&ctl[0]);
   const uint64_t e = blk.epoch;
@@ -376,9 +399,13 @@ extern "C" __global__ void __launch_bounds__(1024)
 #ifndef SYMHEAP_COLL_A2A_OWN
 #define SYMHEAP_COLL_A2A_OWN 4
 #endif
-extern "C" __global__ void __launch_bounds__(1024)
-    symheap_alltoall(const uint8_t* src, uint8_t* dst, uint64_t bytes, COLL_TEAM_PARAMS) {
-  const Team t = COLL_TEAM;
+// Reads src, dst, count (bytes per pair).
+extern "C" __global__ void __launch_bounds__(1024) symheap_alltoall(const coll::Args a) {
+  const Team t = a.team;
+  COLL_TEAM_NAMES(t);
+  const uint8_t* const src = (const uint8_t*)a.src;
+  uint8_t* const dst = (uint8_t*)a.dst;
+  const uint64_t bytes = a.count;
   __shared__ coll::Block blk;
   coll::begin(t, blk);
   if (coll::sync_entry(t, blk)) {

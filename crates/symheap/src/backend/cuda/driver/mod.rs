@@ -632,8 +632,13 @@ pub enum Arg {
     F64(f64),
 }
 
-/// Launches `f` on `stream` with the given arguments.
-pub(crate) fn launch(
+/// Launches `f` on `stream` with the given arguments (users' kernels, see `CudaModule::launch`;
+/// symheap's own kernels take one argument block, see [`launch_block`]).
+///
+/// # Safety
+/// `f`'s parameters match `args` in number, order and size, and every address among them is
+/// valid for every access the kernel makes with it.
+pub(crate) unsafe fn launch(
     f: Function,
     grid: u32,
     block: u32,
@@ -656,11 +661,47 @@ pub(crate) fn launch(
         .iter_mut()
         .map(|v| (v as *mut u64).cast::<c_void>())
         .collect();
-    // SAFETY: the caller guarantees `f`'s parameters match `args` in number and size (fixed for
-    // symheap's own kernels in kernels.cu; the caller's promise for user kernels, see
-    // `CudaModule::launch`). Each parameter pointer points at a little-endian u64 whose low
-    // bytes hold the value, which is what a 4- or 8-byte parameter reads, and the driver copies
-    // the parameters before returning.
+    // SAFETY: the caller promises `f`'s parameters match `args` in number and size. Each
+    // parameter pointer points at a little-endian u64 whose low bytes hold the value, which is
+    // what a 4- or 8-byte parameter reads; `vals` outlives the call.
+    unsafe { launch_params(f, grid, block, shared, stream, &mut ptrs) }
+}
+
+/// Launches `f`, whose one parameter is a struct of `bytes` bytes, with the `bytes` bytes at
+/// `param` as that struct.
+///
+/// # Safety
+/// `f` takes exactly one parameter, a struct whose layout is that of the `bytes` bytes at `param`
+/// (symheap's argument blocks: `arg_block.rs`), `param` is readable for `bytes` bytes, and every
+/// address in the block is valid for every access the kernel makes with it.
+pub(crate) unsafe fn launch_block(
+    f: Function,
+    grid: u32,
+    block: u32,
+    shared: u32,
+    stream: u64,
+    param: *const c_void,
+) -> Result<()> {
+    let mut ptrs = [param.cast_mut()];
+    // SAFETY: one parameter, pointing at the struct the kernel takes (the caller's promise).
+    unsafe { launch_params(f, grid, block, shared, stream, &mut ptrs) }
+}
+
+/// `cuLaunchKernel` with `params[i]` pointing at parameter i.
+///
+/// # Safety
+/// `params` matches `f`'s parameters in number, and each points at a value of its parameter's
+/// size and layout; every address among the values is valid for the kernel's accesses.
+unsafe fn launch_params(
+    f: Function,
+    grid: u32,
+    block: u32,
+    shared: u32,
+    stream: u64,
+    params: &mut [*mut c_void],
+) -> Result<()> {
+    // SAFETY: the parameters are the caller's promise; the driver copies them before returning
+    // (also when the stream is being captured: the graph node keeps its own copy).
     check(
         unsafe {
             sys::cuLaunchKernel(
@@ -673,7 +714,7 @@ pub(crate) fn launch(
                 1,
                 shared,
                 stream as sys::CUstream,
-                ptrs.as_mut_ptr(),
+                params.as_mut_ptr(),
                 std::ptr::null_mut(),
             )
         },
