@@ -803,7 +803,7 @@ pub fn run_suite(pes: &[usize], sel: &Selection<'_>, seed: u64, gpu: bool) -> i3
     let ran = rows.len() - skips;
     println!("{} of {ran} runs passed", ran - failures);
     if skips > 0 {
-        println!("{skips} runs skipped (their reason is in the table)");
+        println!("skipped: {skips} (the table gives each reason)");
     }
     if ran == 0 && skips > 0 {
         // Only skips: nothing was checked, which is not a pass either.
