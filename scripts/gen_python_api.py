@@ -5,7 +5,7 @@
 
 The package is read with ``ast``, never imported: importing it needs the compiled extension
 (``symheap._native``), torch and Triton, none of which a docs check should depend on. Names the
-package re-exports (``from ._ops import put``) are followed to the module that defines them, and
+package re-exports (``from ._shmem import put``) are followed to the module that defines them, and
 names of the extension are read from its stub ``_native.pyi``.
 
 Public modules are the files of the package whose name has no leading underscore (the package

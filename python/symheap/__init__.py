@@ -53,7 +53,7 @@ from ._native import (
     Team,
     __version__,
 )
-from ._ops import (
+from ._shmem import (
     all_gather,
     all_gather_object_bytes,
     all_reduce,

@@ -232,10 +232,10 @@ def _agree(key: Tuple[Any, ...], dkey: str, timer: Callable[[], List[Tuple[Any, 
     """**Collective**: PE 0's disk entry ``dkey``, else PE 0's fastest of ``timer()``'s (every
     PE times its own candidates)."""
     from . import _gemm_kernels as k
-    from . import _ops
+    from . import _shmem
 
     found = _disk_load(dkey)
-    first = json.loads(_ops.all_gather_object_bytes(json.dumps(found).encode())[0])
+    first = json.loads(_shmem.all_gather_object_bytes(json.dumps(found).encode())[0])
     if first is not None:
         cfg = k.Config(*first)
         _log.append({"key": key, "source": "cache", "config": cfg})
@@ -245,7 +245,7 @@ def _agree(key: Tuple[Any, ...], dkey: str, timer: Callable[[], List[Tuple[Any, 
     timed = timer()
     best = min(timed, key=lambda x: x[1])
     mine = list(best[0] if best[1] != float("inf") else heuristic)
-    first = json.loads(_ops.all_gather_object_bytes(json.dumps(mine).encode())[0])
+    first = json.loads(_shmem.all_gather_object_bytes(json.dumps(mine).encode())[0])
     cfg = k.Config(*first)
     times = {str(tuple(c)): round(t, 2) for c, t in timed}
     _log.append({"key": key, "source": "tuned", "config": cfg, "times_us": times})

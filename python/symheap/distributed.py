@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch as _torch
 
-from . import _core, _ops, ops
+from . import _core, _shmem, ops
 from ._core import api
 from ._native import SymheapMismatchError, SymheapUnsupportedError, SymheapValueError, Team
 
@@ -150,7 +150,7 @@ def register_group(group: Any) -> Team:
     elif not _non_member(group):
         mine = _ranks(group)
     # Ranks outside the group do not know its ranks: every PE learns them from the members.
-    views = {tuple(json.loads(b)) for b in _ops.all_gather_object_bytes(json.dumps(list(mine)).encode())}
+    views = {tuple(json.loads(b)) for b in _shmem.all_gather_object_bytes(json.dumps(list(mine)).encode())}
     views.discard(())
     if len(views) != 1:
         raise SymheapMismatchError(f"register_group: the PEs passed different groups: {sorted(views)}")
@@ -162,7 +162,7 @@ def register_group(group: Any) -> Team:
     if ranks == tuple(range(n)):
         team = _core.native().world_team()
     else:
-        team = _ops.team_split_strided(None, start, stride, size)
+        team = _shmem.team_split_strided(None, start, stride, size)
     _groups[key] = team
     return team
 

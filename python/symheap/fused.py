@@ -86,7 +86,7 @@ def _capturing() -> bool:
 
 def _new_workspace(members: Tuple[int, ...], slot_bytes: int) -> _Workspace:
     """**Collective** over the world (symmetric allocations)."""
-    from . import _ops
+    from . import _shmem
     from . import torch as st
 
     npes = len(members)
@@ -101,7 +101,7 @@ def _new_workspace(members: Tuple[int, ...], slot_bytes: int) -> _Workspace:
     bases = _torch.tensor([world[m] for m in members], dtype=_torch.int64, device=dev)
     sms = _torch.cuda.get_device_properties(dev).multi_processor_count
     # Zeroed flags on every PE before any peer's first signal (stream-ordered barrier).
-    _ops.barrier_all()
+    _shmem.barrier_all()
     return _Workspace(ws, slot_bytes, flags, ctr, bases, me, npes, min(sms, _MAX_CTAS))
 
 
@@ -176,7 +176,7 @@ def _host_path(
     fp8: int,
     team: Optional[Team],
 ) -> None:
-    from . import _ops
+    from . import _shmem
 
     t, h = x.shape
     w = _workspace(team, t * h * 4)
@@ -186,7 +186,7 @@ def _host_path(
     half = w.slot_bytes // 4
     src, dst = stage[:n], stage[half : half + n]
     src.copy_(x.reshape(-1))
-    _ops.all_reduce(dst, src, "sum", team)
+    _shmem.all_reduce(dst, src, "sum", team)
     r = (dst.view(t, h) + residual.float()).to(residual_out.dtype)
     residual_out.copy_(r)
     rf = r.float()

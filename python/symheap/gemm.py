@@ -126,10 +126,10 @@ def _gpu_share(dev: _torch.device) -> int:
     """How many PEs of the world share this PE's GPU (**collective**: a host all_gather)."""
     ctx = id(_core.context())
     if ctx not in _share:
-        from . import _ops
+        from . import _shmem
 
         uid = str(_torch.cuda.get_device_properties(dev).uuid).encode()
-        _share[ctx] = max(1, sum(1 for u in _ops.all_gather_object_bytes(uid) if u == uid))
+        _share[ctx] = max(1, sum(1 for u in _shmem.all_gather_object_bytes(uid) if u == uid))
     return _share[ctx]
 
 
@@ -145,7 +145,7 @@ def _sms(dev: _torch.device) -> int:
 def _new_workspace(members: Tuple[int, ...], slot_bytes: int, flag_stride: int, copies: int) -> _Workspace:
     """**Collective** over the world (symmetric allocations, a barrier). ``copies``: slot sets
     (2: double-buffered by epoch parity; 1: the cuBLAS engine's single slots)."""
-    from . import _ops
+    from . import _shmem
     from . import torch as st
 
     npes = len(members)
@@ -158,7 +158,7 @@ def _new_workspace(members: Tuple[int, ...], slot_bytes: int, flag_stride: int, 
     bases = _torch.tensor([world[m] for m in members], dtype=_torch.int64, device=dev)
     sms = _sms(dev) if dev.type == "cuda" else 0
     # Zeroed flags on every PE before any peer's first signal.
-    _ops.barrier_all()
+    _shmem.barrier_all()
     return _Workspace(ws, slot_bytes, flags, flag_stride, ctr, bases, me, npes, sms)
 
 
@@ -253,7 +253,7 @@ def reserve(
 
 
 def _host_ag(a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor, gathered: Optional[_torch.Tensor]) -> None:
-    from . import _ops
+    from . import _shmem
     from . import _workspace as wsm
 
     n = _core.native().n_pes
@@ -262,14 +262,14 @@ def _host_ag(a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor, gathered: O
     src = wsm.region(buf, 0, a)
     dst = wsm.region(buf, src_b, a, (n * a.shape[0], a.shape[1]))
     src.copy_(a)
-    _ops.all_gather(dst, src)
+    _shmem.all_gather(dst, src)
     if gathered is not None:
         gathered.copy_(dst)
     out.copy_(dst.float() @ b.float())
 
 
 def _host_rs(a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor) -> None:
-    from . import _ops
+    from . import _shmem
     from . import _workspace as wsm
 
     part = (a.float() @ b.float()).to(out.dtype).float()
@@ -279,7 +279,7 @@ def _host_rs(a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor) -> None:
     src = wsm.region(buf, 0, like)
     dst = wsm.region(buf, wsm.aligned(part.numel() * 4), like, (blk,))
     src.copy_(like)
-    _ops.reduce_scatter(dst, src, "sum")
+    _shmem.reduce_scatter(dst, src, "sum")
     out.copy_(dst.view(out.shape))
 
 

@@ -195,9 +195,9 @@ class Buffer:
         self.id = _next_id[0]
         _next_id[0] += 1
         _buffers[self.id] = self
-        from . import _ops
+        from . import _shmem
 
-        _ops.barrier_all()  # zeroed staging on every PE before any peer writes
+        _shmem.barrier_all()  # zeroed staging on every PE before any peer writes
 
     def _layout(self) -> Dict[str, Tuple[int, int, _torch.dtype]]:
         p, t, k, h = self.n_pes, self.max_tokens, self.num_topk, self.hidden
@@ -256,9 +256,9 @@ class Buffer:
         out.index_copy_(0, have, src.index_select(0, src_rows.index_select(0, have)))
 
     def _sync(self) -> None:
-        from . import _ops
+        from . import _shmem
 
-        _ops.barrier_all()  # CUDA: on the current stream (capturable); host: the host barrier
+        _shmem.barrier_all()  # CUDA: on the current stream (capturable); host: the host barrier
 
     # ---- dispatch ---------------------------------------------------------------------------
 
@@ -515,10 +515,10 @@ class Buffer:
     def destroy(self) -> None:
         """**Collective**: releases the symmetric staging (after a barrier, so no peer still
         writes into it). The buffer must not be used afterwards."""
-        from . import _ops
+        from . import _shmem
         from . import torch as st
 
-        _ops.barrier_all()
+        _shmem.barrier_all()
         _buffers.pop(self.id, None)
         self._peers.clear()
         self._local.clear()

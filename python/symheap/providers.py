@@ -223,7 +223,7 @@ class NativeProvider(Provider):
     def barrier(self) -> None:
         """**Collective**: :func:`symheap.barrier_all` (on the CUDA backend enqueued on the
         current stream: kernels enqueued after it see every PE's writes made before it)."""
-        from ._ops import barrier_all
+        from ._shmem import barrier_all
 
         barrier_all()
 
