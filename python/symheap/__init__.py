@@ -24,7 +24,9 @@ subclasses. Launch PEs with ``python -m symheap.launch -n N script.py``, torchru
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 from typing import Any, Dict, List
 
 from . import _core, _peers, providers
@@ -198,6 +200,8 @@ def is_symmetric(x: Any) -> bool:
 
 
 def _front(x: Any) -> Any:
+    # The front of x's kind, imported when first needed: `import symheap` loads neither torch
+    # nor NumPy.
     if is_tensor(x):
         from . import torch as front
     else:
@@ -237,12 +241,23 @@ def free(x: Any) -> None:
         _front(x).free(x)
 
 
-def __getattr__(name: str) -> Any:
-    if name in ("numpy", "torch", "triton", "ops", "distributed", "fused", "gemm"):
-        import importlib
+# The public submodules, reachable as attributes after a plain `import symheap` (PEP 562) and
+# imported on first use, so that `import symheap` stays free of torch, Triton and NumPy.
+_SUBMODULES = ("distributed", "fused", "gemm", "launch", "moe", "numpy", "ops", "providers", "torch", "triton")
 
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'symheap' has no attribute {name!r}")
+
+
+def __dir__() -> List[str]:
+    return sorted(set(globals()) | set(_SUBMODULES))
+
+
+# Context's attribute access falls through to this module (see symheap._core._package).
+_core._package = sys.modules[__name__]
 
 
 __all__ = [
