@@ -300,9 +300,9 @@ def case_gemm_tune_agree() -> None:
     cache lost it; a bad SYMHEAP_GEMM_TUNE is refused."""
     import os
 
-    import symheap._gemm_kernels as k
-    import symheap._gemm_tune as tune
     import symheap._shmem as shmem
+    import symheap.gemm._kernels as k
+    import symheap.gemm._tune as tune
 
     me, npes = symheap.my_pe(), symheap.n_pes()
     d = _tune_dirs(tune, "agree")
@@ -356,9 +356,9 @@ def case_gemm_tuned() -> None:
     choice from PE 0's disk cache without timing."""
     import os
 
-    import symheap._gemm_kernels as gk
-    import symheap._gemm_tune as tune
     import symheap._shmem as shmem
+    import symheap.gemm._kernels as gk
+    import symheap.gemm._tune as tune
 
     torch = _mods()[0]
     _tune_dirs(tune, "tuned")

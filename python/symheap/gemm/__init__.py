@@ -15,7 +15,7 @@ Inputs: bfloat16 or float16 (fp32 accumulation), ordinary or symmetric tensors, 
 the transpose of a row-major ``(N, K)`` tensor (``w.t()``, read in place: a Linear weight needs
 no copy). Outputs are allocated, or passed in (``out=``, ``gathered_out=``: contiguous).
 
-CUDA backend (:mod:`symheap._gemm_kernels` gives the protocol):
+CUDA backend (:mod:`symheap.gemm._kernels` gives the protocol):
     * all_gather_matmul: a push kernel of a few CTAs on a side stream copies this PE's shard
       into every peer's symmetric gathered-A buffer with SM stores over NVLink, one release
       flag per chunk of ``BM`` rows; a persistent Triton GEMM on the caller's stream does the
@@ -46,12 +46,12 @@ host ``reduce_scatter`` in fp32. Same semantics as the kernels:
 ``matmul_reduce_scatter``: each PE's partial rounded once to the dtype, the partials summed in
 fp32, rounded once.
 
-Block sizes: tuned (:mod:`symheap._gemm_tune`): the first call of a large shape times the
+Block sizes: tuned (:mod:`symheap.gemm._tune`): the first call of a large shape times the
 candidate configurations (tiles, warps, stages, TMA or pointer loads) of the kernel **without
 communication** on every PE's own GPU and every PE launches PE 0's fastest; the choice is kept
 in memory and on disk (``$SYMHEAP_CACHE_DIR/gemm-tune``), so later runs skip the timing. Under
 CUDA graph capture, for small GEMMs and with ``SYMHEAP_GEMM_TUNE=0`` the heuristic
-:func:`symheap._gemm_kernels.config` runs (a function of the shape and device: the same on
+:func:`symheap.gemm._kernels.config` runs (a function of the shape and device: the same on
 every PE). ``SYMHEAP_GEMM_TUNE=1`` tunes every shape. The setting must be the same on every PE.
 
 Errors: :class:`symheap.SymheapValueError` for shapes, dtypes, devices and a workspace too small
@@ -66,8 +66,9 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch as _torch
 
-from . import _core, _gemm_tune, _library
-from ._native import SymheapUnsupportedError, SymheapValueError, Team
+from .. import _core, _library
+from .._native import SymheapUnsupportedError, SymheapValueError, Team
+from . import _tune
 
 __all__ = ["all_gather_matmul", "matmul_reduce_scatter", "reserve"]
 
@@ -126,7 +127,7 @@ def _gpu_share(dev: _torch.device) -> int:
     """How many PEs of the world share this PE's GPU (**collective**: a host all_gather)."""
     ctx = id(_core.context())
     if ctx not in _share:
-        from . import _shmem
+        from .. import _shmem
 
         uid = str(_torch.cuda.get_device_properties(dev).uuid).encode()
         _share[ctx] = max(1, sum(1 for u in _shmem.all_gather_object_bytes(uid) if u == uid))
@@ -145,8 +146,8 @@ def _sms(dev: _torch.device) -> int:
 def _new_workspace(members: Tuple[int, ...], slot_bytes: int, flag_stride: int, copies: int) -> _Workspace:
     """**Collective** over the world (symmetric allocations, a barrier). ``copies``: slot sets
     (2: double-buffered by epoch parity; 1: the cuBLAS engine's single slots)."""
-    from . import _shmem
-    from . import torch as st
+    from .. import _shmem
+    from .. import torch as st
 
     npes = len(members)
     me = members.index(_core.native().my_pe)
@@ -184,7 +185,7 @@ def _workspace(kind: str, members: Tuple[int, ...], slot_bytes: int, flag_stride
         if w.captured:
             _retired.append(w)  # a graph replays on these addresses and counters: keep them
         else:
-            from . import torch as st
+            from .. import torch as st
 
             w.views.clear()  # views of the old slots, peer copies included, die with them
             st.free(w.ws)
@@ -196,7 +197,7 @@ def _workspace(kind: str, members: Tuple[int, ...], slot_bytes: int, flag_stride
 
 
 def _forget() -> None:
-    _gemm_tune.forget()
+    _tune.forget()
     _spaces.clear()
     _retired.clear()
     _share.clear()
@@ -232,7 +233,7 @@ def reserve(
     esize = _torch.empty(0, dtype=dtype).element_size()
     members = _members(team, group, "symheap.gemm.reserve")
     if op == "all_gather_matmul":
-        from . import _gemm_kernels as gk
+        from . import _kernels as gk
 
         # The engine is chosen per shape by the tuner (unknown here, without B): under "auto"
         # both engines' workspaces are sized.
@@ -253,8 +254,8 @@ def reserve(
 
 
 def _host_ag(a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor, gathered: Optional[_torch.Tensor]) -> None:
-    from . import _shmem
-    from . import _workspace as wsm
+    from .. import _shmem
+    from .. import _workspace as wsm
 
     n = _core.native().n_pes
     src_b = wsm.aligned(a.numel() * a.element_size())
@@ -269,8 +270,8 @@ def _host_ag(a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor, gathered: O
 
 
 def _host_rs(a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor) -> None:
-    from . import _shmem
-    from . import _workspace as wsm
+    from .. import _shmem
+    from .. import _workspace as wsm
 
     part = (a.float() @ b.float()).to(out.dtype).float()
     like = part.reshape(-1)
@@ -287,19 +288,19 @@ def _host_rs(a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor) -> None:
 
 
 def _check_cuda(x: _torch.Tensor, what: str) -> None:
-    from . import torch as st
+    from .. import torch as st
 
     if _core.native().backend != "cuda" or x.device != st.device():
         raise SymheapValueError(f"{what}: symheap's memory of this PE is on {st.device()}, the tensors on {x.device}")
 
 
 def _cuda_ag(a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor, gathered: Optional[_torch.Tensor]) -> None:
-    from . import _gemm_kernels as k
+    from . import _kernels as k
 
     members = _members(None, None, "all_gather_matmul")
     npes = len(members)
     with _torch.cuda.device(a.device):
-        cfg = _gemm_tune.choose("ag", a.shape[0], npes, b, a.dtype, k.ag_gemm_sms(_sms(a.device), npes), a.device)
+        cfg = _tune.choose("ag", a.shape[0], npes, b, a.dtype, k.ag_gemm_sms(_sms(a.device), npes), a.device)
         if cfg == k.CUBLAS:
             return _cuda_ag_ce(a, b, out, gathered, members)
         w = _workspace("ag", members, *_ag_needs(a.shape[0], a.shape[1], a.element_size()), "all_gather_matmul")
@@ -313,9 +314,9 @@ def _cuda_ag(a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor, gathered: O
 def _cuda_ag_ce(
     a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor, gathered: Optional[_torch.Tensor], members: Tuple[int, ...]
 ) -> None:
-    """The copy-engine + cuBLAS engine (:func:`symheap._gemm_kernels.launch_ag_ce`)."""
-    from . import _gemm_kernels as k
-    from . import torch as st
+    """The copy-engine + cuBLAS engine (:func:`symheap.gemm._kernels.launch_ag_ce`)."""
+    from .. import torch as st
+    from . import _kernels as k
 
     m_loc, kdim = a.shape
     bytes_, _ = _ag_needs(m_loc, kdim, a.element_size())
@@ -332,13 +333,13 @@ def _cuda_ag_ce(
 
 
 def _cuda_rs(a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor) -> None:
-    from . import _gemm_kernels as k
+    from . import _kernels as k
 
     members = _members(None, None, "matmul_reduce_scatter")
     w = _workspace("rs", members, *_rs_needs(out.shape[0], out.shape[1], out.element_size()), "matmul_reduce_scatter")
     slot_elems = w.slot_bytes // out.element_size()
     with _torch.cuda.device(a.device):
-        cfg = _gemm_tune.choose("rs", out.shape[0], w.npes, b, a.dtype, w.sms, a.device)
+        cfg = _tune.choose("rs", out.shape[0], w.npes, b, a.dtype, w.sms, a.device)
         k.launch_rs(
             a, b, out, w.ws.view(out.dtype), w.flags, w.ctr, w.bases, w.me, w.npes, slot_elems, w.flag_stride,
             w.sms, _timeout_ns(), cfg,

@@ -9,7 +9,7 @@ custom op ``symheap::fused_all_reduce_rmsnorm`` (with a fake kernel), so ``torch
 (``fullgraph=True``) traces it without a graph break and CUDA graphs capture it.
 
 CUDA backend: **one kernel per PE** on torch's current stream (the Triton kernel of
-:mod:`symheap._fused_kernels`: a one-shot push into a symmetric staging workspace, one release
+:mod:`symheap.fused._kernels`: a one-shot push into a symmetric staging workspace, one release
 flag per CTA and PE carrying a device-side epoch, double buffering by epoch parity; its module
 docstring gives the protocol). ``x`` and ``residual`` are ordinary tensors; no host
 synchronisation, capturable.
@@ -31,8 +31,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch as _torch
 
-from . import _core, _library
-from ._native import SymheapUnsupportedError, SymheapValueError, Team
+from .. import _core, _library
+from .._native import SymheapUnsupportedError, SymheapValueError, Team
 
 __all__ = ["all_reduce_residual_rmsnorm", "reserve", "MAX_HIDDEN_CUDA"]
 
@@ -86,8 +86,8 @@ def _capturing() -> bool:
 
 def _new_workspace(members: Tuple[int, ...], slot_bytes: int) -> _Workspace:
     """**Collective** over the world (symmetric allocations)."""
-    from . import _shmem
-    from . import torch as st
+    from .. import _shmem
+    from .. import torch as st
 
     npes = len(members)
     me = members.index(_core.native().my_pe)
@@ -126,7 +126,7 @@ def _workspace(team: Optional[Team], need_slot_bytes: int) -> _Workspace:
         _retired.append(w)
     elif w is not None:
         # Released stream-ordered (the reclaim waits for the streams that used it).
-        from . import torch as st
+        from .. import torch as st
 
         st.free(w.ws)
         if w.flags is not None:
@@ -176,7 +176,7 @@ def _host_path(
     fp8: int,
     team: Optional[Team],
 ) -> None:
-    from . import _shmem
+    from .. import _shmem
 
     t, h = x.shape
     w = _workspace(team, t * h * 4)
@@ -220,7 +220,7 @@ def _cuda_path(
     fp8: int,
     team: Optional[Team],
 ) -> None:
-    from . import _fused_kernels as k
+    from . import _kernels as k
 
     t, h = x.shape
     if h > MAX_HIDDEN_CUDA:
@@ -292,7 +292,7 @@ def _fused_impl(
     if x.numel() == 0:
         return
     if x.device.type == "cuda":
-        from . import torch as st
+        from .. import torch as st
 
         if _core.native().backend != "cuda" or x.device != st.device():
             raise SymheapValueError(

@@ -49,9 +49,9 @@ PE must be stream-ordered (one stream, as a graph replay is).
 How: the sender computes on the device where each token goes and writes the rows straight into
 the receivers' symmetric staging buffers with the counts; one stream-ordered barrier; each PE
 then gathers its rows into the expert-major layout; combine is the same in reverse. CUDA: the
-Triton kernels of :mod:`symheap._moe_kernels` (a plan kernel, SM-store row moves to translated
+Triton kernels of :mod:`symheap.moe._kernels` (a plan kernel, SM-store row moves to translated
 peer addresses, a receive-plan kernel, the weighted sum: five launches and a barrier for a
-low-latency dispatch); host backend: the torch plans of :mod:`symheap._moe_plan` and indexed
+low-latency dispatch); host backend: the torch plans of :mod:`symheap.moe._plan` and indexed
 copies into the peers' mapped copies (the same layouts; ``SYMHEAP_MOE_TRITON=1`` runs the Triton
 kernels there instead, under ``TRITON_INTERPRET=1``, which is how CI checks them). Staging and
 combine buffers are double-buffered by the parity of a device-side call counter, so
@@ -68,9 +68,9 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch as _torch
 
-from . import _core, _library
-from . import _moe_plan as plan
-from ._native import SymheapUnsupportedError, SymheapValueError, Team
+from .. import _core, _library
+from .._native import SymheapUnsupportedError, SymheapValueError, Team
+from . import _plan as plan
 
 __all__ = ["Buffer", "Handle", "dequantize"]
 
@@ -134,7 +134,7 @@ class Buffer:
         team: Optional[Team] = None,
         group: Any = None,
     ) -> None:
-        from . import torch as st
+        from .. import torch as st
 
         _world_only(team, group)
         self.hidden = _positive("hidden", hidden)
@@ -195,7 +195,7 @@ class Buffer:
         self.id = _next_id[0]
         _next_id[0] += 1
         _buffers[self.id] = self
-        from . import _shmem
+        from .. import _shmem
 
         _shmem.barrier_all()  # zeroed staging on every PE before any peer writes
 
@@ -256,7 +256,7 @@ class Buffer:
         out.index_copy_(0, have, src.index_select(0, src_rows.index_select(0, have)))
 
     def _sync(self) -> None:
-        from . import _shmem
+        from .. import _shmem
 
         _shmem.barrier_all()  # CUDA: on the current stream (capturable); host: the host barrier
 
@@ -307,7 +307,7 @@ class Buffer:
         use_fp8: bool,
         check: bool,
     ) -> List[_torch.Tensor]:
-        from . import _moe_kernels as kern
+        from . import _kernels as kern
 
         p, lx, tmax, k, h, me = self.n_pes, self.local_experts, self.max_tokens, self.num_topk, self.hidden, self.me
         dev, bases, cap = self.device, self._bases, self.rows_per_expert
@@ -461,7 +461,7 @@ class Buffer:
         slots = self.max_tokens * self.num_topk
         rows = y.reshape(-1, self.hidden)
         if self._kernels:
-            from . import _moe_kernels as kern
+            from . import _kernels as kern
 
             ctr = self._ctr[1:2]
             kern.move_rows(
@@ -515,8 +515,8 @@ class Buffer:
     def destroy(self) -> None:
         """**Collective**: releases the symmetric staging (after a barrier, so no peer still
         writes into it). The buffer must not be used afterwards."""
-        from . import _shmem
-        from . import torch as st
+        from .. import _shmem
+        from .. import torch as st
 
         _shmem.barrier_all()
         _buffers.pop(self.id, None)
