@@ -50,6 +50,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch as _torch
+from torch.fx.node import has_side_effect
 
 from . import _core, _library, _shmem, _workspace
 from ._core import api, torch_dtype_name
@@ -266,7 +267,7 @@ def _stage(
     if all(direct):
         return [t for t, _ in parts]
     need = sum(_workspace.aligned(t.numel() * t.element_size()) for t, _ in parts)
-    buf = _workspace.get(_team(tid), need)
+    buf = _workspace.staging(_team(tid), need)
     out, off = [], 0
     for (t, copy_in), d in zip(parts, direct):
         if d:
@@ -553,8 +554,6 @@ def _(signal: _torch.Tensor, cmp: str, value: int, index: int = 0) -> None:
 
 
 def _side_effects() -> None:
-    from torch.fx.node import has_side_effect
-
     for name in ("barrier", "put", "put_signal", "signal_wait_until"):
         has_side_effect(getattr(_torch.ops.symheap, name).default)
 
@@ -682,12 +681,12 @@ def reserve_workspace(nbytes: int, team: TeamLike = None) -> None:
     capture when no eager warm-up call ran."""
     tid = team_id(team)
     # Non-members allocate too (allocation is collective over the world), under their own key.
-    _workspace.reserve(nbytes, None if tid == 0 else _teams[tid])
+    _workspace.reserve_staging(nbytes, None if tid == 0 else _teams[tid])
 
 
 def workspace_usage() -> Dict[str, int]:
     """This PE's staging workspaces: ``{workspaces, bytes, captured}``. Not collective."""
-    return _workspace.usage()
+    return _workspace.staging_usage()
 
 
 def _forget_teams() -> None:
