@@ -126,8 +126,6 @@ def get_include() -> str:
     """The directory holding ``symheap.cuh``, symheap's device-side CUDA C++ header, shipped in
     the package: compile kernels with ``-I`` that directory (nvcc, NVRTC, CuPy's
     ``RawKernel(..., options=("--include-path=" + symheap.get_include(),))``)."""
-    import os
-
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
 
 
@@ -200,11 +198,13 @@ def is_symmetric(x: Any) -> bool:
 
 
 def _front(x: Any) -> Any:
-    # The front of x's kind, imported when first needed: `import symheap` loads neither torch
-    # nor NumPy.
+    """The front of ``x``'s kind, imported when first needed: `import symheap` loads neither
+    torch nor NumPy."""
     if is_tensor(x):
+        # (torch: see above.)
         from . import torch as front
     else:
+        # (NumPy: see above.)
         from . import numpy as front  # type: ignore[no-redef]
     return front
 

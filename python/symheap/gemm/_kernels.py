@@ -68,6 +68,7 @@ else pointer loads with masks; either way the GEMM visits tiles in groups of ``G
 
 # No "from __future__ import annotations": Triton reads the tl.constexpr annotations.
 import functools
+import os
 from typing import Any, List, NamedTuple, Optional, Tuple
 
 import torch as _torch
@@ -76,6 +77,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import triton as sh
+from .._native import SymheapValueError
 
 PUSH_CTAS = 16
 PUSH_BLOCK = 2048
@@ -506,12 +508,8 @@ def engine() -> str:
     """``SYMHEAP_GEMM_ENGINE`` (the same on every PE): ``triton`` (the fused Triton kernels
     only), ``cublas`` (all_gather_matmul by the copy engine and cuBLAS, always), unset or
     ``auto`` (the tuner times both and takes the faster)."""
-    import os
-
     v = os.environ.get("SYMHEAP_GEMM_ENGINE", "auto").strip().lower() or "auto"
     if v not in ("auto", "triton", "cublas"):
-        from .._native import SymheapValueError
-
         raise SymheapValueError(f"SYMHEAP_GEMM_ENGINE must be auto, triton or cublas, not {v!r}")
     return v
 

@@ -50,7 +50,11 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch as _torch
 
+from .. import _shmem
 from .._native import SymheapValueError
+
+# The kernels module (and Triton) is imported inside the functions that use it: symheap.gemm
+# imports this module on the host backend too, which runs without Triton.
 
 AUTO_FLOPS = 1 << 33
 _table: Dict[Tuple[Any, ...], Any] = {}
@@ -81,13 +85,13 @@ def cache_dir() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def _kernels_hash() -> str:
-    from . import _kernels as k
+    from . import _kernels as k  # Triton (see the top)
 
     return hashlib.sha256(Path(k.__file__).read_bytes()).hexdigest()[:16]
 
 
 def _disk_key(key: Tuple[Any, ...], dev: _torch.device) -> str:
-    import triton
+    import triton  # (see the top)
 
     name = _torch.cuda.get_device_name(dev)
     text = json.dumps([list(map(str, key)), name, triton.__version__, _kernels_hash()])
@@ -138,7 +142,7 @@ def local_runner(
     """The op's kernel at ``npes = 1`` (no peer, no wait) writing ``c = a @ b`` (``a``: all this
     PE's rows). For :data:`~symheap.gemm._kernels.CUBLAS`: cuBLAS on each of ``chunks`` row
     blocks in turn (one per PE's shard, as the engine multiplies them), on the whole GPU."""
-    from . import _kernels as k
+    from . import _kernels as k  # Triton (see the top)
 
     if cfg == k.CUBLAS:
         rows = a.shape[0] // max(1, chunks)
@@ -202,7 +206,7 @@ def time_candidates(
 def choose(kind: str, m_blk: int, npes: int, b: _torch.Tensor, dtype: Any, sms: int, dev: _torch.device) -> Any:
     """**Collective** (see the module's protocol): the configuration for operation ``kind``
     with per-PE blocks of ``m_blk`` rows, ``b`` (its shape and layout) and ``sms`` SMs."""
-    from . import _kernels as k
+    from . import _kernels as k  # Triton (see the top)
 
     kdim, n = b.shape
     b_t = b.stride(0) == 1 and b.stride(1) != 1
@@ -231,8 +235,7 @@ def choose(kind: str, m_blk: int, npes: int, b: _torch.Tensor, dtype: Any, sms: 
 def _agree(key: Tuple[Any, ...], dkey: str, timer: Callable[[], List[Tuple[Any, float]]], heuristic: Any) -> Any:
     """**Collective**: PE 0's disk entry ``dkey``, else PE 0's fastest of ``timer()``'s (every
     PE times its own candidates)."""
-    from .. import _shmem
-    from . import _kernels as k
+    from . import _kernels as k  # Triton (see the top)
 
     found = _disk_load(dkey)
     first = json.loads(_shmem.all_gather_object_bytes(json.dumps(found).encode())[0])
