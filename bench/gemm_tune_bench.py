@@ -4,7 +4,7 @@ For each tensor-parallel shape of issue 22 (bf16; ``n`` PEs: all_gather_matmul's
 ``M x N x 8192`` with ``N`` in ``{1280*8/n, 3584*8/n}``, matmul_reduce_scatter's ``M x 8192 x
 3584*8/n``; ``M`` in ``{2048, 4096, 8192, 16384}``), with ``b`` row-major and as a transposed
 Linear weight (``w.t()``), this times every candidate configuration the tuner would time
-(:func:`symheap._gemm_tune.time_candidates`: the op's own kernel at ``npes = 1``, on all SMs less
+(:func:`symheap.gemm._tune.time_candidates`: the op's own kernel at ``npes = 1``, on all SMs less
 the push kernel's for all_gather_matmul) and ``torch.matmul`` (cuBLAS) on the same operands
 (for all_gather_matmul also the tuner's cuBLAS engine, ``config`` ``[0, 0, 0, 0, 0, ...]``:
 cuBLAS on each PE's row block in turn),
@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
-import symheap._gemm_kernels as gk
-import symheap._gemm_tune as tune
+import symheap.gemm._kernels as gk
+import symheap.gemm._tune as tune
 import torch
 
 
@@ -66,7 +66,7 @@ def main() -> int:
         "--extra",
         default="",
         help="more configurations to time beside the candidates, 'bm,bn,bk,warps,stages,gm,tma,flat;...' "
-        "(to try a configuration before adding it to _gemm_kernels.candidates)",
+        "(to try a configuration before adding it to symheap.gemm._kernels.candidates)",
     )
     args = ap.parse_args()
     dev = torch.device("cuda")

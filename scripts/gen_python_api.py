@@ -5,12 +5,13 @@
 
 The package is read with ``ast``, never imported: importing it needs the compiled extension
 (``symheap._native``), torch and Triton, none of which a docs check should depend on. Names the
-package re-exports (``from ._ops import put``) are followed to the module that defines them, and
+package re-exports (``from ._shmem import put``) are followed to the module that defines them, and
 names of the extension are read from its stub ``_native.pyi``.
 
-Public modules are the files of the package whose name has no leading underscore (the package
-itself is ``__init__.py``). A module's public names are its ``__all__`` when it has one, else its
-own top-level definitions without a leading underscore (what it merely imports is not its API).
+Public modules are the files and subpackages of the package whose name has no leading underscore
+(the package itself is ``__init__.py``, a subpackage its own ``__init__.py``). A module's public
+names are its ``__all__`` when it has one, else its own top-level definitions without a leading
+underscore (what it merely imports is not its API).
 """
 
 from __future__ import annotations
@@ -374,11 +375,10 @@ def render_module(mod: Module) -> List[str]:
 
 
 def public_modules() -> List[str]:
-    names = [PKG]
-    for p in sorted(PKG_DIR.glob("*.py")):
-        if not p.stem.startswith("_"):
-            names.append(f"{PKG}.{p.stem}")
-    return names
+    """The package, then its public modules and subpackages (``fused/__init__.py``), by name."""
+    subs = [p.stem for p in PKG_DIR.glob("*.py")]
+    subs += [p.parent.name for p in PKG_DIR.glob("*/__init__.py")]
+    return [PKG] + [f"{PKG}.{s}" for s in sorted(subs) if not s.startswith("_")]
 
 
 def generate() -> str:

@@ -33,6 +33,7 @@ step "cargo fmt --check" cargo fmt --all --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
 step "ruff check" ruff check python tests scripts bench examples
 step "ruff format --check" ruff format --check python tests scripts bench examples
+step "no import circle in the Python package (scripts/check_py_cycles.py)" python3 scripts/check_py_cycles.py
 step "cargo test" cargo test --workspace --locked
 step "docs (rustdoc -D warnings, Python API page up to date)" scripts/docs.sh
 step "divergence property test at scale (40 random programs at 2, 3, 4 and 8 PEs)" \

@@ -24,7 +24,9 @@ subclasses. Launch PEs with ``python -m symheap.launch -n N script.py``, torchru
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 from typing import Any, Dict, List
 
 from . import _core, _peers, providers
@@ -53,7 +55,7 @@ from ._native import (
     Team,
     __version__,
 )
-from ._ops import (
+from ._shmem import (
     all_gather,
     all_gather_object_bytes,
     all_reduce,
@@ -124,8 +126,6 @@ def get_include() -> str:
     """The directory holding ``symheap.cuh``, symheap's device-side CUDA C++ header, shipped in
     the package: compile kernels with ``-I`` that directory (nvcc, NVRTC, CuPy's
     ``RawKernel(..., options=("--include-path=" + symheap.get_include(),))``)."""
-    import os
-
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
 
 
@@ -198,9 +198,13 @@ def is_symmetric(x: Any) -> bool:
 
 
 def _front(x: Any) -> Any:
+    """The front of ``x``'s kind, imported when first needed: `import symheap` loads neither
+    torch nor NumPy."""
     if is_tensor(x):
+        # (torch: see above.)
         from . import torch as front
     else:
+        # (NumPy: see above.)
         from . import numpy as front  # type: ignore[no-redef]
     return front
 
@@ -237,12 +241,23 @@ def free(x: Any) -> None:
         _front(x).free(x)
 
 
-def __getattr__(name: str) -> Any:
-    if name in ("numpy", "torch", "triton", "ops", "distributed", "fused", "gemm"):
-        import importlib
+# The public submodules, reachable as attributes after a plain `import symheap` (PEP 562) and
+# imported on first use, so that `import symheap` stays free of torch, Triton and NumPy.
+_SUBMODULES = ("distributed", "fused", "gemm", "launch", "moe", "numpy", "ops", "providers", "torch", "triton")
 
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'symheap' has no attribute {name!r}")
+
+
+def __dir__() -> List[str]:
+    return sorted(set(globals()) | set(_SUBMODULES))
+
+
+# Context's attribute access falls through to this module (see symheap._core._package).
+_core._package = sys.modules[__name__]
 
 
 __all__ = [

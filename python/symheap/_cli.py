@@ -40,6 +40,7 @@ def _without_executable(args: List[str]) -> int:
     """What a package built from source does: ``launch`` through the extension's launcher, the
     rest a message naming where the command comes from."""
     if args[:1] == ["launch"]:
+        # The launcher needs the extension module, which the `symheap` command loads only here.
         from .launch import main as launch_main
 
         return launch_main(args[1:])

@@ -24,6 +24,10 @@ from ._native import (
 )
 
 _ctx: Optional["Context"] = None
+# The ``symheap`` package, where :class:`Context`'s attribute access falls through to. The
+# package registers itself here when it is imported: it sits above this module, which must not
+# import it (that would be an import circle).
+_package: Any = None
 _atexit_registered = False
 # Live allocations by address (weak references), to find the allocation of any pointer.
 _allocations: Dict[int, "weakref.ref[SymmetricBuffer]"] = {}
@@ -174,12 +178,10 @@ class Context:
             _ctx = None
 
     def __getattr__(self, name: str) -> Any:
-        import symheap
-
-        if name.startswith("_"):
+        if name.startswith("_") or _package is None:
             raise AttributeError(name)
         try:
-            return getattr(symheap, name)
+            return getattr(_package, name)
         except AttributeError:
             raise AttributeError(f"symheap.Context has no attribute {name!r}") from None
 
@@ -292,6 +294,7 @@ def _store_from_process_group(dist: Any) -> Any:
     """A store for the rendezvous, made with public torch.distributed APIs only: rank 0 serves
     a fresh ``TCPStore`` on a free port and the default process group broadcasts where it is
     (``MASTER_ADDR`` when set, else rank 0's host name). Collective over the default group."""
+    # Only this rendezvous needs them, and they would add some 6 ms to every `import symheap`.
     import datetime
     import socket
 
@@ -612,6 +615,7 @@ def dtype_name(dtype: Any) -> str:
         return torch_dtype_name(dtype)
     if isinstance(dtype, str) and dtype.strip().lower() == "bfloat16":
         return "bfloat16"
+    # NumPy only where the dtype is not torch's: torch's path stays NumPy-free.
     import numpy as np
 
     try:

@@ -15,19 +15,24 @@ timeout is an error naming the signal), not NVSHMEM's, which never give up.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Tuple
+from typing import Any, Optional, Tuple
 
-from . import providers
-from ._core import Arr, check_pe, default_stream, describe, index_arg, world_stream
+from ._core import Arr, check_pe, default_stream, describe, index_arg, native, world_stream
 from ._native import SymheapValueError
 
-if TYPE_CHECKING:
-    from .providers import NvshmemProvider
+# The NVSHMEM provider of this process (a symheap.providers.NvshmemProvider), set by
+# symheap.providers.nvshmem() and cleared when it is finalized; None when there is none. It
+# lives here, below the providers module, so that the SHMEM calls can find it without importing
+# the providers (which call them).
+live: Any = None
+
+# A live symheap.providers.NvshmemProvider (typed loosely: its module sits above this one).
+NvshmemProvider = Any
 
 
-def provider_of(x: Any) -> Optional["NvshmemProvider"]:
+def provider_of(x: Any) -> Optional[NvshmemProvider]:
     """The live NVSHMEM provider whose allocation holds tensor ``x``, else None."""
-    nv = providers._nvshmem_instance
+    nv = live
     if nv is None or nv._finalized or not nv._live:
         return None
     ptr = getattr(x, "data_ptr", None)
@@ -36,7 +41,7 @@ def provider_of(x: Any) -> Optional["NvshmemProvider"]:
     return nv if nv._holds(int(ptr()), 1) else None
 
 
-def _own(nv: "NvshmemProvider", x: Any, what: str) -> Arr:
+def _own(nv: NvshmemProvider, x: Any, what: str) -> Arr:
     a = describe(x, what)
     if not a.contiguous:
         raise SymheapValueError(f"{what} must be contiguous")
@@ -48,7 +53,7 @@ def _own(nv: "NvshmemProvider", x: Any, what: str) -> Arr:
     return a
 
 
-def _pair(nv: "NvshmemProvider", dest: Any, src: Any, what: str) -> Tuple[Arr, Arr]:
+def _pair(nv: NvshmemProvider, dest: Any, src: Any, what: str) -> Tuple[Arr, Arr]:
     d = _own(nv, dest, f"{what} destination")
     s = _own(nv, src, f"{what} source")
     if d.dtype != s.dtype:
@@ -58,7 +63,7 @@ def _pair(nv: "NvshmemProvider", dest: Any, src: Any, what: str) -> Tuple[Arr, A
     return d, s
 
 
-def _word(nv: "NvshmemProvider", sig: Any, index: int, what: str) -> Tuple[Arr, int]:
+def _word(nv: NvshmemProvider, sig: Any, index: int, what: str) -> Tuple[Arr, int]:
     a = _own(nv, sig, what)
     if a.dtype not in ("uint64", "int64"):
         raise SymheapValueError(f"{what} must be a uint64 or int64 tensor, not {a.dtype}")
@@ -68,13 +73,13 @@ def _word(nv: "NvshmemProvider", sig: Any, index: int, what: str) -> Tuple[Arr, 
     return a, a.ptr + 8 * index
 
 
-def put(nv: "NvshmemProvider", dest: Any, src: Any, pe: int, stream: Any) -> None:
+def put(nv: NvshmemProvider, dest: Any, src: Any, pe: int, stream: Any) -> None:
     """:func:`symheap.put` through NVSHMEM: enqueued on ``stream``."""
     d, s = _pair(nv, dest, src, "put")
     nv.native.put_on_stream(d.ptr, s.ptr, s.nbytes, check_pe(pe), default_stream(s, stream))
 
 
-def get(nv: "NvshmemProvider", dest: Any, src: Any, pe: int, stream: Any) -> None:
+def get(nv: NvshmemProvider, dest: Any, src: Any, pe: int, stream: Any) -> None:
     """:func:`symheap.get` through NVSHMEM: enqueued on ``stream``."""
     d, s = _pair(nv, dest, src, "get")
     if not d.writable:
@@ -83,7 +88,7 @@ def get(nv: "NvshmemProvider", dest: Any, src: Any, pe: int, stream: Any) -> Non
 
 
 def put_signal(
-    nv: "NvshmemProvider", dest: Any, src: Any, signal: Any, value: int, pe: int, op: str, sig_index: int, stream: Any
+    nv: NvshmemProvider, dest: Any, src: Any, signal: Any, value: int, pe: int, op: str, sig_index: int, stream: Any
 ) -> None:
     """:func:`symheap.put_signal` through NVSHMEM (``nvshmemx_putmem_signal_on_stream``)."""
     d, s = _pair(nv, dest, src, "put_signal")
@@ -91,21 +96,21 @@ def put_signal(
     nv.native.put_signal(d.ptr, s.ptr, s.nbytes, sig, value, op, check_pe(pe), default_stream(s, stream))
 
 
-def signal_wait_until(nv: "NvshmemProvider", signal: Any, cmp: str, value: int, index: int, stream: Any) -> None:
+def signal_wait_until(nv: NvshmemProvider, signal: Any, cmp: str, value: int, index: int, stream: Any) -> None:
     """:func:`symheap.signal_wait_until` on an NVSHMEM signal: symheap's bounded wait kernel,
     enqueued on ``stream``."""
     a, sig = _word(nv, signal, index, "signal")
     nv.native.signal_wait_until(sig, cmp, value, default_stream(a, stream))
 
 
-def signal_fetch(nv: "NvshmemProvider", signal: Any, index: int) -> int:
+def signal_fetch(nv: NvshmemProvider, signal: Any, index: int) -> int:
     """:func:`symheap.signal_fetch` of an NVSHMEM signal word (after the current stream)."""
     a, sig = _word(nv, signal, index, "signal")
     _sync(a)
     return int(nv.native.atomic(sig, nv.my_pe(), "fetch", "uint64"))
 
 
-def atomic(nv: "NvshmemProvider", op: str, dest: Any, pe: int, index: int, value: Any, compare: Any) -> Any:
+def atomic(nv: NvshmemProvider, op: str, dest: Any, pe: int, index: int, value: Any, compare: Any) -> Any:
     """A symheap atomic on PE ``pe``'s ``dest[index]`` through NVSHMEM's host atomics (int64 and
     uint64 words), after the current stream."""
     a = _own(nv, dest, f"atomic_{op} destination")
@@ -120,7 +125,7 @@ def atomic(nv: "NvshmemProvider", op: str, dest: Any, pe: int, index: int, value
 def quiet(stream: Any) -> None:
     """:func:`symheap.quiet`'s NVSHMEM part: this PE's host-issued NVSHMEM operations, and the
     stream-ordered ones before ``stream``'s next work."""
-    nv = providers._nvshmem_instance
+    nv = live
     if nv is None or nv._finalized:
         return
     nv.native.quiet()
@@ -133,6 +138,4 @@ def _sync(a: Arr) -> None:
     """Host-side accesses see the work enqueued before them on the current stream."""
     s = default_stream(a, None)
     if s is not None:
-        from ._core import native
-
         native().sync_stream(s)

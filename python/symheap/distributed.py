@@ -20,11 +20,13 @@ same arguments; a mismatch raises :class:`symheap.SymheapMismatchError` on every
 
 from __future__ import annotations
 
+import json
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch as _torch
+import torch.distributed as dist
 
-from . import _core, _ops, ops
+from . import _core, _shmem, ops
 from ._core import api
 from ._native import SymheapMismatchError, SymheapUnsupportedError, SymheapValueError, Team
 
@@ -47,12 +49,6 @@ class GroupNotStridedError(SymheapUnsupportedError):
     strided splits of the world."""
 
 
-def _dist() -> Any:
-    import torch.distributed as dist
-
-    return dist
-
-
 class ReduceOp:
     """The reductions by name (torch's ``ReduceOp`` members are accepted as well)."""
 
@@ -73,7 +69,6 @@ def _op(op: Any) -> str:
         if name is None:
             raise SymheapValueError(f"unknown reduction {op!r} (one of sum, avg, max, min, prod)")
         return name
-    dist = _dist()
     R = dist.ReduceOp
     for member, name in ((R.SUM, "sum"), (R.AVG, "avg"), (R.MIN, "min"), (R.MAX, "max"), (R.PRODUCT, "prod")):
         if op == member:
@@ -105,7 +100,6 @@ _groups: Dict[Tuple[int, Tuple[int, ...]], Team] = {}
 
 
 def _ranks(group: Any) -> Tuple[int, ...]:
-    dist = _dist()
     if not (dist.is_available() and dist.is_initialized()):
         raise SymheapValueError("group: torch.distributed is not initialised; pass None or a symheap.Team")
     if dist.get_world_size() != _core.native().n_pes or dist.get_rank() != _core.native().my_pe:
@@ -129,7 +123,7 @@ def _strided(ranks: Sequence[int]) -> Tuple[int, int, int]:
 
 def _non_member(group: Any) -> bool:
     """Whether ``group`` is what ``dist.new_group`` gives ranks outside the group."""
-    sentinel = _dist().GroupMember.NON_GROUP_MEMBER
+    sentinel = dist.GroupMember.NON_GROUP_MEMBER
     return group is sentinel or (isinstance(group, int) and not isinstance(group, bool) and group == sentinel)
 
 
@@ -141,16 +135,15 @@ def register_group(group: Any) -> Team:
     :class:`GroupNotStridedError`) and caches it; returns it (an invalid team outside the
     group). Staging ordinary tensors on a group smaller than the world also needs
     :func:`symheap.ops.reserve_workspace` on every PE."""
-    import json
 
     n = _core.native().n_pes
     mine: Tuple[int, ...] = ()
-    if group is None or group is _dist().group.WORLD:
+    if group is None or group is dist.group.WORLD:
         mine = tuple(range(n))
     elif not _non_member(group):
         mine = _ranks(group)
     # Ranks outside the group do not know its ranks: every PE learns them from the members.
-    views = {tuple(json.loads(b)) for b in _ops.all_gather_object_bytes(json.dumps(list(mine)).encode())}
+    views = {tuple(json.loads(b)) for b in _shmem.all_gather_object_bytes(json.dumps(list(mine)).encode())}
     views.discard(())
     if len(views) != 1:
         raise SymheapMismatchError(f"register_group: the PEs passed different groups: {sorted(views)}")
@@ -162,7 +155,7 @@ def register_group(group: Any) -> Team:
     if ranks == tuple(range(n)):
         team = _core.native().world_team()
     else:
-        team = _ops.team_split_strided(None, start, stride, size)
+        team = _shmem.team_split_strided(None, start, stride, size)
     _groups[key] = team
     return team
 

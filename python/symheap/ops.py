@@ -50,8 +50,9 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch as _torch
+from torch.fx.node import has_side_effect
 
-from . import _core, _library, _ops, _workspace
+from . import _core, _library, _shmem, _workspace
 from ._core import api, torch_dtype_name
 from ._native import SymheapUnsupportedError, SymheapValueError, Team
 
@@ -250,7 +251,7 @@ def _in_place(t: _torch.Tensor, coll: Optional[Tuple[str, _torch.Tensor, int]], 
     if t.device.index != _core.native().device_ordinal:
         return False
     name, sizing, per = coll
-    return _ops._takes_local(name, _team(tid), _core.describe(sizing, name), per=per)
+    return _shmem._takes_local(name, _team(tid), _core.describe(sizing, name), per=per)
 
 
 def _stage(
@@ -266,7 +267,7 @@ def _stage(
     if all(direct):
         return [t for t, _ in parts]
     need = sum(_workspace.aligned(t.numel() * t.element_size()) for t, _ in parts)
-    buf = _workspace.get(_team(tid), need)
+    buf = _workspace.staging(_team(tid), need)
     out, off = [], 0
     for (t, copy_in), d in zip(parts, direct):
         if d:
@@ -299,11 +300,11 @@ def _all_reduce_(tensor: _torch.Tensor, op: str = "sum", team: int = 0) -> None:
     if _zero_copy(tensor):
         # The common case (a symmetric tensor) straight to the native call: half of an eager
         # op's host time was describing and checking it a second time in the general path.
-        _ops.all_reduce_symmetric_tensor(tensor, dtype, _reduce(op), _team(team))
+        _shmem.all_reduce_symmetric_tensor(tensor, dtype, _reduce(op), _team(team))
         _finish_avg(tensor, op, team)
         return
     (s,) = _stage(team, [(tensor, True)], ("all_reduce", tensor, 1))
-    _ops.all_reduce(s, op=_reduce(op), team=_team(team))
+    _shmem.all_reduce(s, op=_reduce(op), team=_team(team))
     _finish_avg(s, op, team)
     if s is not tensor:
         tensor.copy_(s)
@@ -322,7 +323,7 @@ def _all_reduce(input: _torch.Tensor, op: str = "sum", team: int = 0) -> _torch.
     _check_op(op, input, "all_reduce")
     out = _torch.empty_like(input, memory_format=_torch.contiguous_format)
     s, d = _stage(team, [(input, True), (out, False)], ("all_reduce", input, 1))
-    _ops.all_reduce(d, s, op=_reduce(op), team=_team(team))
+    _shmem.all_reduce(d, s, op=_reduce(op), team=_team(team))
     _finish_avg(d, op, team)
     if d is not out:
         out.copy_(d)
@@ -348,7 +349,7 @@ def _run_exchange(coll: str, run: Callable[..., None], out: _torch.Tensor, input
 
 
 def _run_gather(out: _torch.Tensor, input: _torch.Tensor, team: int) -> None:
-    _run_exchange("all_gather", _ops.all_gather, out, input, team)
+    _run_exchange("all_gather", _shmem.all_gather, out, input, team)
 
 
 @_custom_op("symheap::all_gather_into", mutates_args=("out",))
@@ -379,7 +380,7 @@ def _(input: _torch.Tensor, team: int = 0) -> _torch.Tensor:
 
 def _run_scatter(out: _torch.Tensor, input: _torch.Tensor, op: str, team: int) -> None:
     d, s = _stage(team, [(out, False), (input, True)], ("reduce_scatter", out, 1))
-    _ops.reduce_scatter(d, s, op=_reduce(op), team=_team(team))
+    _shmem.reduce_scatter(d, s, op=_reduce(op), team=_team(team))
     _finish_avg(d, op, team)
     if d is not out:
         out.copy_(d)
@@ -414,7 +415,7 @@ def _(input: _torch.Tensor, op: str = "sum", team: int = 0) -> _torch.Tensor:
 
 
 def _run_alltoall(out: _torch.Tensor, input: _torch.Tensor, team: int) -> None:
-    _run_exchange("alltoall", _ops.alltoall, out, input, team)
+    _run_exchange("alltoall", _shmem.alltoall, out, input, team)
 
 
 @_custom_op("symheap::alltoall_into", mutates_args=("out",))
@@ -454,7 +455,7 @@ def _broadcast_(tensor: _torch.Tensor, root: int = 0, team: int = 0) -> None:
     _dtype(tensor, "broadcast")
     _check_root(root, _n(team))
     (s,) = _stage(team, [(tensor, True)], ("broadcast", tensor, 1))
-    _ops.broadcast(s, root=root, team=_team(team))
+    _shmem.broadcast(s, root=root, team=_team(team))
     if s is not tensor:
         tensor.copy_(s)
     _record([tensor])
@@ -470,14 +471,14 @@ def _(tensor: _torch.Tensor, root: int = 0, team: int = 0) -> None:
 def _barrier(team: int = 0) -> None:
     t = _team(team)
     if t is None:
-        _ops.barrier_all()
+        _shmem.barrier_all()
         return
     if _torch.cuda.is_available() and _torch.cuda.is_current_stream_capturing():
         raise SymheapUnsupportedError(
             "barrier: a barrier over a team other than the world meets on the host and cannot be "
             "captured in a CUDA graph; use the world team (team 0) there"
         )
-    _ops.barrier(t)
+    _shmem.barrier(t)
 
 
 @_barrier.register_fake
@@ -490,7 +491,7 @@ def _(team: int = 0) -> None:
 
 @_custom_op("symheap::put", mutates_args=())
 def _put(dest: _torch.Tensor, src: _torch.Tensor, pe: int) -> None:
-    _ops.put(dest, src, pe)
+    _shmem.put(dest, src, pe)
     _record([src])
 
 
@@ -502,10 +503,10 @@ def _(dest: _torch.Tensor, src: _torch.Tensor, pe: int) -> None:
 @_custom_op("symheap::get", mutates_args=("dest",))
 def _get(dest: _torch.Tensor, src: _torch.Tensor, pe: int) -> None:
     if dest.is_contiguous():
-        _ops.get(dest, src, pe)
+        _shmem.get(dest, src, pe)
     else:
         tmp = _torch.empty_like(dest, memory_format=_torch.contiguous_format)
-        _ops.get(tmp, src, pe)
+        _shmem.get(tmp, src, pe)
         dest.copy_(tmp)
     _record([dest])
 
@@ -525,7 +526,7 @@ def _put_signal(
     sig_op: str = "set",
     sig_index: int = 0,
 ) -> None:
-    _ops.put_signal(dest, src, signal, value, pe, op=sig_op, sig_index=sig_index)
+    _shmem.put_signal(dest, src, signal, value, pe, op=sig_op, sig_index=sig_index)
     _record([src])
 
 
@@ -544,7 +545,7 @@ def _(
 
 @_custom_op("symheap::signal_wait_until", mutates_args=())
 def _signal_wait_until(signal: _torch.Tensor, cmp: str, value: int, index: int = 0) -> None:
-    _ops.signal_wait_until(signal, cmp, value, index=index)
+    _shmem.signal_wait_until(signal, cmp, value, index=index)
 
 
 @_signal_wait_until.register_fake
@@ -553,8 +554,6 @@ def _(signal: _torch.Tensor, cmp: str, value: int, index: int = 0) -> None:
 
 
 def _side_effects() -> None:
-    from torch.fx.node import has_side_effect
-
     for name in ("barrier", "put", "put_signal", "signal_wait_until"):
         has_side_effect(getattr(_torch.ops.symheap, name).default)
 
@@ -682,12 +681,12 @@ def reserve_workspace(nbytes: int, team: TeamLike = None) -> None:
     capture when no eager warm-up call ran."""
     tid = team_id(team)
     # Non-members allocate too (allocation is collective over the world), under their own key.
-    _workspace.reserve(nbytes, None if tid == 0 else _teams[tid])
+    _workspace.reserve_staging(nbytes, None if tid == 0 else _teams[tid])
 
 
 def workspace_usage() -> Dict[str, int]:
     """This PE's staging workspaces: ``{workspaces, bytes, captured}``. Not collective."""
-    return _workspace.usage()
+    return _workspace.staging_usage()
 
 
 def _forget_teams() -> None:

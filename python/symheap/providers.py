@@ -46,8 +46,10 @@ import weakref
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _core, _native, _peers
+from . import _nvshmem_ops as _nv
 from ._core import SymmetricAddressMap
 from ._native import SymheapError, SymheapUnsupportedError, SymheapValueError
+from ._shmem import barrier_all
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -71,6 +73,7 @@ class SymheapProviderError(SymheapError):
 
 def _torch() -> Any:
     try:
+        # torch on first use of a provider: `import symheap` does not need it.
         import torch
     except ImportError:
         raise SymheapUnsupportedError(
@@ -186,6 +189,7 @@ class NativeProvider(Provider):
     def __init__(self) -> None:
         _core.context()  # raises SymheapError before symheap.init()
         _torch()
+        # The torch front needs torch, imported only now (see _torch).
         from . import torch as st
 
         self._st = st
@@ -223,8 +227,6 @@ class NativeProvider(Provider):
     def barrier(self) -> None:
         """**Collective**: :func:`symheap.barrier_all` (on the CUDA backend enqueued on the
         current stream: kernels enqueued after it see every PE's writes made before it)."""
-        from ._ops import barrier_all
-
         barrier_all()
 
     def peer_offsets(self) -> Optional[List[int]]:
@@ -442,21 +444,17 @@ class NvshmemProvider(Provider):
     def finalize(self) -> None:
         """**Collective**: frees every allocation and finalises NVSHMEM; tensors of this provider
         must not be used afterwards. A later :func:`nvshmem` makes a new runtime."""
-        global _nvshmem_instance
         if self._finalized:
             return
         self._torch.cuda.current_stream(self._dev).synchronize()
         self._finalized = True
         self._live.clear()
         self._p.finalize()
-        if _nvshmem_instance is self:
-            _nvshmem_instance = None
+        if _nv.live is self:
+            _nv.live = None
 
     def __repr__(self) -> str:
         return f"<symheap provider nvshmem pe={self._me} n_pes={self._n} {self._p!r}>"
-
-
-_nvshmem_instance: Optional[NvshmemProvider] = None
 
 
 def nvshmem(lib: Optional[str] = None) -> NvshmemProvider:
@@ -465,13 +463,13 @@ def nvshmem(lib: Optional[str] = None) -> NvshmemProvider:
     ``$SYMHEAP_NVSHMEM_LIB``, else the ``nvidia-nvshmem-cu13`` package on ``sys.path``, else the
     loader's path. Needs ``symheap.init()`` on the CUDA backend; raises
     :class:`SymheapUnsupportedError` when the library is missing or on the host backend."""
-    global _nvshmem_instance
-    if _nvshmem_instance is None or _nvshmem_instance._finalized:
-        _nvshmem_instance = NvshmemProvider(lib)
+    nv = _nv.live
+    if nv is None or nv._finalized:
+        nv = _nv.live = NvshmemProvider(lib)
         # Left open, it is finalized (collectively) by symheap.finalize() or at exit, before the
         # context: NVSHMEM's exit handlers must not run with its runtime still up.
-        _core._before_finalize.append(_nvshmem_instance.finalize)
-    return _nvshmem_instance
+        _core._before_finalize.append(nv.finalize)
+    return nv
 
 
 # ---- torch SymmetricMemory ---------------------------------------------------------------------
@@ -506,6 +504,7 @@ class TorchSymmMemProvider(Provider):
 
     def __init__(self, group: Any = None) -> None:
         torch = _torch()
+        # torch.distributed and its SymmetricMemory only for this provider.
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
@@ -514,11 +513,13 @@ class TorchSymmMemProvider(Provider):
                 "(torch.cuda.set_device(local_rank); torch.distributed.init_process_group('nccl'))"
             )
         try:
+            # Optional: older torch builds have none.
             import torch.distributed._symmetric_memory as symm_mem
         except ImportError as e:
             raise SymheapUnsupportedError(f"this torch has no SymmetricMemory: {e}") from None
         if not torch.cuda.is_available():
             raise SymheapUnsupportedError("the torch SymmetricMemory provider needs a CUDA device")
+        # (torch.distributed, as above.)
         from torch.distributed import distributed_c10d as c10d
 
         if group is None:

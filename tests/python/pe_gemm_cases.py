@@ -300,9 +300,9 @@ def case_gemm_tune_agree() -> None:
     cache lost it; a bad SYMHEAP_GEMM_TUNE is refused."""
     import os
 
-    import symheap._gemm_kernels as k
-    import symheap._gemm_tune as tune
-    import symheap._ops as ops
+    import symheap._shmem as shmem
+    import symheap.gemm._kernels as k
+    import symheap.gemm._tune as tune
 
     me, npes = symheap.my_pe(), symheap.n_pes()
     d = _tune_dirs(tune, "agree")
@@ -314,7 +314,7 @@ def case_gemm_tune_agree() -> None:
     assert got == cands[0], f"PE {me} launched {got}, PE 0 timed {cands[0]} fastest"
     assert (d / "k1.json").is_file(), "the choice was not written to this PE's cache"
     assert tune.history()[-1]["source"] == "tuned"
-    picks = ops.all_gather_object_bytes(repr(tuple(got)).encode())
+    picks = shmem.all_gather_object_bytes(repr(tuple(got)).encode())
     assert len(set(picks)) == 1, f"PEs disagree: {picks}"
     tune.forget()
     if me != 0:
@@ -356,9 +356,9 @@ def case_gemm_tuned() -> None:
     choice from PE 0's disk cache without timing."""
     import os
 
-    import symheap._gemm_kernels as gk
-    import symheap._gemm_tune as tune
-    import symheap._ops as ops
+    import symheap._shmem as shmem
+    import symheap.gemm._kernels as gk
+    import symheap.gemm._tune as tune
 
     torch = _mods()[0]
     _tune_dirs(tune, "tuned")
@@ -372,7 +372,7 @@ def case_gemm_tuned() -> None:
         want = "tuned" if rnd == 0 else "cache"
         assert len(hist) == 4 and all(h["source"] == want for h in hist), [(h["key"], h["source"]) for h in hist]
         mine = repr([(h["key"][:4], tuple(h["config"])) for h in hist]).encode()
-        assert len(set(ops.all_gather_object_bytes(mine))) == 1, "PEs launched different configs"
+        assert len(set(shmem.all_gather_object_bytes(mine))) == 1, "PEs launched different configs"
         if rnd == 0:
             assert all(len(h["times_us"]) >= 2 for h in hist), "fewer than two candidates timed"
             ce = str(tuple(gk.CUBLAS))

@@ -111,7 +111,7 @@ def _check_dispatch(out, exp, me: int, lx: int, cap: int, align: int, low_latenc
     import torch
 
     recv_x, ridx, rw, num, handle = out
-    from symheap._moe_plan import quantize_fp8
+    from symheap.moe._plan import quantize_fp8
 
     assert num.tolist() == [len(exp[j]) for j in range(lx)], f"{what}: counts {num.tolist()}"
     off = 0

@@ -813,11 +813,13 @@ def _setup(needs: List[str]) -> None:
 
 
 def _teardown() -> None:
-    if providers._nvshmem_instance is not None and not LEAVE_OPEN:
-        providers._nvshmem_instance.finalize()
+    nv = symheap._nvshmem_ops.live  # the NVSHMEM provider of this process, if one is open
+    if nv is not None and not LEAVE_OPEN:
+        nv.finalize()
     symheap.finalize()
-    if LEAVE_OPEN and providers._nvshmem_instance is not None:
-        assert providers._nvshmem_instance._finalized, "symheap.finalize() left NVSHMEM open"
+    if LEAVE_OPEN and nv is not None:
+        assert nv._finalized, "symheap.finalize() left NVSHMEM open"
+        assert symheap._nvshmem_ops.live is None, "a finalized NVSHMEM provider is still the live one"
         print("PASS left open: finalized by symheap.finalize()", flush=True)
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():

@@ -56,7 +56,7 @@ def kernel_ptx() -> Any:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    k = importlib.import_module("symheap._fused_kernels")
+    k = importlib.import_module("symheap.fused._kernels")
     sig = {
         "x_ptr": "*bf16",
         "res_ptr": "*bf16",

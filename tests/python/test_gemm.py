@@ -75,7 +75,7 @@ def test_gemm_engine_setting(monkeypatch) -> None:
     """SYMHEAP_GEMM_ENGINE: auto (unset or empty), triton, cublas (any case); anything else is
     refused with SymheapValueError naming the setting."""
     pytest.importorskip("triton")
-    k = importlib.import_module("symheap._gemm_kernels")
+    k = importlib.import_module("symheap.gemm._kernels")
     from symheap import SymheapValueError
 
     for v, want in (("", "auto"), ("AUTO", "auto"), ("triton", "triton"), (" cuBLAS ", "cublas")):
@@ -133,7 +133,7 @@ def kernel_ptx() -> Any:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    k = importlib.import_module("symheap._gemm_kernels")
+    k = importlib.import_module("symheap.gemm._kernels")
 
     def build(name: str, consts: dict, dtype: str = "bf16", warps: int = 8, stages: int = 4, arch: int = 90) -> Any:
         """``consts``: the constexprs; with ``TMA`` the descriptors get TMA block types from
@@ -240,7 +240,7 @@ def test_heuristic_fits_shared_memory(kernel_ptx: Any, arch: int) -> None:
     """The heuristic (what runs untuned, and under capture) fits the arch's shared memory per
     block: ~227 KiB on sm_100, ~99 KiB on sm_120 (a config that does not fit fails at launch)."""
     limit = {100: 232448, 120: 101376}[arch]
-    c = importlib.import_module("symheap._gemm_kernels").config(4096, 5120, 8192, arch)
+    c = importlib.import_module("symheap.gemm._kernels").config(4096, 5120, 8192, arch)
     cfg = dict(BM=c.bm, BN=c.bn, BK=c.bk, GM=c.gm, TMA=c.tma, B_T=False)
     for name, extra in (("ag_gemm_kernel", {"FLAT": False}), ("rs_gemm_kernel", {"HINT": True})):
         shared = kernel_ptx(name, dict(cfg, **extra), warps=c.warps, stages=c.stages, arch=arch)
@@ -250,7 +250,7 @@ def test_heuristic_fits_shared_memory(kernel_ptx: Any, arch: int) -> None:
 def test_config_heuristic() -> None:
     """Block sizes are a pure function of the shape and arch (the same on every PE), cached."""
     pytest.importorskip("triton")
-    k = importlib.import_module("symheap._gemm_kernels")
+    k = importlib.import_module("symheap.gemm._kernels")
     assert k.config(4096, 1280, 8192, 90) == k.config(4096, 1280, 8192, 90)
     c = k.config(16, 8, 8, 90)
     assert (c.bm, c.bn, c.bk, c.tma) == (64, 64, 32, False)

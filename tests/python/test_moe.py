@@ -44,7 +44,7 @@ def test_quantize_fp8_same_on_cpu_and_cuda(cuda_gpus: int) -> None:
     """quantize_fp8 of the same rows gives the same bytes and scales on the CPU and on the GPU,
     so the host backend and the CUDA path dispatch identical FP8 payloads."""
     import torch
-    from symheap._moe_plan import quantize_fp8
+    from symheap.moe._plan import quantize_fp8
 
     g = torch.Generator().manual_seed(7)
     x = (torch.randn(64, 7168, generator=g) * torch.rand(64, 1, generator=g) * 30).to(torch.bfloat16)
@@ -68,12 +68,12 @@ def test_moe_triton_kernels_interpreted(torch_module, n: int, cases) -> None:
 
 
 def _compile(name: str, sig: dict, consts: dict, div=()) -> str:
-    """PTX of kernel ``name`` of symheap._moe_kernels for sm_90 (no GPU needed)."""
+    """PTX of kernel ``name`` of symheap.moe._kernels for sm_90 (no GPU needed)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    k = importlib.import_module("symheap._moe_kernels")
+    k = importlib.import_module("symheap.moe._kernels")
     s = dict(sig, **{c: "constexpr" for c in consts})
     # What Triton's launcher specialises at run time: 16-byte aligned pointers, 16-divisible ints.
     attrs = {(i,): [["tt.divisibility", 16]] for i, (a, t) in enumerate(s.items()) if t[0] == "*" or a in div}

@@ -9,7 +9,7 @@ custom op ``symheap::fused_all_reduce_rmsnorm`` (with a fake kernel), so ``torch
 (``fullgraph=True``) traces it without a graph break and CUDA graphs capture it.
 
 CUDA backend: **one kernel per PE** on torch's current stream (the Triton kernel of
-:mod:`symheap._fused_kernels`: a one-shot push into a symmetric staging workspace, one release
+:mod:`symheap.fused._kernels`: a one-shot push into a symmetric staging workspace, one release
 flag per CTA and PE carrying a device-side epoch, double buffering by epoch parity; its module
 docstring gives the protocol). ``x`` and ``residual`` are ordinary tensors; no host
 synchronisation, capturable.
@@ -26,13 +26,15 @@ rsqrt(mean(r^2) + eps) * weight`` in fp32, rounded to the input dtype or quantis
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+import functools
+from typing import Any, Optional, Tuple
 
 import torch as _torch
 
-from . import _core, _library
-from ._native import SymheapUnsupportedError, SymheapValueError, Team
+from .. import _core, _library, _shmem, _workspace
+from .. import torch as st
+from .._native import SymheapUnsupportedError, SymheapValueError, Team
+from .._workspace import Workspace
 
 __all__ = ["all_reduce_residual_rmsnorm", "reserve", "MAX_HIDDEN_CUDA"]
 
@@ -47,28 +49,6 @@ _MIN_SLOT_BYTES = 4 << 20
 _MAX_CTAS = 1024
 
 
-@dataclass
-class _Workspace:
-    """Symmetric staging + flags + this PE's device-side epoch, for one team."""
-
-    ws: _torch.Tensor  # symmetric uint8: [2 parities][npes][slot_bytes]
-    slot_bytes: int
-    flags: Optional[_torch.Tensor]  # symmetric int64 [_MAX_CTAS][npes] (CUDA only)
-    ctr: Optional[_torch.Tensor]  # int64 [epoch, arrivals] (CUDA only)
-    bases: Optional[_torch.Tensor]  # int64 heap bases of the team's members (CUDA only)
-    me: int
-    npes: int
-    max_ctas: int
-    captured: bool = False  # a CUDA graph replays on it: never freed (see _workspace)
-
-
-# (context id, team members) -> workspace
-_spaces: Dict[Tuple[int, Tuple[int, ...]], _Workspace] = {}
-_hooked: Dict[int, bool] = {}
-# Workspaces a CUDA graph captured, replaced by larger ones: kept alive until finalize.
-_retired: List[_Workspace] = []
-
-
 def _members(team: Optional[Team]) -> Tuple[int, ...]:
     n = _core.native().n_pes
     if team is not None and (not team.is_valid or team.n_pes() != n):
@@ -80,70 +60,42 @@ def _members(team: Optional[Team]) -> Tuple[int, ...]:
     return tuple(range(n))
 
 
-def _capturing() -> bool:
-    return _torch.cuda.is_available() and _torch.cuda.is_current_stream_capturing()
-
-
-def _new_workspace(members: Tuple[int, ...], slot_bytes: int) -> _Workspace:
-    """**Collective** over the world (symmetric allocations)."""
-    from . import _ops
-    from . import torch as st
-
+def _make(members: Tuple[int, ...], size: Tuple[int, ...]) -> Workspace:
+    """**Collective** over the world: the staging ``ws`` (uint8 ``[2 parities][npes][slot
+    bytes]``, ``size = (slot bytes,)``); on CUDA also the release ``flags`` (int64
+    ``[_MAX_CTAS][npes]``, zeroed on every PE before any peer's first signal: a stream-ordered
+    barrier), the device-side epoch counter and the members' heap bases."""
     npes = len(members)
-    me = members.index(_core.native().my_pe)
-    ws = st.empty(2 * npes * slot_bytes, dtype=_torch.uint8)
+    regions = {"ws": (2 * npes * size[0], _torch.uint8)}
     if _core.native().backend != "cuda":
-        return _Workspace(ws, slot_bytes, None, None, None, me, npes, 0)
-    flags = st.zeros(_MAX_CTAS * npes, dtype=_torch.int64)
-    dev = st.device()
-    ctr = _torch.zeros(4, dtype=_torch.int64, device=dev)
-    world = _core.native().heap_bases()
-    bases = _torch.tensor([world[m] for m in members], dtype=_torch.int64, device=dev)
-    sms = _torch.cuda.get_device_properties(dev).multi_processor_count
-    # Zeroed flags on every PE before any peer's first signal (stream-ordered barrier).
-    _ops.barrier_all()
-    return _Workspace(ws, slot_bytes, flags, ctr, bases, me, npes, min(sms, _MAX_CTAS))
+        return Workspace(members, size, regions)
+    regions["flags"] = (_MAX_CTAS * npes, _torch.int64)
+    return Workspace(members, size, regions, zeroed=("flags",), counters=4, bases=True, barrier=True)
 
 
-def _workspace(team: Optional[Team], need_slot_bytes: int) -> _Workspace:
-    members = _members(team)
-    key = (id(_core.context()), members)
-    w = _spaces.get(key)
-    capturing = _capturing()
-    if w is not None and (w.slot_bytes >= need_slot_bytes or capturing):
-        # During capture a call larger than the workspace is split into launches that fit.
-        w.captured = w.captured or capturing
-        return w
-    if capturing:
-        raise SymheapValueError(
-            "all_reduce_residual_rmsnorm: no workspace yet, and none can be allocated during CUDA "
-            "graph capture: run the same call once before capture, or call "
-            "symheap.fused.reserve(max_tokens, hidden, dtype) on every PE first"
-        )
-    slot = max(_MIN_SLOT_BYTES, -(-need_slot_bytes // 256) * 256)
-    if w is not None and w.captured:
-        # A graph replays on these addresses (and this epoch counter): keep them for good.
-        _retired.append(w)
-    elif w is not None:
-        # Released stream-ordered (the reclaim waits for the streams that used it).
-        from . import torch as st
-
-        st.free(w.ws)
-        if w.flags is not None:
-            st.free(w.flags)
-    ctx = _core.context()
-    if not _hooked.get(id(ctx)):
-        _hooked[id(ctx)] = True
-        _core._before_finalize.append(_forget)
-    w = _new_workspace(members, slot)
-    _spaces[key] = w
-    return w
+def _slot_size(size: Tuple[int, ...]) -> Tuple[int, ...]:
+    return (max(_MIN_SLOT_BYTES, -(-size[0] // 256) * 256),)
 
 
-def _forget() -> None:
-    _spaces.clear()
-    _retired.clear()
-    _hooked.clear()
+# One workspace per team; during capture a call larger than it is split into launches that fit.
+_pool = _workspace.Pool(
+    "all_reduce_residual_rmsnorm",
+    _make,
+    size_for=_slot_size,
+    under_capture="reuse",
+    hint="run the same call once before capture, or call symheap.fused.reserve(max_tokens, hidden, dtype) on "
+    "every PE first",
+)
+
+
+def _workspace_for(team: Optional[Team], need_slot_bytes: int) -> Workspace:
+    return _pool.get(_members(team), (need_slot_bytes,))
+
+
+@functools.lru_cache(maxsize=None)
+def _max_ctas(device_index: int) -> int:
+    """CTAs of one launch: one per SM, at most the flag slots."""
+    return min(_torch.cuda.get_device_properties(device_index).multi_processor_count, _MAX_CTAS)
 
 
 def reserve(max_tokens: int, hidden: int, dtype: Any = _torch.bfloat16, team: Optional[Team] = None) -> None:
@@ -152,11 +104,12 @@ def reserve(max_tokens: int, hidden: int, dtype: Any = _torch.bfloat16, team: Op
     capture calls up to that size without a warm-up call (a call larger than the workspace during
     capture is split into several launches). Optional in eager mode: the first call allocates and
     a larger later call grows it. Not during CUDA graph capture."""
-    if _capturing():
+    if _workspace.capturing():
         raise SymheapValueError("symheap.fused.reserve cannot run during CUDA graph capture; call it before")
     esize = _torch.empty(0, dtype=dtype).element_size()
     rows = _core.index_arg(max_tokens, "max_tokens")
-    _workspace(team, rows * _core.index_arg(hidden, "hidden") * max(esize, 4))
+    need = rows * _core.index_arg(hidden, "hidden") * max(esize, 4)
+    _pool.reserve(_members(team), (need,), "symheap.fused.reserve")
 
 
 def _timeout_ns() -> int:
@@ -176,17 +129,16 @@ def _host_path(
     fp8: int,
     team: Optional[Team],
 ) -> None:
-    from . import _ops
-
     t, h = x.shape
-    w = _workspace(team, t * h * 4)
+    w = _workspace_for(team, t * h * 4)
     n = t * h
+    slot_bytes = w.size[0]
     # fp32 staging in parity slot 0 (source) and 1 (result) of this PE's own slot.
-    stage = w.ws[: 2 * w.slot_bytes].view(_torch.float32)
-    half = w.slot_bytes // 4
+    stage = w.regions["ws"][: 2 * slot_bytes].view(_torch.float32)
+    half = slot_bytes // 4
     src, dst = stage[:n], stage[half : half + n]
     src.copy_(x.reshape(-1))
-    _ops.all_reduce(dst, src, "sum", team)
+    _shmem.all_reduce(dst, src, "sum", team)
     r = (dst.view(t, h) + residual.float()).to(residual_out.dtype)
     residual_out.copy_(r)
     rf = r.float()
@@ -220,7 +172,8 @@ def _cuda_path(
     fp8: int,
     team: Optional[Team],
 ) -> None:
-    from . import _fused_kernels as k
+    # Triton only on the CUDA path: the host backend runs without it.
+    from . import _kernels as k
 
     t, h = x.shape
     if h > MAX_HIDDEN_CUDA:
@@ -228,10 +181,12 @@ def _cuda_path(
             f"all_reduce_residual_rmsnorm: hidden size {h} is larger than the CUDA kernel's {MAX_HIDDEN_CUDA}"
         )
     esize = x.element_size()
-    w = _workspace(team, t * h * esize)
-    slot_elems = w.slot_bytes // esize
+    w = _workspace_for(team, t * h * esize)
+    slot_elems = w.size[0] // esize
     rows = max(1, slot_elems // h)
-    ws = w.ws.view(x.dtype)
+    ws = w.regions["ws"].view(x.dtype)
+    flags = w.regions["flags"]
+    max_ctas = _max_ctas(x.device.index)
     scale = scale_in if fp8 == 1 else scale_out
     if fp8 == 0:
         scale = w.ctr  # unused by the kernel; any pointer
@@ -250,13 +205,13 @@ def _cuda_path(
             residual_out if whole else residual_out[r0:r1],
             sc,
             ws,
-            w.flags,
+            flags,
             w.ctr,
             w.bases,
             w.me,
             w.npes,
             slot_elems,
-            w.max_ctas,
+            max_ctas,
             float(eps),
             _timeout_ns(),
             fp8,
@@ -292,8 +247,6 @@ def _fused_impl(
     if x.numel() == 0:
         return
     if x.device.type == "cuda":
-        from . import torch as st
-
         if _core.native().backend != "cuda" or x.device != st.device():
             raise SymheapValueError(
                 f"all_reduce_residual_rmsnorm: symheap's memory of this PE is on {st.device()}, "

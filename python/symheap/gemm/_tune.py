@@ -1,4 +1,4 @@
-"""Block-size tuning of :mod:`symheap.gemm`'s kernels: which :class:`~symheap._gemm_kernels.Config`
+"""Block-size tuning of :mod:`symheap.gemm`'s kernels: which :class:`~symheap.gemm._kernels.Config`
 a call launches.
 
 Why not ``triton.autotune``: it times the kernel it is given, in each process on its own. Here
@@ -14,7 +14,7 @@ every PE's in-memory table holds the same keys):
 
 1. key in this process's table: use it (no communication);
 2. under CUDA graph capture, or when tuning is off or the GEMM is small: the heuristic
-   :func:`~symheap._gemm_kernels.config` (a function of the shape and device: the same on every
+   :func:`~symheap.gemm._kernels.config` (a function of the shape and device: the same on every
    PE, so no communication either);
 3. else every PE looks the key up in its disk cache and the PEs exchange what they found (a
    host all_gather); when PE 0 found it, that is the choice; otherwise every PE times the
@@ -27,11 +27,11 @@ symheap's kernel cache: ``SYMHEAP_CACHE_DIR``, else ``$XDG_CACHE_HOME/symheap``,
 dtype, B's layout, the PE count, the GPU's name, arch and SM share, Triton's version and a
 hash of the kernels' source, so a new kernel or Triton never reuses an old choice.
 
-Engines (all_gather_matmul): the tuner also times :data:`~symheap._gemm_kernels.CUBLAS`, cuBLAS
+Engines (all_gather_matmul): the tuner also times :data:`~symheap.gemm._kernels.CUBLAS`, cuBLAS
 on each PE's row block in turn on the whole GPU (the copy engine moves the shards, so no SM is
 taken from it), and keeps it when it beats every Triton tile choice (which runs on the SMs the
 push kernel leaves): "Triton or CUDA, whichever is faster", decided per shape by measurement.
-``SYMHEAP_GEMM_ENGINE`` (:func:`~symheap._gemm_kernels.engine`) forces one.
+``SYMHEAP_GEMM_ENGINE`` (:func:`~symheap.gemm._kernels.engine`) forces one.
 
 ``SYMHEAP_GEMM_TUNE`` (the same on every PE): ``0`` never tune (the heuristic), ``1`` tune every
 shape, unset or ``auto`` tune GEMMs of at least ``2**33`` flops (smaller ones are launch- and
@@ -50,7 +50,11 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch as _torch
 
-from ._native import SymheapValueError
+from .. import _shmem
+from .._native import SymheapValueError
+
+# The kernels module (and Triton) is imported inside the functions that use it: symheap.gemm
+# imports this module on the host backend too, which runs without Triton.
 
 AUTO_FLOPS = 1 << 33
 _table: Dict[Tuple[Any, ...], Any] = {}
@@ -81,13 +85,13 @@ def cache_dir() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def _kernels_hash() -> str:
-    from . import _gemm_kernels as k
+    from . import _kernels as k  # Triton (see the top)
 
     return hashlib.sha256(Path(k.__file__).read_bytes()).hexdigest()[:16]
 
 
 def _disk_key(key: Tuple[Any, ...], dev: _torch.device) -> str:
-    import triton
+    import triton  # (see the top)
 
     name = _torch.cuda.get_device_name(dev)
     text = json.dumps([list(map(str, key)), name, triton.__version__, _kernels_hash()])
@@ -136,9 +140,9 @@ def local_runner(
     kind: str, cfg: Any, a: _torch.Tensor, b: _torch.Tensor, sms: int, c: _torch.Tensor, chunks: int = 1
 ) -> Callable[[], None]:
     """The op's kernel at ``npes = 1`` (no peer, no wait) writing ``c = a @ b`` (``a``: all this
-    PE's rows). For :data:`~symheap._gemm_kernels.CUBLAS`: cuBLAS on each of ``chunks`` row
+    PE's rows). For :data:`~symheap.gemm._kernels.CUBLAS`: cuBLAS on each of ``chunks`` row
     blocks in turn (one per PE's shard, as the engine multiplies them), on the whole GPU."""
-    from . import _gemm_kernels as k
+    from . import _kernels as k  # Triton (see the top)
 
     if cfg == k.CUBLAS:
         rows = a.shape[0] // max(1, chunks)
@@ -202,7 +206,7 @@ def time_candidates(
 def choose(kind: str, m_blk: int, npes: int, b: _torch.Tensor, dtype: Any, sms: int, dev: _torch.device) -> Any:
     """**Collective** (see the module's protocol): the configuration for operation ``kind``
     with per-PE blocks of ``m_blk`` rows, ``b`` (its shape and layout) and ``sms`` SMs."""
-    from . import _gemm_kernels as k
+    from . import _kernels as k  # Triton (see the top)
 
     kdim, n = b.shape
     b_t = b.stride(0) == 1 and b.stride(1) != 1
@@ -231,11 +235,10 @@ def choose(kind: str, m_blk: int, npes: int, b: _torch.Tensor, dtype: Any, sms: 
 def _agree(key: Tuple[Any, ...], dkey: str, timer: Callable[[], List[Tuple[Any, float]]], heuristic: Any) -> Any:
     """**Collective**: PE 0's disk entry ``dkey``, else PE 0's fastest of ``timer()``'s (every
     PE times its own candidates)."""
-    from . import _gemm_kernels as k
-    from . import _ops
+    from . import _kernels as k  # Triton (see the top)
 
     found = _disk_load(dkey)
-    first = json.loads(_ops.all_gather_object_bytes(json.dumps(found).encode())[0])
+    first = json.loads(_shmem.all_gather_object_bytes(json.dumps(found).encode())[0])
     if first is not None:
         cfg = k.Config(*first)
         _log.append({"key": key, "source": "cache", "config": cfg})
@@ -245,7 +248,7 @@ def _agree(key: Tuple[Any, ...], dkey: str, timer: Callable[[], List[Tuple[Any, 
     timed = timer()
     best = min(timed, key=lambda x: x[1])
     mine = list(best[0] if best[1] != float("inf") else heuristic)
-    first = json.loads(_ops.all_gather_object_bytes(json.dumps(mine).encode())[0])
+    first = json.loads(_shmem.all_gather_object_bytes(json.dumps(mine).encode())[0])
     cfg = k.Config(*first)
     times = {str(tuple(c)): round(t, 2) for c, t in timed}
     _log.append({"key": key, "source": "tuned", "config": cfg, "times_us": times})

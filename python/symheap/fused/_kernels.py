@@ -51,7 +51,7 @@ import torch as _torch
 import triton
 import triton.language as tl
 
-from . import triton as sh
+from .. import triton as sh
 
 FP8_NONE = 0
 FP8_PER_TENSOR = 1

@@ -15,7 +15,7 @@ Inputs: bfloat16 or float16 (fp32 accumulation), ordinary or symmetric tensors, 
 the transpose of a row-major ``(N, K)`` tensor (``w.t()``, read in place: a Linear weight needs
 no copy). Outputs are allocated, or passed in (``out=``, ``gathered_out=``: contiguous).
 
-CUDA backend (:mod:`symheap._gemm_kernels` gives the protocol):
+CUDA backend (:mod:`symheap.gemm._kernels` gives the protocol):
     * all_gather_matmul: a push kernel of a few CTAs on a side stream copies this PE's shard
       into every peer's symmetric gathered-A buffer with SM stores over NVLink, one release
       flag per chunk of ``BM`` rows; a persistent Triton GEMM on the caller's stream does the
@@ -46,12 +46,12 @@ host ``reduce_scatter`` in fp32. Same semantics as the kernels:
 ``matmul_reduce_scatter``: each PE's partial rounded once to the dtype, the partials summed in
 fp32, rounded once.
 
-Block sizes: tuned (:mod:`symheap._gemm_tune`): the first call of a large shape times the
+Block sizes: tuned (:mod:`symheap.gemm._tune`): the first call of a large shape times the
 candidate configurations (tiles, warps, stages, TMA or pointer loads) of the kernel **without
 communication** on every PE's own GPU and every PE launches PE 0's fastest; the choice is kept
 in memory and on disk (``$SYMHEAP_CACHE_DIR/gemm-tune``), so later runs skip the timing. Under
 CUDA graph capture, for small GEMMs and with ``SYMHEAP_GEMM_TUNE=0`` the heuristic
-:func:`symheap._gemm_kernels.config` runs (a function of the shape and device: the same on
+:func:`symheap.gemm._kernels.config` runs (a function of the shape and device: the same on
 every PE). ``SYMHEAP_GEMM_TUNE=1`` tunes every shape. The setting must be the same on every PE.
 
 Errors: :class:`symheap.SymheapValueError` for shapes, dtypes, devices and a workspace too small
@@ -61,13 +61,15 @@ under capture; :class:`symheap.SymheapUnsupportedError` for a team other than th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch as _torch
 
-from . import _core, _gemm_tune, _library
-from ._native import SymheapUnsupportedError, SymheapValueError, Team
+from .. import _core, _library, _shmem, _workspace
+from .. import torch as st
+from .._native import SymheapUnsupportedError, SymheapValueError, Team
+from .._workspace import Workspace
+from . import _tune
 
 __all__ = ["all_gather_matmul", "matmul_reduce_scatter", "reserve"]
 
@@ -77,29 +79,9 @@ _MIN_SLOT_BYTES = 4 << 20
 _MIN_BM = 64
 _MIN_BN = 64
 
-
-@dataclass
-class _Workspace:
-    """Symmetric slots + flags + device-side counters for one (operation, team)."""
-
-    ws: _torch.Tensor  # symmetric uint8: [2 parities][npes][slot_bytes] (CUDA); host: unused
-    slot_bytes: int
-    flags: _torch.Tensor  # symmetric int64 [npes][flag_stride]
-    flag_stride: int
-    ctr: _torch.Tensor  # int64 [push epoch, arrivals, gemm epoch, arrivals]
-    bases: _torch.Tensor  # int64 heap bases of the team's members
-    me: int
-    npes: int
-    sms: int  # SMs this PE may fill (its share of the GPU)
-    captured: bool = False
-    views: Dict[Any, Any] = field(default_factory=dict)  # the cuBLAS engine's slot views by shape
-
-
-_spaces: Dict[Tuple[int, str, Tuple[int, ...]], _Workspace] = {}
-_retired: List[_Workspace] = []
+# Per context (dropped with its workspaces): how many PEs share this PE's GPU, its SMs.
 _share: Dict[int, int] = {}
 _sms_of: Dict[Tuple[int, str], int] = {}
-_hooked: Dict[int, bool] = {}
 
 
 def _members(team: Optional[Team], group: Any, what: str) -> Tuple[int, ...]:
@@ -113,10 +95,6 @@ def _members(team: Optional[Team], group: Any, what: str) -> Tuple[int, ...]:
     return tuple(range(n))
 
 
-def _capturing() -> bool:
-    return _torch.cuda.is_available() and _torch.cuda.is_current_stream_capturing()
-
-
 def _timeout_ns() -> int:
     # The context's own bound (SYMHEAP_TIMEOUT or init(timeout=), validated at init).
     return int(_core.native().timeout_ns)
@@ -126,82 +104,58 @@ def _gpu_share(dev: _torch.device) -> int:
     """How many PEs of the world share this PE's GPU (**collective**: a host all_gather)."""
     ctx = id(_core.context())
     if ctx not in _share:
-        from . import _ops
-
         uid = str(_torch.cuda.get_device_properties(dev).uuid).encode()
-        _share[ctx] = max(1, sum(1 for u in _ops.all_gather_object_bytes(uid) if u == uid))
+        _share[ctx] = max(1, sum(1 for u in _shmem.all_gather_object_bytes(uid) if u == uid))
     return _share[ctx]
 
 
 def _sms(dev: _torch.device) -> int:
     """The SMs this PE may fill: its share of the GPU (**collective** the first time; kept,
     since every all_gather_matmul call asks before its tuning table is consulted)."""
+    _workspace.bind()  # the caches by context are dropped with the workspaces
     key = (id(_core.context()), str(dev))
     if key not in _sms_of:
         _sms_of[key] = max(1, _torch.cuda.get_device_properties(dev).multi_processor_count // _gpu_share(dev))
     return _sms_of[key]
 
 
-def _new_workspace(members: Tuple[int, ...], slot_bytes: int, flag_stride: int, copies: int) -> _Workspace:
-    """**Collective** over the world (symmetric allocations, a barrier). ``copies``: slot sets
-    (2: double-buffered by epoch parity; 1: the cuBLAS engine's single slots)."""
-    from . import _ops
-    from . import torch as st
-
+def _make(key: Tuple[str, Tuple[int, ...]], size: Tuple[int, ...]) -> Workspace:
+    """**Collective** over the world (symmetric allocations, a barrier): for ``key = (kind,
+    members)`` and ``size = (slot bytes, flag stride)``, the slots ``ws`` (uint8 ``[copies][npes]
+    [slot bytes]``: 2 copies double-buffered by epoch parity; 1 for the cuBLAS engine's single
+    slots, kind ``"agce"``), the release ``flags`` (int64 ``[npes][flag stride]``, zeroed on every
+    PE before any peer's first signal), the device counters ``[push epoch, arrivals, gemm epoch,
+    arrivals]`` and the members' heap bases. Also learns this PE's SM share (collective the
+    first time), so that no captured call has to."""
+    kind, members = key
     npes = len(members)
-    me = members.index(_core.native().my_pe)
-    ws = st.empty(copies * npes * slot_bytes, dtype=_torch.uint8)
-    flags = st.zeros(npes * flag_stride, dtype=_torch.int64)
-    dev = st.device()
-    ctr = _torch.zeros(8, dtype=_torch.int64, device=dev)
-    world = _core.native().heap_bases()
-    bases = _torch.tensor([world[m] for m in members], dtype=_torch.int64, device=dev)
-    sms = _sms(dev) if dev.type == "cuda" else 0
-    # Zeroed flags on every PE before any peer's first signal.
-    _ops.barrier_all()
-    return _Workspace(ws, slot_bytes, flags, flag_stride, ctr, bases, me, npes, sms)
+    regions = {
+        "ws": ((1 if kind == "agce" else 2) * npes * size[0], _torch.uint8),
+        "flags": (npes * size[1], _torch.int64),
+    }
+    _sms(st.device())
+    return Workspace(members, size, regions, zeroed=("flags",), counters=8, bases=True, barrier=True)
 
 
-def _workspace(kind: str, members: Tuple[int, ...], slot_bytes: int, flag_stride: int, what: str) -> _Workspace:
-    key = (id(_core.context()), kind, members)
-    w = _spaces.get(key)
-    capturing = _capturing()
-    if w is not None and w.slot_bytes >= slot_bytes and w.flag_stride >= flag_stride:
-        w.captured = w.captured or capturing
-        return w
-    if capturing:
-        raise SymheapValueError(
-            f"{what}: the workspace is too small for this call and none can be allocated during CUDA graph "
-            "capture: run the same call once before capture, or call symheap.gemm.reserve(...) on every PE first"
-        )
-    ctx = _core.context()
-    if not _hooked.get(id(ctx)):
-        _hooked[id(ctx)] = True
-        _core._before_finalize.append(_forget)
-    if w is not None:
-        slot_bytes = max(slot_bytes, w.slot_bytes)
-        flag_stride = max(flag_stride, w.flag_stride)
-        if w.captured:
-            _retired.append(w)  # a graph replays on these addresses and counters: keep them
-        else:
-            from . import torch as st
-
-            w.views.clear()  # views of the old slots, peer copies included, die with them
-            st.free(w.ws)
-            st.free(w.flags)
-    slot = max(_MIN_SLOT_BYTES, -(-slot_bytes // 256) * 256)
-    w = _new_workspace(members, slot, flag_stride, 1 if kind == "agce" else 2)
-    _spaces[key] = w
-    return w
+def _size(size: Tuple[int, ...]) -> Tuple[int, ...]:
+    return (max(_MIN_SLOT_BYTES, -(-size[0] // 256) * 256), size[1])
 
 
 def _forget() -> None:
-    _gemm_tune.forget()
-    _spaces.clear()
-    _retired.clear()
+    _tune.forget()
     _share.clear()
     _sms_of.clear()
-    _hooked.clear()
+
+
+# One workspace per (kind, team): "ag" and "rs" (the Triton kernels), "agce" (the cuBLAS engine).
+_pool = _workspace.Pool(
+    "symheap.gemm",
+    _make,
+    size_for=_size,
+    under_capture="raise",
+    hint="run the same call once before capture, or call symheap.gemm.reserve(...) on every PE first",
+    on_forget=_forget,
+)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -224,7 +178,7 @@ def reserve(
     ``(m, n, k)`` (``m``: rows of this PE's ``a``, shard or full), so that a CUDA graph can
     capture them without a warm-up call. Not during capture. CUDA backend only (a no-op on
     the host backend)."""
-    if _capturing():
+    if _workspace.capturing():
         raise SymheapValueError("symheap.gemm.reserve cannot run during CUDA graph capture; call it before")
     m, n, k = (_core.index_arg(v, f"reserve {name}") for v, name in ((m, "m"), (n, "n"), (k, "k")))
     if _core.native().backend != "cuda":
@@ -232,17 +186,18 @@ def reserve(
     esize = _torch.empty(0, dtype=dtype).element_size()
     members = _members(team, group, "symheap.gemm.reserve")
     if op == "all_gather_matmul":
-        from . import _gemm_kernels as gk
+        # Triton only on the CUDA backend (here): the host backend runs without it.
+        from . import _kernels as gk
 
         # The engine is chosen per shape by the tuner (unknown here, without B): under "auto"
         # both engines' workspaces are sized.
         eng = gk.engine()
         if eng != "cublas":
-            _workspace("ag", members, *_ag_needs(m, k, esize), op)
+            _pool.get(("ag", members), _ag_needs(m, k, esize), op)
         if eng != "triton":
-            _workspace("agce", members, _ag_needs(m, k, esize)[0], 2, op)
+            _pool.get(("agce", members), (_ag_needs(m, k, esize)[0], 2), op)
     elif op == "matmul_reduce_scatter":
-        _workspace("rs", members, *_rs_needs(m // len(members), n, esize), op)
+        _pool.get(("rs", members), _rs_needs(m // len(members), n, esize), op)
     else:
         raise SymheapValueError(
             f"symheap.gemm.reserve: op must be 'all_gather_matmul' or 'matmul_reduce_scatter', not {op!r}"
@@ -253,95 +208,97 @@ def reserve(
 
 
 def _host_ag(a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor, gathered: Optional[_torch.Tensor]) -> None:
-    from . import _ops
-    from . import _workspace as wsm
-
     n = _core.native().n_pes
-    src_b = wsm.aligned(a.numel() * a.element_size())
-    buf = wsm.get(None, src_b + n * a.numel() * a.element_size())
-    src = wsm.region(buf, 0, a)
-    dst = wsm.region(buf, src_b, a, (n * a.shape[0], a.shape[1]))
+    src_b = _workspace.aligned(a.numel() * a.element_size())
+    buf = _workspace.staging(None, src_b + n * a.numel() * a.element_size())
+    src = _workspace.region(buf, 0, a)
+    dst = _workspace.region(buf, src_b, a, (n * a.shape[0], a.shape[1]))
     src.copy_(a)
-    _ops.all_gather(dst, src)
+    _shmem.all_gather(dst, src)
     if gathered is not None:
         gathered.copy_(dst)
     out.copy_(dst.float() @ b.float())
 
 
 def _host_rs(a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor) -> None:
-    from . import _ops
-    from . import _workspace as wsm
-
     part = (a.float() @ b.float()).to(out.dtype).float()
     like = part.reshape(-1)
     blk = out.numel()
-    buf = wsm.get(None, wsm.aligned(part.numel() * 4) + blk * 4)
-    src = wsm.region(buf, 0, like)
-    dst = wsm.region(buf, wsm.aligned(part.numel() * 4), like, (blk,))
+    buf = _workspace.staging(None, _workspace.aligned(part.numel() * 4) + blk * 4)
+    src = _workspace.region(buf, 0, like)
+    dst = _workspace.region(buf, _workspace.aligned(part.numel() * 4), like, (blk,))
     src.copy_(like)
-    _ops.reduce_scatter(dst, src, "sum")
+    _shmem.reduce_scatter(dst, src, "sum")
     out.copy_(dst.view(out.shape))
 
 
 # ---- CUDA backend -----------------------------------------------------------------------------
+# The kernels module is imported where it is used: it needs Triton, which the host backend runs
+# without.
 
 
 def _check_cuda(x: _torch.Tensor, what: str) -> None:
-    from . import torch as st
-
     if _core.native().backend != "cuda" or x.device != st.device():
         raise SymheapValueError(f"{what}: symheap's memory of this PE is on {st.device()}, the tensors on {x.device}")
 
 
 def _cuda_ag(a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor, gathered: Optional[_torch.Tensor]) -> None:
-    from . import _gemm_kernels as k
+    from . import _kernels as k  # Triton (see above)
 
     members = _members(None, None, "all_gather_matmul")
     npes = len(members)
     with _torch.cuda.device(a.device):
-        cfg = _gemm_tune.choose("ag", a.shape[0], npes, b, a.dtype, k.ag_gemm_sms(_sms(a.device), npes), a.device)
+        sms = _sms(a.device)
+        cfg = _tune.choose("ag", a.shape[0], npes, b, a.dtype, k.ag_gemm_sms(sms, npes), a.device)
         if cfg == k.CUBLAS:
             return _cuda_ag_ce(a, b, out, gathered, members)
-        w = _workspace("ag", members, *_ag_needs(a.shape[0], a.shape[1], a.element_size()), "all_gather_matmul")
-        slot_elems = w.slot_bytes // a.element_size()
+        w = _pool.get(("ag", members), _ag_needs(a.shape[0], a.shape[1], a.element_size()), "all_gather_matmul")
+        slot_bytes, flag_stride = w.size
+        slot_elems = slot_bytes // a.element_size()
         k.launch_ag(
-            a, b, out, gathered, w.ws.view(a.dtype), w.flags, w.ctr, w.bases, w.me, w.npes, slot_elems,
-            w.flag_stride, w.sms, _timeout_ns(), cfg,
+            a, b, out, gathered, w.regions["ws"].view(a.dtype), w.regions["flags"], w.ctr, w.bases, w.me, w.npes,
+            slot_elems, flag_stride, sms, _timeout_ns(), cfg,
         )  # fmt: skip
 
 
 def _cuda_ag_ce(
     a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor, gathered: Optional[_torch.Tensor], members: Tuple[int, ...]
 ) -> None:
-    """The copy-engine + cuBLAS engine (:func:`symheap._gemm_kernels.launch_ag_ce`)."""
-    from . import _gemm_kernels as k
-    from . import torch as st
+    """The copy-engine + cuBLAS engine (:func:`symheap.gemm._kernels.launch_ag_ce`)."""
+    from . import _kernels as k  # Triton (see above)
 
     m_loc, kdim = a.shape
     bytes_, _ = _ag_needs(m_loc, kdim, a.element_size())
-    w = _workspace("agce", members, bytes_, 2, "all_gather_matmul")
-    vkey = (a.dtype, m_loc, kdim, w.slot_bytes)
-    views = w.views.get(vkey)
+    w = _pool.get(("agce", members), (bytes_, 2), "all_gather_matmul")
+    slot_bytes, flag_stride = w.size
+    vkey = (a.dtype, m_loc, kdim, slot_bytes)
+    # The slot views by shape, peer copies included (dropped with the slots when the workspace grows).
+    views = w.cache.get(vkey)
     if views is None:
-        slot_elems = w.slot_bytes // a.element_size()
-        flat = w.ws.view(a.dtype)
+        slot_elems = slot_bytes // a.element_size()
+        flat = w.regions["ws"].view(a.dtype)
         slots = [flat[s * slot_elems : s * slot_elems + m_loc * kdim].view(m_loc, kdim) for s in range(w.npes)]
         peers = [st.get_peer_tensor(slots[w.me], members[q]) if q != w.me else None for q in range(w.npes)]
-        views = w.views[vkey] = (slots, peers)
-    k.launch_ag_ce(a, b, out, gathered, *views, w.flags, w.ctr, w.bases, w.me, w.npes, w.flag_stride, _timeout_ns())
+        views = w.cache[vkey] = (slots, peers)
+    k.launch_ag_ce(
+        a, b, out, gathered, *views, w.regions["flags"], w.ctr, w.bases, w.me, w.npes, flag_stride, _timeout_ns()
+    )
 
 
 def _cuda_rs(a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor) -> None:
-    from . import _gemm_kernels as k
+    from . import _kernels as k  # Triton (see above)
 
     members = _members(None, None, "matmul_reduce_scatter")
-    w = _workspace("rs", members, *_rs_needs(out.shape[0], out.shape[1], out.element_size()), "matmul_reduce_scatter")
-    slot_elems = w.slot_bytes // out.element_size()
+    need = _rs_needs(out.shape[0], out.shape[1], out.element_size())
+    w = _pool.get(("rs", members), need, "matmul_reduce_scatter")
+    slot_bytes, flag_stride = w.size
+    slot_elems = slot_bytes // out.element_size()
     with _torch.cuda.device(a.device):
-        cfg = _gemm_tune.choose("rs", out.shape[0], w.npes, b, a.dtype, w.sms, a.device)
+        sms = _sms(a.device)
+        cfg = _tune.choose("rs", out.shape[0], w.npes, b, a.dtype, sms, a.device)
         k.launch_rs(
-            a, b, out, w.ws.view(out.dtype), w.flags, w.ctr, w.bases, w.me, w.npes, slot_elems, w.flag_stride,
-            w.sms, _timeout_ns(), cfg,
+            a, b, out, w.regions["ws"].view(out.dtype), w.regions["flags"], w.ctr, w.bases, w.me, w.npes, slot_elems,
+            flag_stride, sms, _timeout_ns(), cfg,
         )  # fmt: skip
 
 

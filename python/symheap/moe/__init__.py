@@ -49,9 +49,9 @@ PE must be stream-ordered (one stream, as a graph replay is).
 How: the sender computes on the device where each token goes and writes the rows straight into
 the receivers' symmetric staging buffers with the counts; one stream-ordered barrier; each PE
 then gathers its rows into the expert-major layout; combine is the same in reverse. CUDA: the
-Triton kernels of :mod:`symheap._moe_kernels` (a plan kernel, SM-store row moves to translated
+Triton kernels of :mod:`symheap.moe._kernels` (a plan kernel, SM-store row moves to translated
 peer addresses, a receive-plan kernel, the weighted sum: five launches and a barrier for a
-low-latency dispatch); host backend: the torch plans of :mod:`symheap._moe_plan` and indexed
+low-latency dispatch); host backend: the torch plans of :mod:`symheap.moe._plan` and indexed
 copies into the peers' mapped copies (the same layouts; ``SYMHEAP_MOE_TRITON=1`` runs the Triton
 kernels there instead, under ``TRITON_INTERPRET=1``, which is how CI checks them). Staging and
 combine buffers are double-buffered by the parity of a device-side call counter, so
@@ -68,18 +68,21 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch as _torch
 
-from . import _core, _library
-from . import _moe_plan as plan
-from ._native import SymheapUnsupportedError, SymheapValueError, Team
+from .. import _core, _library, _shmem, _workspace
+from .. import torch as st
+from .._native import SymheapUnsupportedError, SymheapValueError, Team
+from .._workspace import Workspace
+from . import _plan as plan
 
 __all__ = ["Buffer", "Handle", "dequantize"]
 
 _DTYPES = (_torch.bfloat16, _torch.float16)
 FP8_BLOCK = 128
 
-_buffers: Dict[int, "Buffer"] = {}
+# The live buffers of the current context by id (the custom ops name their buffer by it): each
+# buffer's symmetric memory is a workspace of this pool, which forgets them at finalize.
+_pool = _workspace.Pool("symheap.moe.Buffer")
 _next_id = [1]
-_hooked: Dict[int, bool] = {}
 
 
 @dataclass
@@ -91,11 +94,6 @@ class Handle:
     routed: _torch.Tensor  # [T, K] bool on this PE: slots that went to an expert
     weights: _torch.Tensor  # [T, K] float32: the weights given to dispatch
     recv_shape: Tuple[int, ...]  # shape of recv_x (without the FP8 scales)
-
-
-def _forget() -> None:
-    _buffers.clear()
-    _hooked.clear()
 
 
 def _world_only(team: Optional[Team], group: Any) -> None:
@@ -134,8 +132,6 @@ class Buffer:
         team: Optional[Team] = None,
         group: Any = None,
     ) -> None:
-        from . import torch as st
-
         _world_only(team, group)
         self.hidden = _positive("hidden", hidden)
         self.num_experts = _positive("num_experts", num_experts)
@@ -166,10 +162,14 @@ class Buffer:
         self.cuda = nat.backend == "cuda"
         self.device = st.device()
         self.rows_per_expert = plan.align_up(self.n_pes * self.max_tokens, self.align)
-        self._regions: Dict[str, _torch.Tensor] = {}
-        for name, (rows, width, dt) in self._layout().items():
-            raw = st.zeros(rows * width * _torch.empty(0, dtype=dt).element_size(), dtype=_torch.uint8)
-            self._regions[name] = raw
+        layout = {
+            name: (rows * width * _torch.empty(0, dtype=dt).element_size(), _torch.uint8)
+            for name, (rows, width, dt) in self._layout().items()
+        }
+        # Zeroed staging on every PE (a barrier) before any peer writes; the counters are the
+        # dispatches and combines made, on the device.
+        ws = Workspace(tuple(range(self.n_pes)), (), layout, zeroed=tuple(layout), counters=2, barrier=True)
+        self._regions: Dict[str, _torch.Tensor] = ws.regions
         self._local = {n: self._view(r, n) for n, r in self._regions.items()}
         self._peers: Dict[str, List[_torch.Tensor]] = {}
         if not self.cuda:
@@ -186,18 +186,12 @@ class Buffer:
         cap = self.rows_per_expert
         self._ll_start = _torch.arange(self.local_experts, dtype=_torch.int64, device=self.device) * cap
         self._ll_len = _torch.full((self.local_experts,), cap, dtype=_torch.int64, device=self.device)
-        self._ctr = _torch.zeros(2, dtype=_torch.int64, device=self.device)  # dispatches, combines
+        self._ctr: _torch.Tensor = ws.ctr  # type: ignore[assignment]
         self.bad_routing = _torch.zeros(1, dtype=_torch.int32, device=self.device)
-        ctx = _core.context()
-        if not _hooked.get(id(ctx)):
-            _hooked[id(ctx)] = True
-            _core._before_finalize.append(_forget)
         self.id = _next_id[0]
         _next_id[0] += 1
-        _buffers[self.id] = self
-        from . import _ops
-
-        _ops.barrier_all()  # zeroed staging on every PE before any peer writes
+        ws.owner = self
+        _pool.add(self.id, ws)
 
     def _layout(self) -> Dict[str, Tuple[int, int, _torch.dtype]]:
         p, t, k, h = self.n_pes, self.max_tokens, self.num_topk, self.hidden
@@ -256,9 +250,7 @@ class Buffer:
         out.index_copy_(0, have, src.index_select(0, src_rows.index_select(0, have)))
 
     def _sync(self) -> None:
-        from . import _ops
-
-        _ops.barrier_all()  # CUDA: on the current stream (capturable); host: the host barrier
+        _shmem.barrier_all()  # CUDA: on the current stream (capturable); host: the host barrier
 
     # ---- dispatch ---------------------------------------------------------------------------
 
@@ -307,7 +299,8 @@ class Buffer:
         use_fp8: bool,
         check: bool,
     ) -> List[_torch.Tensor]:
-        from . import _moe_kernels as kern
+        # Triton only here (the host backend's torch plans run without it).
+        from . import _kernels as kern
 
         p, lx, tmax, k, h, me = self.n_pes, self.local_experts, self.max_tokens, self.num_topk, self.hidden, self.me
         dev, bases, cap = self.device, self._bases, self.rows_per_expert
@@ -461,7 +454,8 @@ class Buffer:
         slots = self.max_tokens * self.num_topk
         rows = y.reshape(-1, self.hidden)
         if self._kernels:
-            from . import _moe_kernels as kern
+            # (Triton, as in _dispatch_kernels.)
+            from . import _kernels as kern
 
             ctr = self._ctr[1:2]
             kern.move_rows(
@@ -515,16 +509,10 @@ class Buffer:
     def destroy(self) -> None:
         """**Collective**: releases the symmetric staging (after a barrier, so no peer still
         writes into it). The buffer must not be used afterwards."""
-        from . import _ops
-        from . import torch as st
-
-        _ops.barrier_all()
-        _buffers.pop(self.id, None)
+        _shmem.barrier_all()
         self._peers.clear()
         self._local.clear()
-        for r in self._regions.values():
-            st.free(r)
-        self._regions.clear()
+        _pool.release(self.id)  # frees the regions (self._regions is the workspace's, emptied)
 
 
 def dequantize(recv_x: Tuple[_torch.Tensor, _torch.Tensor]) -> _torch.Tensor:
@@ -535,10 +523,10 @@ def dequantize(recv_x: Tuple[_torch.Tensor, _torch.Tensor]) -> _torch.Tensor:
 
 
 def _buffer(bid: int) -> Buffer:
-    b = _buffers.get(int(bid))
-    if b is None:
+    ws = _pool.find(int(bid))
+    if ws is None:
         raise SymheapValueError(f"symheap.moe: no live buffer with id {bid} (destroyed, or made before finalize)")
-    return b
+    return ws.owner
 
 
 # ---- the custom ops ---------------------------------------------------------------------------

@@ -60,7 +60,7 @@ the push CTAs, so every CTA of every kernel involved is resident together; a CTA
 work that never waits itself (the push kernel; a peer's non-own tiles, which come first).
 
 Block sizes: a :class:`Config` per call, the same on every PE (it fixes the chunks and tiles the
-flags stand for): tuned by :mod:`symheap._gemm_tune` among :func:`candidates`, else the
+flags stand for): tuned by :mod:`symheap.gemm._tune` among :func:`candidates`, else the
 heuristic :func:`config`. Loads: TMA descriptors (``TMA``) where A's and B's strides allow them,
 else pointer loads with masks; either way the GEMM visits tiles in groups of ``GM`` M-tiles
 (the CTAs running together share A and B tiles in L2).
@@ -68,6 +68,7 @@ else pointer loads with masks; either way the GEMM visits tiles in groups of ``G
 
 # No "from __future__ import annotations": Triton reads the tl.constexpr annotations.
 import functools
+import os
 from typing import Any, List, NamedTuple, Optional, Tuple
 
 import torch as _torch
@@ -75,7 +76,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import triton as sh
+from .. import triton as sh
+from .._native import SymheapValueError
 
 PUSH_CTAS = 16
 PUSH_BLOCK = 2048
@@ -506,12 +508,8 @@ def engine() -> str:
     """``SYMHEAP_GEMM_ENGINE`` (the same on every PE): ``triton`` (the fused Triton kernels
     only), ``cublas`` (all_gather_matmul by the copy engine and cuBLAS, always), unset or
     ``auto`` (the tuner times both and takes the faster)."""
-    import os
-
     v = os.environ.get("SYMHEAP_GEMM_ENGINE", "auto").strip().lower() or "auto"
     if v not in ("auto", "triton", "cublas"):
-        from ._native import SymheapValueError
-
         raise SymheapValueError(f"SYMHEAP_GEMM_ENGINE must be auto, triton or cublas, not {v!r}")
     return v
 

@@ -1,9 +1,9 @@
 """The Triton kernels of :mod:`symheap.moe` (the CUDA backend's path): the routing plans of
-:mod:`symheap._moe_plan` computed in one program each, the row moves into peers' symmetric
+:mod:`symheap.moe._plan` computed in one program each, the row moves into peers' symmetric
 buffers with SM stores (NVLink for a peer GPU), and the weighted sum of the combine.
 
 A low-latency dispatch is five launches and a barrier, a combine two and a barrier (the torch
-ops of :mod:`symheap._moe_plan` would be some seventy small launches: in a CUDA graph each still
+ops of :mod:`symheap.moe._plan` would be some seventy small launches: in a CUDA graph each still
 costs its launch, which is what a decode step cannot afford):
 
 * ``send_plan_kernel`` (one program): reads the call counter (its parity picks the staging half,
@@ -39,7 +39,7 @@ import torch as _torch
 import triton
 import triton.language as tl
 
-from . import triton as sh
+from .. import triton as sh
 
 BLOCK = 1024
 
