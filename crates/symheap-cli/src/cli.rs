@@ -48,6 +48,9 @@ enum Cmd {
         /// Also list every environment variable symheap reads.
         #[arg(long)]
         vars: bool,
+        /// Also list every place a library that could not be loaded (NVRTC) was looked for.
+        #[arg(short, long)]
+        verbose: bool,
     },
     /// Run the multi-PE self-test scenarios at several PE counts.
     Selftest {
@@ -163,12 +166,49 @@ fn code(c: i32) -> i32 {
     c.clamp(0, 255)
 }
 
+/// `e` with the hidden subcommands (the PEs `bench` and `selftest` start) taken out of its
+/// "similar subcommands" tip: clap suggests from every subcommand, hidden or not, so `symheap
+/// bnech` used to suggest `bench-pe-gpu` and `bench-pe`.
+fn without_hidden_suggestions(e: clap::Error) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    use clap::CommandFactory;
+    if e.kind() != ErrorKind::InvalidSubcommand {
+        return e;
+    }
+    let cmd = Cli::command();
+    let hidden: Vec<&str> = cmd
+        .get_subcommands()
+        .filter(|c| c.is_hide_set())
+        .flat_map(|c| std::iter::once(c.get_name()).chain(c.get_all_aliases()))
+        .collect();
+    let mut out = clap::Error::new(ErrorKind::InvalidSubcommand).with_cmd(&cmd);
+    for (kind, value) in e.context() {
+        let value = match (kind, value) {
+            (ContextKind::SuggestedSubcommand, ContextValue::Strings(names)) => {
+                let kept: Vec<String> = names
+                    .iter()
+                    .filter(|n| !hidden.contains(&n.as_str()))
+                    .cloned()
+                    .collect();
+                if kept.is_empty() {
+                    continue;
+                }
+                ContextValue::Strings(kept)
+            }
+            _ => value.clone(),
+        };
+        out.insert(kind, value);
+    }
+    out
+}
+
 /// Parses `args` (the program name first) and runs the subcommand; returns the exit status.
 pub(crate) fn run(args: Vec<OsString>) -> i32 {
     crate::init_logging();
     let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {
+            let e = without_hidden_suggestions(e);
             // --help and --version are "errors" that print to stdout and exit 0.
             let _ = e.print();
             return code(e.exit_code());
@@ -182,7 +222,7 @@ pub(crate) fn run(args: Vec<OsString>) -> i32 {
             simulate_nodes,
             program,
         } => launch_cmd(n, grace, no_prefix, simulate_nodes, program),
-        Cmd::Info { vars } => info(vars),
+        Cmd::Info { vars, verbose } => info(vars, verbose),
         Cmd::Selftest {
             pes,
             only,
@@ -343,8 +383,12 @@ fn bench_pe_gpu(out: &Path, ops: Vec<String>, sizes: Vec<u64>, dtype: &str, rma:
     code(bench::gpu::bench_pe_gpu(&plan, out))
 }
 
-/// Which kernels this build carries compiled and whether NVRTC (for the rest) is loadable.
-fn kernel_sources() -> String {
+/// The longest line `symheap info` prints of its own (a path the user set may be longer).
+const INFO_LINE_MAX: usize = 160;
+
+/// Which kernels this build carries compiled and whether NVRTC (for the rest) is loadable, as
+/// the line after `prefix`; with the places NVRTC was looked for when it is not, one per line.
+fn kernel_sources(prefix: &str) -> (String, Vec<String>) {
     let archs = symheap::cuda::prebuilt_archs();
     let prebuilt = if archs.is_empty() {
         "none prebuilt in this build".to_string()
@@ -352,21 +396,30 @@ fn kernel_sources() -> String {
         let a: Vec<String> = archs.iter().map(|a| format!("sm_{a}")).collect();
         format!("prebuilt for {}", a.join(", "))
     };
-    let nvrtc = match symheap::cuda::nvrtc::version() {
-        Ok((major, minor)) => format!(
-            "NVRTC {major}.{minor} at {}",
-            symheap::cuda::nvrtc::library_path()
+    match symheap::cuda::nvrtc::version() {
+        Ok((major, minor)) => {
+            let at = symheap::cuda::nvrtc::library_path()
                 .map(|p| p.display().to_string())
-                .unwrap_or_default()
-        ),
-        Err(e) => format!(
-            "NVRTC not found, needed only for other GPUs, tuning overrides and your own kernels: {e}"
-        ),
-    };
-    format!("{prebuilt} | {nvrtc}")
+                .unwrap_or_default();
+            (
+                format!("{prebuilt} | NVRTC {major}.{minor} at {at}"),
+                Vec::new(),
+            )
+        }
+        Err(e) => {
+            // NVRTC is needed only for other GPUs, tuning overrides and users' own kernels: on
+            // most machines its absence is worth a line, not the search's whole story.
+            let room = INFO_LINE_MAX.saturating_sub(prefix.len() + prebuilt.len() + 3);
+            let line = crate::load_error::one_line("NVRTC", &e, room, "symheap info -v");
+            (
+                format!("{prebuilt} | {line}"),
+                crate::load_error::places(&e),
+            )
+        }
+    }
 }
 
-fn info(vars: bool) -> i32 {
+fn info(vars: bool, verbose: bool) -> i32 {
     let ctx = match symheap::Context::init() {
         Ok(c) => c,
         Err(e) => {
@@ -375,7 +428,15 @@ fn info(vars: bool) -> i32 {
         }
     };
     println!("{}", ctx.banner());
-    println!("  kernels   : {}", kernel_sources());
+    let prefix = "  kernels   : ";
+    let (kernels, looked) = kernel_sources(prefix);
+    println!("{prefix}{kernels}");
+    if verbose && !looked.is_empty() {
+        println!("  NVRTC looked in:");
+        for l in looked {
+            println!("    {l}");
+        }
+    }
     if vars && ctx.my_pe() == 0 {
         println!("variables symheap reads:");
         for (name, what) in symheap::config::SYMHEAP_VARIABLES {

@@ -7,6 +7,7 @@
 mod bench;
 mod cli;
 mod kernels;
+mod load_error;
 mod selfcmd;
 mod selftest;
 
