@@ -134,7 +134,7 @@ fn coll_row(ctx: &Context, op: &str, bytes: u64, dtype: DType) -> Result<Row, St
     let peer = if op == "all_reduce" && dtype == DType::F32 {
         "Open MPI MPI_Allreduce"
     } else if op == "broadcast" {
-        super::MPI_BCAST_PEER
+        super::mpi::MPI_BCAST_PEER
     } else {
         "none on the host backend"
     };

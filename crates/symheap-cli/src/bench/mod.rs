@@ -10,7 +10,9 @@
 pub mod gpu;
 mod gpu_table;
 mod host;
+mod mpi;
 mod nodes;
+mod scratch;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -110,138 +112,6 @@ pub fn print_table(title: &str, rows: &[Row]) {
             bw
         );
     }
-}
-
-/// Compiles the MPI peer with mpicc into `dir`; None (with the reason printed) when Open MPI is
-/// not installed.
-fn build_mpi_peer(dir: &Path) -> Option<PathBuf> {
-    let src = dir.join("mpi_peer.c");
-    let exe = dir.join("mpi_peer");
-    std::fs::write(&src, include_str!("mpi_peer.c")).ok()?;
-    let out = Command::new("mpicc")
-        .arg("-O2")
-        .arg("-o")
-        .arg(&exe)
-        .arg(&src)
-        .output();
-    match out {
-        Ok(o) if o.status.success() => Some(exe),
-        Ok(o) => {
-            eprintln!(
-                "bench: mpicc failed: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-            None
-        }
-        Err(_) => {
-            eprintln!("bench: mpicc not found: MPI rows have no peer (install openmpi-bin libopenmpi-dev; scripts/bench_host.sh does)");
-            None
-        }
-    }
-}
-
-/// What the MPI peer measured: seconds per barrier, and per size the seconds of an all_reduce,
-/// a broadcast, a one-sided put and a get.
-#[derive(Debug, Default)]
-struct MpiTimes {
-    barrier: Option<f64>,
-    allreduce: Vec<(u64, f64)>,
-    bcast: Vec<(u64, f64)>,
-    put: Vec<(u64, f64)>,
-    get: Vec<(u64, f64)>,
-}
-
-/// The message sizes the MPI peer runs: all_reduce, broadcast, put/get.
-#[derive(Debug, Default)]
-struct MpiSizes {
-    ar: Vec<u64>,
-    bc: Vec<u64>,
-    rma: Vec<u64>,
-}
-
-/// Runs the MPI peer at `n` ranks over the sizes of `sz`.
-fn run_mpi_peer(exe: &Path, n: usize, sz: &MpiSizes) -> Option<MpiTimes> {
-    let mut cmd = Command::new("mpirun");
-    cmd.arg("-n").arg(n.to_string()).arg("--oversubscribe");
-    if nix::unistd::getuid().is_root() {
-        cmd.arg("--allow-run-as-root");
-    }
-    cmd.arg(exe);
-    cmd.args(sz.ar.iter().map(|s| format!("ar:{s}")));
-    cmd.args(sz.bc.iter().map(|s| format!("bc:{s}")));
-    cmd.args(sz.rma.iter().map(|s| format!("rma:{s}")));
-    let out = match cmd.output() {
-        Ok(o) if o.status.success() => o,
-        Ok(o) => {
-            eprintln!(
-                "bench: mpirun failed: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-            return None;
-        }
-        Err(e) => {
-            eprintln!("bench: cannot run mpirun: {e}");
-            return None;
-        }
-    };
-    let mut t = MpiTimes::default();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        let sized = |b: &str, s: &str| Some((b.parse().ok()?, s.parse().ok()?));
-        match f.as_slice() {
-            ["barrier", s] => t.barrier = s.parse().ok(),
-            ["allreduce", b, s] => t.allreduce.extend(sized(b, s)),
-            ["bcast", b, s] => t.bcast.extend(sized(b, s)),
-            ["put", b, s] => t.put.extend(sized(b, s)),
-            ["get", b, s] => t.get.extend(sized(b, s)),
-            _ => {}
-        }
-    }
-    Some(t)
-}
-
-/// The peer of the one-sided rows Open MPI adds next to the memcpy ones.
-const MPI_RMA_PEER: &str = "Open MPI MPI_Put/MPI_Get + MPI_Win_flush, shared-memory window";
-
-/// The peer of the broadcast rows.
-pub(crate) const MPI_BCAST_PEER: &str = "Open MPI MPI_Bcast";
-
-/// Whether `op` is a broadcast row (any dtype: MPI broadcasts the same bytes).
-fn is_broadcast(op: &str) -> bool {
-    op.split(' ').next() == Some("broadcast")
-}
-
-/// `rows` with the MPI peer's times filled in (barrier, f32 all_reduce, broadcast), and after
-/// each put and get row a second one with the same symheap time against MPI's one-sided call.
-fn with_mpi_times(rows: Vec<Row>, t: &MpiTimes, f32_label: &str) -> Vec<Row> {
-    let at = |v: &[(u64, f64)], b: u64| v.iter().find(|(x, _)| *x == b).map(|&(_, s)| s);
-    let mut out = Vec::with_capacity(rows.len() * 2);
-    for mut r in rows {
-        if r.op == "barrier" {
-            r.peer_s = t.barrier;
-        }
-        if r.op == f32_label {
-            r.peer_s = at(&t.allreduce, r.bytes);
-        }
-        if is_broadcast(&r.op) {
-            r.peer_s = at(&t.bcast, r.bytes);
-        }
-        let one_sided = match r.op.split(' ').next() {
-            Some("put") => at(&t.put, r.bytes),
-            Some("get") => at(&t.get, r.bytes),
-            _ => None,
-        };
-        let twin = one_sided.map(|s| Row {
-            op: r.op.clone(),
-            bytes: r.bytes,
-            symheap_s: r.symheap_s,
-            peer: MPI_RMA_PEER.into(),
-            peer_s: Some(s),
-        });
-        out.push(r);
-        out.extend(twin);
-    }
-    out
 }
 
 /// Sizes of the host sweep, collectives and put/get alike: 8 B to 16 MiB, every 8x.
@@ -350,8 +220,13 @@ fn join_sizes(v: &[u64]) -> String {
         .join(",")
 }
 
-/// Runs the PEs of `plan` and returns PE 0's rows, with the MPI peer merged where it has one.
-fn host_rows(plan: &host::HostPlan, n: usize, tmp: &Path) -> Result<Vec<Row>, String> {
+/// Runs the PEs of `plan` and returns PE 0's rows, with the MPI peer merged where it has one,
+/// and why there is no MPI column when there is none.
+fn host_rows(
+    plan: &host::HostPlan,
+    n: usize,
+    tmp: &Path,
+) -> Result<(Vec<Row>, Option<String>), String> {
     let out = tmp.join("host.json");
     let mut cmd = crate::selfcmd::command();
     cmd.arg("launch")
@@ -374,7 +249,7 @@ fn host_rows(plan: &host::HostPlan, n: usize, tmp: &Path) -> Result<Vec<Row>, St
     if plan.barrier {
         cmd.arg("--barrier");
     }
-    if !matches!(cmd.status(), Ok(s) if s.success()) {
+    if !matches!(scratch::status(&mut cmd), Ok(s) if s.success()) {
         return Err("the symheap PEs failed".into());
     }
     let rows: Vec<Row> = std::fs::read(&out)
@@ -388,9 +263,9 @@ fn host_rows(plan: &host::HostPlan, n: usize, tmp: &Path) -> Result<Vec<Row>, St
             .map(|r| r.bytes)
             .collect()
     };
-    let sz = MpiSizes {
+    let sz = mpi::MpiSizes {
         ar: sizes_of(&|op| op == f32_label),
-        bc: sizes_of(&is_broadcast),
+        bc: sizes_of(&mpi::is_broadcast),
         // One-sided MPI needs a second rank to put into.
         rma: if n > 1 {
             plan.rma_sizes.clone()
@@ -399,13 +274,23 @@ fn host_rows(plan: &host::HostPlan, n: usize, tmp: &Path) -> Result<Vec<Row>, St
         },
     };
     let wants_mpi = plan.barrier || !sz.ar.is_empty() || !sz.bc.is_empty() || !sz.rma.is_empty();
-    match wants_mpi.then(|| build_mpi_peer(tmp)).flatten() {
-        Some(peer) => match run_mpi_peer(&peer, n, &sz) {
-            Some(t) => Ok(with_mpi_times(rows, &t, &f32_label)),
-            None => Ok(rows),
-        },
-        None => Ok(rows),
+    if !wants_mpi {
+        return Ok((rows, None));
     }
+    match mpi::times(tmp, n, &sz) {
+        Ok(t) => Ok((mpi::with_mpi_times(rows, &t, &f32_label), None)),
+        Err(why) => Ok((rows, Some(why))),
+    }
+}
+
+/// The one-line warning for `n` PEs on a host with `cores` CPU cores, when they are more.
+fn oversubscribed(n: usize, cores: usize) -> Option<String> {
+    (n > cores).then(|| {
+        format!(
+            "bench: warning: {n} PEs on {cores} CPU cores: the PEs take turns on the cores, so \
+             the host timings measure the scheduler more than symheap (use -n {cores} or fewer)"
+        )
+    })
 }
 
 /// The main job on a machine without GPUs: host backend, `o.n` PEs, what `o` asks for.
@@ -420,8 +305,16 @@ pub fn run_host(o: &HostOptions) -> i32 {
     let Ok(chart) = chart_for(o.png.as_deref()) else {
         return 2;
     };
-    let tmp = std::env::temp_dir().join(format!("symheap-bench-{}", std::process::id()));
-    let _ = std::fs::create_dir_all(&tmp);
+    let scratch = match scratch::Scratch::new() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            return 1;
+        }
+    };
+    if let Some(w) = oversubscribed(o.n, cpus()) {
+        eprintln!("{w}");
+    }
     eprintln!(
         "bench: host backend, {} PEs (each bound to a CPU when there are enough, as mpirun \
          binds the MPI peer's ranks): {}{}",
@@ -441,9 +334,7 @@ pub fn run_host(o: &HostOptions) -> i32 {
             )
         }
     );
-    let rows = host_rows(&plan, o.n, &tmp);
-    let _ = std::fs::remove_dir_all(&tmp);
-    let rows = match rows {
+    let (rows, no_mpi) = match host_rows(&plan, o.n, scratch.path()) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("bench: {e}");
@@ -459,6 +350,10 @@ pub fn run_host(o: &HostOptions) -> i32 {
         ),
         &rows,
     );
+    if let Some(why) = no_mpi {
+        // After the table, where it is read: the rows it concerns say "not available".
+        eprintln!("bench: no Open MPI peer in this table: {why}");
+    }
     if let Some(p) = &o.json {
         let doc = serde_json::json!({
             "backend": "host",
@@ -474,7 +369,12 @@ pub fn run_host(o: &HostOptions) -> i32 {
         eprintln!("bench: wrote {}", p.display());
     }
     match (&o.png, chart) {
-        (Some(png), Some(py)) => draw_png(&py, &serde_json::to_vec(&rows).unwrap_or_default(), png),
+        (Some(png), Some(py)) => draw_png(
+            &py,
+            &serde_json::to_vec(&rows).unwrap_or_default(),
+            png,
+            scratch.path(),
+        ),
         _ => 0,
     }
 }
@@ -510,24 +410,18 @@ fn chart_python() -> Result<std::ffi::OsString, String> {
     }
 }
 
-/// Draws `rows` (JSON of host or GPU rows) into `png` with `py`; returns the exit status.
-fn draw_png(py: &std::ffi::OsStr, rows: &[u8], png: &Path) -> i32 {
-    let id = std::process::id();
-    let data = std::env::temp_dir().join(format!("symheap-plot-{id}.json"));
-    let script = std::env::temp_dir().join(format!("symheap-plot-{id}.py"));
+/// Draws `rows` (JSON of host or GPU rows) into `png` with `py`, through files in `tmp`;
+/// returns the exit status.
+fn draw_png(py: &std::ffi::OsStr, rows: &[u8], png: &Path, tmp: &Path) -> i32 {
+    let data = tmp.join("plot.json");
+    let script = tmp.join("plot.py");
     let result = std::fs::write(&data, rows)
         .and_then(|()| std::fs::write(&script, include_str!("plot.py")))
         .map_err(|e| e.to_string())
         .and_then(|()| {
-            Command::new(py)
-                .arg(&script)
-                .arg(&data)
-                .arg(png)
-                .output()
+            scratch::output(Command::new(py).arg(&script).arg(&data).arg(png))
                 .map_err(|e| e.to_string())
         });
-    let _ = std::fs::remove_file(&data);
-    let _ = std::fs::remove_file(&script);
     match result {
         Ok(o) if o.status.success() && png.exists() => {
             eprintln!("bench: drew {}", png.display());
@@ -665,7 +559,7 @@ fn gpu_rows(o: &GpuOptions, sweep: &GpuSweep, out: &Path) -> Result<Vec<gpu::Gpu
     if *rma {
         cmd.arg("--rma");
     }
-    if !matches!(cmd.status(), Ok(s) if s.success()) {
+    if !matches!(scratch::status(&mut cmd), Ok(s) if s.success()) {
         return Err("the symheap PEs failed".into());
     }
     std::fs::read(out)
@@ -681,6 +575,7 @@ fn report_gpu(
     o: &GpuOptions,
     mut rows: Vec<gpu::GpuRow>,
     chart: Option<std::ffi::OsString>,
+    tmp: &Path,
 ) -> i32 {
     let mut unmatched = Vec::new();
     for p in &o.peer_json {
@@ -711,7 +606,12 @@ fn report_gpu(
         }
     }
     if let (Some(png), Some(py)) = (&o.png, chart) {
-        return draw_png(&py, &serde_json::to_vec(&rows).unwrap_or_default(), png);
+        return draw_png(
+            &py,
+            &serde_json::to_vec(&rows).unwrap_or_default(),
+            png,
+            tmp,
+        );
     }
     0
 }
@@ -728,9 +628,14 @@ pub fn run_gpu(o: &GpuOptions) -> i32 {
     let Ok(chart) = chart_for(o.png.as_deref()) else {
         return 2;
     };
-    let tmp = std::env::temp_dir().join(format!("symheap-bench-{}", std::process::id()));
-    let _ = std::fs::create_dir_all(&tmp);
-    let out = tmp.join("gpu.json");
+    let scratch = match scratch::Scratch::new() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            return 1;
+        }
+    };
+    let out = scratch.path().join("gpu.json");
     eprintln!(
         "bench: CUDA backend, {} PEs, {} against NCCL{}",
         o.n,
@@ -752,85 +657,23 @@ pub fn run_gpu(o: &GpuOptions) -> i32 {
             return 1;
         }
     };
-    let _ = std::fs::remove_dir_all(&tmp);
-    report_gpu(o, rows, chart)
+    report_gpu(o, rows, chart, scratch.path())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn row(op: &str, bytes: u64, peer: &str) -> Row {
-        Row {
-            op: op.into(),
-            bytes,
-            symheap_s: 1e-6,
-            peer: peer.into(),
-            peer_s: None,
-        }
-    }
-
     #[test]
-    fn mpi_times_fill_their_rows_and_one_sided_ones_follow_each_put_and_get() {
-        let rows = vec![
-            row("put (PE 0 -> PE 1)", 4096, "memcpy, same process"),
-            row("get (PE 0 <- PE 1)", 4096, "memcpy, same process"),
-            row("put (PE 0 -> PE 1)", 65536, "memcpy, same process"),
-            row("barrier", 0, "Open MPI MPI_Barrier"),
-            row("all_reduce f32 sum", 1024, "Open MPI MPI_Allreduce"),
-        ];
-        let t = MpiTimes {
-            barrier: Some(2e-6),
-            allreduce: vec![(1024, 3e-6)],
-            bcast: vec![],
-            put: vec![(4096, 4e-6)],
-            get: vec![(4096, 5e-6)],
-        };
-        let out = with_mpi_times(rows, &t, "all_reduce f32 sum");
-        let got: Vec<(&str, u64, &str, Option<f64>)> = out
-            .iter()
-            .map(|r| (r.op.as_str(), r.bytes, r.peer.as_str(), r.peer_s))
-            .collect();
-        let memcpy = "memcpy, same process";
-        assert_eq!(
-            got,
-            vec![
-                ("put (PE 0 -> PE 1)", 4096, memcpy, None),
-                ("put (PE 0 -> PE 1)", 4096, MPI_RMA_PEER, Some(4e-6)),
-                ("get (PE 0 <- PE 1)", 4096, memcpy, None),
-                ("get (PE 0 <- PE 1)", 4096, MPI_RMA_PEER, Some(5e-6)),
-                // No MPI time at this size: no twin row.
-                ("put (PE 0 -> PE 1)", 65536, memcpy, None),
-                ("barrier", 0, "Open MPI MPI_Barrier", Some(2e-6)),
-                (
-                    "all_reduce f32 sum",
-                    1024,
-                    "Open MPI MPI_Allreduce",
-                    Some(3e-6)
-                ),
-            ]
+    fn more_pes_than_cores_warns_in_one_line() {
+        assert_eq!(oversubscribed(2, 2), None);
+        assert_eq!(oversubscribed(1, 8), None);
+        let w = oversubscribed(64, 2).unwrap();
+        assert!(
+            w.starts_with("bench: warning: 64 PEs on 2 CPU cores") && w.contains("-n 2 or fewer"),
+            "{w}"
         );
-        assert!(out.iter().all(|r| r.symheap_s == 1e-6));
-    }
-
-    #[test]
-    fn broadcast_rows_get_mpi_bcast_at_their_size_whatever_the_dtype() {
-        let rows = vec![
-            row("broadcast f32", 8, MPI_BCAST_PEER),
-            row("broadcast bf16", 4096, MPI_BCAST_PEER),
-            row("broadcast f32", 65536, MPI_BCAST_PEER),
-            row("all_gather f32", 8, "none on the host backend"),
-        ];
-        let t = MpiTimes {
-            bcast: vec![(8, 7e-7), (4096, 9e-7)],
-            allreduce: vec![(8, 1e-5)],
-            ..Default::default()
-        };
-        let got: Vec<Option<f64>> = with_mpi_times(rows, &t, "all_reduce f32 sum")
-            .iter()
-            .map(|r| r.peer_s)
-            .collect();
-        assert_eq!(got, vec![Some(7e-7), Some(9e-7), None, None]);
+        assert!(!w.contains('\n'), "{w}");
     }
 
     #[test]
