@@ -27,7 +27,8 @@ use kernels::{compile_coll, compile_kernels, CollKernels, Kernels};
 pub use module::CudaModule;
 pub use stream_ops::FUSED_PUT_SIGNAL_MAX;
 
-pub use topology::{Protocols, TopologyChoice};
+pub use crate::config::TopologyChoice;
+pub use topology::Protocols;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
