@@ -21,33 +21,9 @@ pub(crate) struct TeamState {
     /// records and checks it while holding the team).
     pub ledger: Ledger,
     /// The last calls recorded with `Inner::record_keyed`, newest first.
-    pub recent: Vec<super::watch::Recorded>,
+    pub recent: Vec<super::recent::Recorded>,
     /// Calls ever put in front of `recent`: while it is unchanged, no entry of `recent` moved.
     pub recent_inserts: u64,
-    /// Eager broadcasts on this team so far (every member counts them alike).
-    pub eager: u64,
-    /// A lower bound of the eager broadcasts every other member has consumed (refreshed from
-    /// their counters only when this PE, as a root, needs more).
-    pub eager_acked: u64,
-    /// This PE's last eager broadcast as root, until every receiver is known to have taken it.
-    pub eager_unsettled: Option<super::eager::Unsettled>,
-    /// The ledger hash after the last eager broadcast this PE consumed (published with the
-    /// count, see `Inner::publish_consumed`).
-    pub eager_hash: u64,
-    /// The last eager broadcast whose arguments were checked (see `ops/coll_eager.rs`).
-    pub eager_call: Option<EagerCall>,
-}
-
-/// An eager broadcast whose ranges were checked at heap generation `generation` and whose call
-/// was recorded as `TeamState::recent[recorded]` when `recent_inserts` was `inserts`: a repeat
-/// of it while both still hold needs neither again.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct EagerCall {
-    /// Root, count, dtype code, destination and source.
-    pub args: [u64; 5],
-    pub generation: u64,
-    pub recorded: usize,
-    pub inserts: u64,
 }
 
 #[derive(Debug)]
