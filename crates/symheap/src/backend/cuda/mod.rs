@@ -529,21 +529,27 @@ impl Backend for CudaBackend {
             AtomicOp::Xor => 7,
         };
         let _g = self.ops.lock().unwrap_or_else(|p| p.into_inner());
-        driver::launch(
-            self.kernels.atomic,
-            1,
-            1,
-            0,
-            self.stream.0,
-            &[
-                Arg::U64(addr),
-                Arg::I32(code),
-                Arg::I32(width as i32),
-                Arg::U64(operand),
-                Arg::U64(compare),
-                Arg::U64(self.flags.dev + ATOMIC_OLD as u64),
-            ],
-        )?;
+        // SAFETY: symheap_atomic(addr, op, width, operand, compare, old_out) of kernels.cu, 8,
+        // 4, 4, 8, 8 and 8 bytes; the kernel accesses the `width`-byte word at `addr` (aligned,
+        // checked above; a symmetric address the ops layer checked is mapped here) and writes
+        // the backend's own mapped word for the old value, held under `ops`.
+        unsafe {
+            driver::launch(
+                self.kernels.atomic,
+                1,
+                1,
+                0,
+                self.stream.0,
+                &[
+                    Arg::U64(addr),
+                    Arg::I32(code),
+                    Arg::I32(width as i32),
+                    Arg::U64(operand),
+                    Arg::U64(compare),
+                    Arg::U64(self.flags.dev + ATOMIC_OLD as u64),
+                ],
+            )
+        }?;
         driver::stream_sync(self.stream.0)?;
         Ok(self.flags.read_u64(ATOMIC_OLD))
     }

@@ -32,7 +32,9 @@ impl CudaModule {
     ) -> Result<()> {
         let f = self.module.function(kernel)?;
         let stream = stream.checked(self.ctx, "launch")?;
-        driver::launch(f, grid, block, shared, stream, args)
+        // SAFETY: this function's own contract, which is `driver::launch`'s for a user kernel;
+        // `stream` belongs to the context the module was loaded into (checked above).
+        unsafe { driver::launch(f, grid, block, shared, stream, args) }
     }
 
     /// The device ordinal it was compiled for.

@@ -87,14 +87,19 @@ impl CudaBackend {
         let grid = bytes
             .div_ceil(per_block)
             .clamp(1, (self.dev.sm_count.max(1) as u64) * 8) as u32;
-        driver::launch(
-            self.kernels.copy,
-            grid,
-            block,
-            0,
-            stream,
-            &[Arg::U64(dst), Arg::U64(src), Arg::U64(bytes)],
-        )
+        // SAFETY: symheap_copy(dst, src, bytes) of kernels.cu, three 8-byte parameters; the
+        // kernel moves exactly `bytes` from `src` to `dst`, device ranges the ops layer checked
+        // (`Inner::remote`, `local_range`) before asking for this copy.
+        unsafe {
+            driver::launch(
+                self.kernels.copy,
+                grid,
+                block,
+                0,
+                stream,
+                &[Arg::U64(dst), Arg::U64(src), Arg::U64(bytes)],
+            )
+        }
     }
 
     /// Enqueues a copy of `bytes` from `src` to `dst` (device addresses, any direct PE) on
@@ -125,14 +130,19 @@ impl CudaBackend {
         stream: u64,
     ) -> Result<()> {
         self.bind()?;
-        driver::launch(
-            self.kernels.signal,
-            1,
-            1,
-            0,
-            stream,
-            &[Arg::U64(sig), Arg::U64(value), Arg::I32(i32::from(add))],
-        )
+        // SAFETY: symheap_signal(sig, value, op) of kernels.cu, 8, 8 and 4 bytes; the kernel
+        // writes the one word at `sig`, a signal word the ops layer checked is an aligned
+        // symmetric address mapped on this device.
+        unsafe {
+            driver::launch(
+                self.kernels.signal,
+                1,
+                1,
+                0,
+                stream,
+                &[Arg::U64(sig), Arg::U64(value), Arg::I32(i32::from(add))],
+            )
+        }
     }
 
     /// Enqueues a copy of `bytes` from `src` to `dst` followed by a signal update as
@@ -155,41 +165,52 @@ impl CudaBackend {
             return self.signal_on_stream(sig, value, add, stream);
         }
         self.bind()?;
-        driver::launch(
-            self.kernels.put_signal,
-            1,
-            fused_put_signal_threads(bytes),
-            0,
-            stream,
-            &[
-                Arg::U64(dst),
-                Arg::U64(src),
-                Arg::U64(bytes),
-                Arg::U64(sig),
-                Arg::U64(value),
-                Arg::I32(i32::from(add)),
-            ],
-        )
+        // SAFETY: symheap_put_signal(dst, src, bytes, sig, value, op) of kernels.cu, five 8-byte
+        // parameters and a 4-byte one; the kernel copies `bytes` from `src` to `dst` and writes
+        // the word at `sig`, ranges the ops layer checked as for `copy_on_stream` and
+        // `signal_on_stream`.
+        unsafe {
+            driver::launch(
+                self.kernels.put_signal,
+                1,
+                fused_put_signal_threads(bytes),
+                0,
+                stream,
+                &[
+                    Arg::U64(dst),
+                    Arg::U64(src),
+                    Arg::U64(bytes),
+                    Arg::U64(sig),
+                    Arg::U64(value),
+                    Arg::I32(i32::from(add)),
+                ],
+            )
+        }
     }
 
     /// Enqueues a wait until `*sig CMP value` (cmp per symheap.cuh's constants) on `stream`. A
     /// wait longer than the timeout stops and raises the device error flag.
     pub(crate) fn wait_on_stream(&self, sig: u64, cmp: i32, value: u64, stream: u64) -> Result<()> {
         self.bind()?;
-        driver::launch(
-            self.kernels.wait,
-            1,
-            1,
-            0,
-            stream,
-            &[
-                Arg::U64(sig),
-                Arg::I32(cmp),
-                Arg::U64(value),
-                Arg::U64(self.timeout_ns()),
-                Arg::U64(self.flags.dev + ERR_WAIT as u64),
-            ],
-        )
+        // SAFETY: symheap_wait(sig, cmp, value, timeout_ns, error) of kernels.cu, 8, 4, 8, 8 and
+        // 8 bytes; the kernel reads the word at `sig` (this PE's own heap, checked by the ops
+        // layer) and may write the backend's mapped error word, allocated with the backend.
+        unsafe {
+            driver::launch(
+                self.kernels.wait,
+                1,
+                1,
+                0,
+                stream,
+                &[
+                    Arg::U64(sig),
+                    Arg::I32(cmp),
+                    Arg::U64(value),
+                    Arg::U64(self.timeout_ns()),
+                    Arg::U64(self.flags.dev + ERR_WAIT as u64),
+                ],
+            )
+        }
     }
 
     /// Enqueues a barrier among `n` members on `stream`. `flags` is this PE's flag array,
@@ -207,22 +228,28 @@ impl CudaBackend {
     ) -> Result<()> {
         self.bind()?;
         let threads = (n as u32).next_multiple_of(32).max(32);
-        driver::launch(
-            self.kernels.barrier,
-            1,
-            threads,
-            0,
-            stream,
-            &[
-                Arg::U64(flags),
-                Arg::U64(peer_flags),
-                Arg::U64(epoch_ptr),
-                Arg::I32(me as i32),
-                Arg::I32(n as i32),
-                Arg::U64(self.timeout_ns()),
-                Arg::U64(self.flags.dev + ERR_BARRIER as u64),
-            ],
-        )
+        // SAFETY: symheap_barrier(flags, peer_flags, epoch_ptr, me, n, timeout_ns, error) of
+        // kernels.cu, in that order and those sizes; `flags`, `peer_flags` (n addresses) and
+        // `epoch_ptr` are the team's device barrier state (`DeviceSync`), allocated for `n`
+        // members at init, and `error` the backend's mapped error word.
+        unsafe {
+            driver::launch(
+                self.kernels.barrier,
+                1,
+                threads,
+                0,
+                stream,
+                &[
+                    Arg::U64(flags),
+                    Arg::U64(peer_flags),
+                    Arg::U64(epoch_ptr),
+                    Arg::I32(me as i32),
+                    Arg::I32(n as i32),
+                    Arg::U64(self.timeout_ns()),
+                    Arg::U64(self.flags.dev + ERR_BARRIER as u64),
+                ],
+            )
+        }
     }
 
     /// Launches collective kernel `name` (from coll.cu) with `grid` blocks of 512 threads.
@@ -239,7 +266,11 @@ impl CudaBackend {
             .fns
             .get(name)
             .ok_or_else(|| backend("collective", format!("no kernel {name}")))?;
-        driver::launch(f, grid, 512, 0, stream, args)
+        // SAFETY: `args` are kernel `name`'s as `ops/coll_stream.rs`, this function's one
+        // caller, builds them: coll.cu's parameters in order and size (kept by hand, until
+        // typed argument blocks check it), addresses of heap ranges the ops layer checked and
+        // of the team's device state, allocated for its members.
+        unsafe { driver::launch(f, grid, 512, 0, stream, args) }
     }
 
     /// The backend's own non-blocking stream (host-level calls run their kernels on it).

@@ -632,8 +632,20 @@ pub enum Arg {
     F64(f64),
 }
 
-/// Launches `f` on `stream` with the given arguments.
-pub(crate) fn launch(
+/// Launches `f` on `stream` with the given arguments: `grid` blocks of `block` threads, with
+/// `shared` bytes of dynamic shared memory.
+///
+/// # Safety
+/// Neither the driver nor this function knows what the kernel does with its arguments, so the
+/// caller promises what makes the launch sound:
+/// - `args` match `f`'s parameters in number, order and size (see [`Arg`]);
+/// - every address among them is memory the kernel may access as it does, with this grid
+///   (device memory of the current context, or symmetric addresses mapped on this device),
+///   valid for those accesses until the kernel has finished on `stream`.
+///
+/// A wrong argument makes the kernel read or write arbitrary memory of the device context,
+/// and through it any host memory the device maps.
+pub(crate) unsafe fn launch(
     f: Function,
     grid: u32,
     block: u32,
@@ -656,11 +668,10 @@ pub(crate) fn launch(
         .iter_mut()
         .map(|v| (v as *mut u64).cast::<c_void>())
         .collect();
-    // SAFETY: the caller guarantees `f`'s parameters match `args` in number and size (fixed for
-    // symheap's own kernels in kernels.cu; the caller's promise for user kernels, see
-    // `CudaModule::launch`). Each parameter pointer points at a little-endian u64 whose low
-    // bytes hold the value, which is what a 4- or 8-byte parameter reads, and the driver copies
-    // the parameters before returning.
+    // SAFETY: the caller's contract: `f`'s parameters match `args` in number and size, and the
+    // kernel's accesses through them are valid. Each parameter pointer points at a
+    // little-endian u64 whose low bytes hold the value, which is what a 4- or 8-byte parameter
+    // reads, and the driver copies the parameters before returning.
     check(
         unsafe {
             sys::cuLaunchKernel(
