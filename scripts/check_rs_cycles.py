@@ -496,11 +496,10 @@ def a_cycle(graph, comp):
 
 
 SELF_TEST = {
-    "lib.rs": "mod a; mod b; mod c; pub mod d; mod f; mod g; mod h;\n"
-    "mod e { pub use crate::a::X; }\n",
+    "lib.rs": "mod a; mod b; mod c; pub mod d; mod f; mod g; mod h;\nmod e { pub use crate::a::X; }\n",
     # a -> b -> c -> a: the one circle.
     "a.rs": "use crate::b::Y;\npub struct X(Y);\n",
-    "b.rs": "/* crate::a::X */ const S: &str = \"crate::a::X\"; // crate::a::X\n"
+    "b.rs": '/* crate::a::X */ const S: &str = "crate::a::X"; // crate::a::X\n'
     "pub struct Y;\nfn f() -> super::c::Z { todo!() }\n",
     "c.rs": "pub struct Z;\nfn g(_: crate::e::X) {}\n",
     # A child naming its parent's item, and the parent's facade re-exporting the child's:
@@ -553,9 +552,7 @@ def main():
     args = ap.parse_args()
     if args.self_test:
         return self_test()
-    dirs = args.crates or sorted(
-        os.path.join(ROOT, "crates", c) for c in os.listdir(os.path.join(ROOT, "crates"))
-    )
+    dirs = args.crates or sorted(os.path.join(ROOT, "crates", c) for c in os.listdir(os.path.join(ROOT, "crates")))
     allowed = [{os.path.normpath(os.path.join(ROOT, f)) for f in s} for s in ALLOWED]
     bad = 0
     for d in dirs:

@@ -30,6 +30,8 @@ install_mpi() {
 step "Open MPI (apt-get install openmpi-bin)" install_mpi
 
 step "cargo fmt --check" cargo fmt --all --check
+step "Rust import circles: the checker's self-test" python3 scripts/check_rs_cycles.py --self-test
+step "Rust import circles (scripts/check_rs_cycles.py)" python3 scripts/check_rs_cycles.py
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
 step "ruff check" ruff check python tests scripts bench examples
 step "ruff format --check" ruff format --check python tests scripts bench examples
