@@ -57,9 +57,7 @@ impl SharedArea {
             shift: stride.trailing_zeros(),
             all_direct: direct.iter().all(|&d| d),
             direct,
-            // A/B switch (temporary, issue 41 item 7): built with SYMHEAP_AB_NO_MEMBARRIER set,
-            // both sides of the sleep handshake take a full fence and no membarrier.
-            light_wake: option_env!("SYMHEAP_AB_NO_MEMBARRIER").is_none() && membarrier::register(),
+            light_wake: membarrier::register(),
         })
     }
 
@@ -195,10 +193,6 @@ impl SharedArea {
     /// The sleeper's fence of the sleep handshake, between its store of the sleeper count and
     /// its load of the condition.
     pub fn sleeper_fence(&self) {
-        if option_env!("SYMHEAP_AB_NO_MEMBARRIER").is_some() {
-            std::sync::atomic::fence(Ordering::SeqCst);
-            return;
-        }
         membarrier::heavy();
     }
 

@@ -125,12 +125,7 @@ impl Inner {
     /// backend holds the data, and every PE of the job is on this node (a divergence is then
     /// named from the rings, without a meeting).
     pub(crate) fn eager_host(&self, bytes: usize) -> Option<&HostBackend> {
-        // A/B switch (temporary, issue 41 item 7): built with SYMHEAP_AB_NO_EAGER set, every
-        // broadcast takes the synchronised path.
-        if option_env!("SYMHEAP_AB_NO_EAGER").is_some()
-            || bytes as u64 > EAGER_INLINE
-            || !self.area.all_direct()
-        {
+        if bytes as u64 > EAGER_INLINE || !self.area.all_direct() {
             return None;
         }
         self.backend.as_host()

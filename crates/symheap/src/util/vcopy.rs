@@ -36,9 +36,7 @@ pub(crate) const NT_MIN: usize = 8 << 20;
 #[cfg(target_arch = "x86_64")]
 #[inline]
 pub(crate) unsafe fn bulk(dst: *mut u8, src: *const u8, len: usize) -> usize {
-    // A/B switch (temporary, issue 41 item 7): built with SYMHEAP_AB_NO_VCOPY set, `racy`'s
-    // word loops copy everything.
-    if option_env!("SYMHEAP_AB_NO_VCOPY").is_some() || len < VEC_MIN {
+    if len < VEC_MIN {
         return 0;
     }
     // SAFETY: the caller's contract, passed on.
