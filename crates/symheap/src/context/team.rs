@@ -1,15 +1,12 @@
 //! Teams: ordered subsets of the PEs with their own barrier state and their own ledger.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-
-use spin::mutex::{SpinMutex, SpinMutexGuard};
-use spin::relax::Yield;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::ledger::Ledger;
 
 /// A locked team's state (see [`TeamInner::state`]).
-pub(crate) type TeamGuard<'a> = SpinMutexGuard<'a, TeamState, Yield>;
+pub(crate) type TeamGuard<'a> = MutexGuard<'a, TeamState>;
 
 /// Barrier progress of one team on this PE. Held locked for the whole of a team operation,
 /// which also keeps two threads of one PE from interleaving calls on the same team.
@@ -39,12 +36,11 @@ pub(crate) struct TeamInner {
     /// The same on every member and different for every team a slot ever holds (the world: 0),
     /// so published calls of a destroyed team are never taken for this one's.
     pub id: u64,
-    /// Locked by every team operation on this PE. A spin lock that yields, not `std`'s mutex:
-    /// its release is a plain store, where `std`'s is a locked exchange, which on x86 waits
-    /// for this PE's last stores into other PEs' areas (an eager broadcast's slots) to reach
-    /// it; on the 2-vCPU VM an 8-byte eager broadcast took 8 % less. A second thread of this
-    /// PE on the same team (a program's own race) yields until the first is done.
-    pub state: SpinMutex<TeamState, Yield>,
+    /// Locked by every team operation on this PE; a second thread of this PE on the same team
+    /// (a program's own race) waits until the first is done. (A spin lock, whose release is a
+    /// plain store, was within 4 % of this on the host bench, alternated: not worth its own
+    /// lock type.)
+    pub state: Mutex<TeamState>,
     pub destroyed: AtomicBool,
     /// CUDA: the stream of this team's last stream collective or barrier, kept alive when
     /// symheap made it. The device state of a team (epochs, flags) admits one launch at a
@@ -74,7 +70,7 @@ impl TeamInner {
             me,
             name,
             id,
-            state: SpinMutex::new(TeamState {
+            state: Mutex::new(TeamState {
                 ledger: Ledger::new(),
                 ..TeamState::default()
             }),
@@ -99,7 +95,7 @@ impl TeamInner {
     }
 
     pub(crate) fn lock(&self) -> TeamGuard<'_> {
-        self.state.lock()
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn my_global(&self) -> usize {
