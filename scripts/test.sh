@@ -29,6 +29,8 @@ source scripts/lib/open_mpi.sh
 step "Open MPI (mpirun) for the tests that run programs under it" open_mpi_for_tests
 
 step "cargo fmt --check" cargo fmt --all --check
+step "Rust import circles: the checker's self-test" python3 scripts/check_rs_cycles.py --self-test
+step "Rust import circles (scripts/check_rs_cycles.py)" python3 scripts/check_rs_cycles.py
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
 step "ruff check" ruff check python tests scripts bench examples
 step "ruff format --check" ruff format --check python tests scripts bench examples

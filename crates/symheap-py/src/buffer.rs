@@ -9,23 +9,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 use symheap::DType;
 
-use crate::dlpack::{contiguous_strides, DLDevice, Mem, DEVICE_CPU, DEVICE_CUDA};
+// `parse_dtype` is named through this module by context.rs too.
+pub(crate) use crate::convert::parse_dtype;
+use crate::dlpack::{contiguous_strides, DLDevice, Mem, Share, DEVICE_CPU, DEVICE_CUDA};
 use crate::errors::{value_error, IntoPyResult};
-
-/// Parses a dtype name (`float32`, `int64`, `bfloat16`, `f32`...).
-pub fn parse_dtype(name: &str) -> PyResult<DType> {
-    // The Python layer passes canonical names on every put and get: found without the
-    // lower-casing copy `DType::parse` makes.
-    if let Some(d) = DType::ALL.into_iter().find(|d| d.name() == name) {
-        return Ok(d);
-    }
-    DType::parse(name).ok_or_else(|| {
-        value_error(format!(
-            "unsupported dtype {name:?}; symheap supports {}",
-            DType::ALL.map(|d| d.name()).join(", ")
-        ))
-    })
-}
 
 /// The device memory of this context lives on.
 pub fn context_device(ctx: &symheap::Context) -> DLDevice {
@@ -62,12 +49,6 @@ pub fn heap_owner(ctx: &symheap::Context, addr: u64, bytes: u64) -> Option<usize
             && matches!(ctx.translate(last, pe, pe), Ok(Some(_)))
     })
 }
-
-/// A share of one allocation: the allocation goes back to the heap when the last share is
-/// dropped. The buffer object holds one until it is freed; every export of its memory (a
-/// DLPack tensor, a view) holds its own, so memory that an array or tensor still shows is
-/// never reused by another allocation.
-pub type Share = Arc<symheap::SymmetricBuffer>;
 
 /// What a `SymmetricBuffer` object holds.
 enum State {

@@ -1,11 +1,26 @@
-//! Python arguments as symheap's types: comparison, signal, reduction, algorithm and atomic
-//! names, element values as bits, and stream handles.
+//! Python arguments as symheap's types: dtype, comparison, signal, reduction, algorithm and
+//! atomic names, element values as bits, and stream handles.
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat};
 use symheap::{AllReduceAlgo, AtomicOp, Cmp, DType, ReduceOp, SignalOp};
 
 use crate::errors::value_error;
+
+/// Parses a dtype name (`float32`, `int64`, `bfloat16`, `f32`...).
+pub(crate) fn parse_dtype(name: &str) -> PyResult<DType> {
+    // The Python layer passes canonical names on every put and get: found without the
+    // lower-casing copy `DType::parse` makes.
+    if let Some(d) = DType::ALL.into_iter().find(|d| d.name() == name) {
+        return Ok(d);
+    }
+    DType::parse(name).ok_or_else(|| {
+        value_error(format!(
+            "unsupported dtype {name:?}; symheap supports {}",
+            DType::ALL.map(|d| d.name()).join(", ")
+        ))
+    })
+}
 
 pub(crate) fn parse_cmp(s: &str) -> PyResult<Cmp> {
     Cmp::parse(s).ok_or_else(|| {
@@ -74,7 +89,7 @@ pub(crate) fn atomic_args(
     compare: Option<Bound<'_, PyAny>>,
 ) -> PyResult<(AtomicOp, DType, u64, u64)> {
     let op = parse_atomic(op)?;
-    let dt = crate::buffer::parse_dtype(dtype)?;
+    let dt = parse_dtype(dtype)?;
     if value.is_none() && op != AtomicOp::Load {
         return Err(value_error(format!("atomic {} needs a value", op.name())));
     }

@@ -11,14 +11,20 @@
 //! keeps the allocation alive.
 
 use std::ffi::{c_void, CStr};
+use std::sync::Arc;
 
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use symheap::DType;
 
-use crate::buffer::Share;
 use crate::errors::{raise, Class};
+
+/// A share of one allocation: the allocation goes back to the heap when the last share is
+/// dropped. The buffer object holds one until it is freed; every export of its memory (a
+/// DLPack tensor, a view) holds its own, so memory that an array or tensor still shows is
+/// never reused by another allocation.
+pub type Share = Arc<symheap::SymmetricBuffer>;
 
 /// `kDLCPU`.
 pub const DEVICE_CPU: i32 = 1;

@@ -24,13 +24,13 @@ use symheap::DType;
 /// Bytes per element of a dtype name.
 #[pyfunction]
 fn dtype_size(name: &str) -> PyResult<usize> {
-    buffer::parse_dtype(name).map(DType::size)
+    convert::parse_dtype(name).map(DType::size)
 }
 
 /// The canonical name of a dtype (`f32` -> `float32`).
 #[pyfunction]
 fn dtype_name(name: &str) -> PyResult<&'static str> {
-    buffer::parse_dtype(name).map(DType::name)
+    convert::parse_dtype(name).map(DType::name)
 }
 
 /// Sends symheap's `tracing` events (refused rendezvous connections, a joinable job) to

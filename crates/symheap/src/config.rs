@@ -45,12 +45,37 @@ pub struct Config {
     pub coll_defines: Vec<(String, u64)>,
     /// What the CUDA backend takes the links between GPUs to be when it picks the collective
     /// protocols (`SYMHEAP_TOPOLOGY`; default: ask NVML).
-    pub topology: crate::backend::cuda::TopologyChoice,
+    pub topology: TopologyChoice,
     /// How collectives of a team that spans nodes run on the CUDA backend
     /// (`SYMHEAP_NODES_ALGO`).
     pub nodes_algo: NodesAlgo,
     /// `(name, value)` of every `SYMHEAP_*` and launcher variable that was read and set.
     pub env_read: Vec<(String, String)>,
+}
+
+/// What the CUDA backend takes the links between its GPUs to be (`SYMHEAP_TOPOLOGY`): NVML's
+/// answer, or an override (see `backend/cuda/topology.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TopologyChoice {
+    /// Ask NVML.
+    #[default]
+    Auto,
+    /// Treat every pair of GPUs as NVLink-connected.
+    NvLink,
+    /// Treat every pair of GPUs as connected without NVLink.
+    Pcie,
+}
+
+impl TopologyChoice {
+    /// Parses `auto`, `nvlink` or `pcie`.
+    pub fn parse(s: &str) -> Option<TopologyChoice> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" | "" => Some(TopologyChoice::Auto),
+            "nvlink" => Some(TopologyChoice::NvLink),
+            "pcie" => Some(TopologyChoice::Pcie),
+            _ => None,
+        }
+    }
 }
 
 /// How collectives of a team whose members sit on several nodes run on the CUDA backend.
@@ -95,7 +120,7 @@ impl Default for Config {
             debug: DebugLevel::Off,
             device: None,
             coll_defines: Vec::new(),
-            topology: crate::backend::cuda::TopologyChoice::Auto,
+            topology: TopologyChoice::Auto,
             nodes_algo: NodesAlgo::Auto,
             env_read: Vec::new(),
         }
@@ -227,7 +252,7 @@ impl Config {
             })?);
         }
         if let Some(v) = c.read("SYMHEAP_TOPOLOGY") {
-            c.topology = crate::backend::cuda::TopologyChoice::parse(&v).ok_or_else(|| {
+            c.topology = TopologyChoice::parse(&v).ok_or_else(|| {
                 invalid(
                     "init",
                     format!("SYMHEAP_TOPOLOGY={v:?}: expected auto, nvlink or pcie"),

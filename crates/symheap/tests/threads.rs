@@ -206,8 +206,8 @@ fn a_repeated_broadcast_is_refused_once_its_buffer_is_released() {
     ctx.finalize().unwrap();
 }
 
-/// Threads of one PE making broadcasts on one team at once take turns at the team's lock (a
-/// spin lock that yields) and every broadcast completes with its own data.
+/// Threads of one PE making broadcasts on one team at once take turns at the team's lock and
+/// every broadcast completes with its own data.
 #[test]
 fn threads_sharing_a_team_take_turns() {
     let ctx = host_pe();

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::gpu::GpuRow;
+use super::gpu_time::GpuRow;
 
 /// One number from a peer program.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

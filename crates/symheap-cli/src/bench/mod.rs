@@ -9,6 +9,7 @@
 
 pub mod gpu;
 mod gpu_table;
+mod gpu_time;
 mod host;
 mod mpi;
 mod nodes;
@@ -531,7 +532,7 @@ fn gpu_sweep(o: &GpuOptions) -> Result<GpuSweep, String> {
 }
 
 /// Runs one PE per GPU on `sweep` and returns PE 0's rows, read back from `out`.
-fn gpu_rows(o: &GpuOptions, sweep: &GpuSweep, out: &Path) -> Result<Vec<gpu::GpuRow>, String> {
+fn gpu_rows(o: &GpuOptions, sweep: &GpuSweep, out: &Path) -> Result<Vec<gpu_time::GpuRow>, String> {
     let GpuSweep { ops, sizes, rma } = sweep;
     let exe = crate::selfcmd::argv();
     let mut cmd = crate::selfcmd::command();
@@ -573,7 +574,7 @@ fn gpu_rows(o: &GpuOptions, sweep: &GpuSweep, out: &Path) -> Result<Vec<gpu::Gpu
 /// and skipped: the other peers still print.
 fn report_gpu(
     o: &GpuOptions,
-    mut rows: Vec<gpu::GpuRow>,
+    mut rows: Vec<gpu_time::GpuRow>,
     chart: Option<std::ffi::OsString>,
     tmp: &Path,
 ) -> i32 {

@@ -6,7 +6,7 @@
 
 use symheap::{AllReduceAlgo, Context, DType, ReduceOp, Team, NODES_ALL_REDUCE_SMALL};
 
-use super::gpu::{time_graph, time_stream, GpuRow};
+use super::gpu_time::{k_for, time_graph, time_stream, GpuRow};
 use symheap::tools::Nccl;
 
 fn e2s(e: symheap::Error) -> String {
@@ -79,7 +79,7 @@ pub(super) fn stage_rows(
         let mut between = || -> symheap::Result<()> {
             inter.all_reduce(target, target, scount, dtype, ReduceOp::Sum, s)
         };
-        let (k, trials) = super::gpu::k_for(bytes);
+        let (k, trials) = k_for(bytes);
         let mut row = |op: String, eager: f64, graph: f64| {
             rows.push(GpuRow {
                 group: "coll".into(),

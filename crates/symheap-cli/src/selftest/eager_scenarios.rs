@@ -68,7 +68,52 @@ pub fn eager(ctx: &Context, a: PeArgs) -> Outcome {
         );
     }
     ctx.team_destroy(odd).map_err(e2s)?;
-    Ok(())
+    reused_slot(ctx, a, &src, &dst)
+}
+
+/// A team made in the slot of a destroyed one, with a member the old team lacked, counts its
+/// eager broadcasts from zero on every member: PEs 0 and 1 run a burst on their pair, destroy
+/// it, then PEs 0 and 2 (the same free slot) broadcast both ways. A member that kept the old
+/// team's count would wait for a broadcast number its new peer never sends.
+fn reused_slot(
+    ctx: &Context,
+    a: PeArgs,
+    src: &symheap::SymmetricBuffer,
+    dst: &symheap::SymmetricBuffer,
+) -> Outcome {
+    let (me, n) = (ctx.my_pe(), ctx.n_pes());
+    if n < 3 {
+        return Ok(());
+    }
+    let world = ctx.world_team();
+    let round = |team: &symheap::Team, k: u64| -> Outcome {
+        let Some(i) = team.my_pe() else {
+            return Ok(());
+        };
+        for root in 0..team.n_pes() {
+            let tag = 9000 + 10 * k + root as u64;
+            let c = 1 + (k as usize + root) % 12;
+            src.write(0, &data::<f64>(a.seed, me, tag, c))
+                .map_err(e2s)?;
+            ctx.broadcast::<f64>(team, dst, src, c, root).map_err(e2s)?;
+            let root_pe = team.world_pe(root).expect("member");
+            ensure!(
+                dst.to_vec::<f64>().map_err(e2s)?[..c] == data::<f64>(a.seed, root_pe, tag, c)[..],
+                "broadcast {k} of {c} from member {root} on {team} (I am member {i})"
+            );
+        }
+        Ok(())
+    };
+    let pair = ctx.team_split_strided(&world, 0, 1, 2).map_err(e2s)?;
+    for k in 0..40 {
+        round(&pair, k)?;
+    }
+    ctx.team_destroy(pair).map_err(e2s)?;
+    let apart = ctx.team_split_strided(&world, 0, 2, 2).map_err(e2s)?;
+    for k in 0..40 {
+        round(&apart, k)?;
+    }
+    ctx.team_destroy(apart).map_err(e2s)
 }
 
 /// PEs 0 and 1 each take themselves for the root of the same small broadcast, and the program

@@ -6,23 +6,18 @@
 //! the per-peer delta of a peer table the same for every heap address.
 
 pub mod cuda;
+mod fence;
 pub mod host;
 pub mod reduce;
 pub(crate) mod shared;
 
 use std::time::Duration;
 
+pub use fence::Fence;
 pub use reduce::ReduceOp;
 
 use crate::element::DType;
 use crate::error::{Error, Result};
-
-/// Device work a released block may still be used by: `done` says, without waiting, whether
-/// it has finished (see `Inner::release_block`).
-pub trait Fence: Send {
-    /// True once every piece of work the fence stands for has finished.
-    fn done(&mut self) -> bool;
-}
 
 /// How [`Backend::grow`] learns whether every PE got its new memory: called with this PE's own
 /// failure (None when it got the memory), it returns Ok only when no PE failed.

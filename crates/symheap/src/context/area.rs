@@ -38,6 +38,8 @@ pub const WAIT_WORDS: u64 = 8;
 pub const RING: u64 = 64;
 /// Words of one ring entry: seq, position, hash, text length, then the text.
 pub const ENTRY_WORDS: u64 = 32;
+/// Words of call text in a ring entry (after seq, position, hash, team id, length).
+pub const TEXT_WORDS: u64 = ENTRY_WORDS - 5;
 /// Bytes a one-pass collective publishes per member, team and barrier parity.
 pub const PAYLOAD: u64 = 4 << 10;
 /// Words of the verdict: owner, ready, length, then the text.

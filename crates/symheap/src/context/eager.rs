@@ -16,8 +16,15 @@
 //! its next call that waits, or at finalize, which waits until every receiver has consumed its
 //! last eager broadcast on each team with the same ledger hash (a receiver that made another
 //! call never does, and the watch names it).
+//!
+//! The channel's state on this PE is its own ([`EagerTeams`], one entry per team slot in
+//! `Inner::eager`): a team's state knows nothing of it. Every eager call holds the team's lock
+//! (it records in the team's ledger), which orders every access to the entry, so its words are
+//! plain relaxed atomics: no second lock on the path a small broadcast in a loop takes.
 
-use super::area::{EAGER_HEADER_WORDS, EAGER_INLINE, EAGER_SLOT};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use super::area::{EAGER_HEADER_WORDS, EAGER_INLINE, EAGER_SLOT, MAX_TEAMS};
 use super::team::{TeamInner, TeamState};
 use super::watch::Watching;
 use super::Inner;
@@ -27,13 +34,90 @@ use crate::error::{Error, Result};
 /// An eager broadcast's data, as the words of its slot.
 pub(crate) type EagerBody = [u64; (EAGER_INLINE / 8) as usize];
 
-/// This PE's last eager broadcast as root on a team, until every receiver is known to have
-/// consumed it: its number on the team and the ledger digest it carried.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Unsettled {
-    pub j: u64,
-    pub count: u64,
-    pub hash: u64,
+/// One word of an [`EagerTeam`]: a relaxed load or store (a plain move), ordered by the team's
+/// lock, which every caller holds.
+#[derive(Debug, Default)]
+struct Word(AtomicU64);
+
+impl Word {
+    #[inline(always)]
+    fn get(&self) -> u64 {
+        self.0.load(Relaxed)
+    }
+
+    #[inline(always)]
+    fn set(&self, v: u64) {
+        self.0.store(v, Relaxed)
+    }
+}
+
+/// This PE's eager-broadcast state on one team.
+#[derive(Debug, Default)]
+pub(crate) struct EagerTeam {
+    /// The id of the team this entry counts for (`TeamInner::id`; the world's is 0, as a fresh
+    /// entry's): a slot reused by a new team starts again from zero.
+    owner: Word,
+    /// Eager broadcasts on the team so far (every member counts them alike).
+    total: Word,
+    /// A lower bound of the eager broadcasts every other member has consumed (refreshed from
+    /// their counters only when this PE, as a root, needs more).
+    acked: Word,
+    /// The ledger hash after the last eager broadcast this PE consumed (published with the
+    /// count, see `Inner::publish_consumed`).
+    hash: Word,
+    /// This PE's last eager broadcast as root until every receiver is known to have consumed
+    /// it: its number on the team plus one (0: none), and the ledger digest it carried.
+    unsettled: [Word; 3],
+    /// The last eager broadcast whose arguments were checked (see `ops/coll_eager.rs`): root,
+    /// count, dtype code, destination and source; the heap generation they were checked at;
+    /// its record's index in `TeamState::recent` plus one (0: none); and
+    /// `TeamState::recent_inserts` then. A repeat while all of it holds needs neither the
+    /// checks nor a search of the recent calls again.
+    call: [Word; 5],
+    generation: Word,
+    recorded: Word,
+    inserts: Word,
+}
+
+/// Every team slot's [`EagerTeam`] on this PE.
+#[derive(Debug)]
+pub(crate) struct EagerTeams([EagerTeam; MAX_TEAMS]);
+
+impl Default for EagerTeams {
+    fn default() -> Self {
+        EagerTeams(std::array::from_fn(|_| EagerTeam::default()))
+    }
+}
+
+impl EagerTeams {
+    /// `team`'s entry, emptied first when it last counted for another team. `_held` is the
+    /// team's locked state: the caller holds the lock that orders the entry's words.
+    #[inline(always)]
+    fn of(&self, team: &TeamInner, _held: &TeamState) -> &EagerTeam {
+        let e = &self.0[team.slot];
+        if e.owner.get() != team.id {
+            e.reset(team.id);
+        }
+        e
+    }
+}
+
+impl EagerTeam {
+    /// Empties the entry for team `owner`.
+    #[cold]
+    fn reset(&self, owner: u64) {
+        let single = [&self.total, &self.acked, &self.hash];
+        let checked = [&self.generation, &self.recorded, &self.inserts];
+        for w in single
+            .into_iter()
+            .chain(&self.unsettled)
+            .chain(&self.call)
+            .chain(checked)
+        {
+            w.set(0);
+        }
+        self.owner.set(owner);
+    }
 }
 
 impl Inner {
@@ -68,26 +152,76 @@ impl Inner {
     /// transfer. That granularity never holds a root up for good: a receiver that consumed
     /// everything before broadcast `j` has published at least `j - S / 2`, which frees the slot
     /// of `j` (it needs `j + 1 - S`). Finalize publishes the exact count.
-    fn mark_consumed(&self, team: &TeamInner, st: &mut TeamState, j: u64, hash: u64) {
-        st.eager = j + 1;
-        st.eager_hash = hash;
-        if st.eager & (self.area.eager_slots() / 2 - 1) == 0 {
-            self.publish_consumed(team, st);
+    fn mark_consumed(&self, team: &TeamInner, e: &EagerTeam, j: u64, hash: u64) {
+        e.total.set(j + 1);
+        e.hash.set(hash);
+        if (j + 1) & (self.area.eager_slots() / 2 - 1) == 0 {
+            self.publish_consumed_of(team, e);
         }
     }
 
     /// Publishes this PE's exact count of consumed eager broadcasts on `team`, and the ledger
     /// hash after the last (in word `1 + b % 2` for broadcast `b`, so a reader that sees the
     /// count unchanged around its load of the hash read the matching one).
+    /// `st` is the team's locked state.
     pub(crate) fn publish_consumed(&self, team: &TeamInner, st: &TeamState) {
-        if st.eager == 0 {
+        self.publish_consumed_of(team, self.eager.of(team, st));
+    }
+
+    /// `publish_consumed` from the team's entry `e`.
+    fn publish_consumed_of(&self, team: &TeamInner, e: &EagerTeam) {
+        let n = e.total.get();
+        if n == 0 {
             return;
         }
         let at = self.area.eager_consumed(self.rank, team.slot);
-        let b = st.eager - 1;
+        let b = n - 1;
         self.control
-            .store64_release(at + 8 * (1 + b % 2), st.eager_hash);
-        self.control.store64_release(at, st.eager);
+            .store64_release(at + 8 * (1 + b % 2), e.hash.get());
+        self.control.store64_release(at, n);
+    }
+
+    /// The index in `st.recent` of the record of the eager broadcast with arguments `args`
+    /// (root, count, dtype code, destination, source) when it repeats the last one remembered
+    /// on `team` and what was checked then still holds: no block released or reclaimed since
+    /// (the heap generation), and its record not moved (`st.recent_inserts`). `st` is the
+    /// team's locked state.
+    #[inline(always)]
+    pub(crate) fn eager_repeat(
+        &self,
+        team: &TeamInner,
+        st: &TeamState,
+        args: [u64; 5],
+    ) -> Option<usize> {
+        let e = self.eager.of(team, st);
+        // OR of the XORs, as `CallKey`'s comparison (no memcmp), of five words, not eight.
+        let differ = (e.call.iter().zip(&args)).fold(0, |d, (w, a)| d | (w.get() ^ a));
+        let recorded = e.recorded.get();
+        let valid = differ == 0
+            && recorded != 0
+            && e.inserts.get() == st.recent_inserts
+            && e.generation.get() == self.heap.generation();
+        valid.then(|| recorded as usize - 1)
+    }
+
+    /// Remembers, for [`eager_repeat`](Self::eager_repeat), the eager broadcast with arguments
+    /// `args` whose ranges were checked at heap generation `generation` and whose call is
+    /// recorded as `st.recent[recorded]`.
+    pub(crate) fn eager_remember(
+        &self,
+        team: &TeamInner,
+        st: &TeamState,
+        args: [u64; 5],
+        generation: u64,
+        recorded: usize,
+    ) {
+        let e = self.eager.of(team, st);
+        for (w, a) in e.call.iter().zip(args) {
+            w.set(a);
+        }
+        e.generation.set(generation);
+        e.recorded.set(recorded as u64 + 1);
+        e.inserts.set(st.recent_inserts);
     }
 
     /// Root of the team's next eager broadcast: `bytes` bytes (at most `EAGER_INLINE`), the
@@ -100,21 +234,22 @@ impl Inner {
     pub(crate) fn eager_send(
         &self,
         team: &TeamInner,
-        st: &mut TeamState,
+        st: &TeamState,
         call: &'static str,
         body: &EagerBody,
         bytes: usize,
         recorded: usize,
     ) -> Result<()> {
         debug_assert!(bytes as u64 <= EAGER_INLINE);
-        let j = st.eager;
+        let e = self.eager.of(team, st);
+        let j = e.total.get();
         let (count, hash) = st.ledger.digest();
         let me = team.my_global();
         let a = &self.area;
         // The slot was last used by broadcast j - S: every receiver must be past it.
         let need = (j + 1).saturating_sub(self.area.eager_slots());
         let mut published = false;
-        if st.eager_acked < need {
+        if e.acked.get() < need {
             let least = || {
                 team.members
                     .iter()
@@ -148,7 +283,7 @@ impl Inner {
                     }),
                 )?;
             }
-            st.eager_acked = seen;
+            e.acked.set(seen);
         }
         let h = EAGER_HEADER_WORDS as usize;
         let mut words = [0u64; (EAGER_SLOT / 8) as usize];
@@ -175,8 +310,10 @@ impl Inner {
                 self.ring_fenced(m, |a| a.sleepers(m));
             }
         }
-        self.mark_consumed(team, st, j, hash);
-        st.eager_unsettled = Some(Unsettled { j, count, hash });
+        self.mark_consumed(team, e, j, hash);
+        for (w, v) in e.unsettled.iter().zip([j + 1, count, hash]) {
+            w.set(v);
+        }
         Ok(())
     }
 
@@ -186,13 +323,14 @@ impl Inner {
     pub(crate) fn eager_recv(
         &self,
         team: &TeamInner,
-        st: &mut TeamState,
+        st: &TeamState,
         call: &'static str,
         root: usize,
         out: &mut EagerBody,
         bytes: usize,
     ) -> Result<()> {
-        let j = st.eager;
+        let e = self.eager.of(team, st);
+        let j = e.total.get();
         let (count, hash) = st.ledger.digest();
         let r = team.members[root];
         let h = EAGER_HEADER_WORDS as usize;
@@ -227,7 +365,7 @@ impl Inner {
         for (k, v) in out[..bytes.div_ceil(8)].iter_mut().enumerate() {
             *v = s.load(h + k);
         }
-        self.mark_consumed(team, st, j, hash);
+        self.mark_consumed(team, e, j, hash);
         Ok(())
     }
 
@@ -237,10 +375,12 @@ impl Inner {
     pub(crate) fn eager_settle(
         &self,
         team: &TeamInner,
-        st: &mut TeamState,
+        st: &TeamState,
         call: &'static str,
     ) -> Result<()> {
-        let Some(u) = st.eager_unsettled else {
+        let e = self.eager.of(team, st);
+        let [j1, count, hash] = e.unsettled.each_ref().map(Word::get);
+        let Some(j) = j1.checked_sub(1) else {
             return Ok(());
         };
         let me = team.my_global();
@@ -250,27 +390,27 @@ impl Inner {
             &|| {
                 format!(
                     "{call}: eager broadcast #{} on {} to be consumed",
-                    u.j + 1,
+                    j + 1,
                     team.name
                 )
             },
-            &mut || others().all(|m| self.consumed(team, m).0 > u.j),
-            &|| team.members_where(|m| m != me && self.consumed(team, m).0 <= u.j),
+            &mut || others().all(|m| self.consumed(team, m).0 > j),
+            &|| team.members_where(|m| m != me && self.consumed(team, m).0 <= j),
             Some(Watching {
                 team,
-                pos: u.count,
-                hash: u.hash,
+                pos: count,
+                hash,
             }),
         )?;
         // A member that counted the broadcast with another hash made another call there (it
         // took itself for the root): it consumed nothing of ours.
         if let Some(m) = others().find(|&m| {
             let (c, h) = self.consumed(team, m);
-            c == u.j + 1 && h != u.hash
+            c == j + 1 && h != hash
         }) {
-            return Err(self.eager_diverged(team, call, u.count, m));
+            return Err(self.eager_diverged(team, call, count, m));
         }
-        st.eager_unsettled = None;
+        e.unsettled[0].set(0);
         Ok(())
     }
 

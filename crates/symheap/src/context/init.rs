@@ -129,6 +129,7 @@ impl ContextBuilder {
             ),
             control,
             area,
+            eager: Default::default(),
             dsync: std::sync::OnceLock::new(),
             dteams: std::sync::OnceLock::new(),
             slots_used: Mutex::new(1),

@@ -9,6 +9,7 @@ pub(crate) mod device_state;
 pub(crate) mod eager;
 mod init;
 mod ranges;
+pub(crate) mod recent;
 mod signals;
 pub(crate) mod span;
 mod sync;
@@ -81,6 +82,8 @@ pub(crate) struct Inner {
     pub(crate) control: SharedArea,
     /// Layout of the sync area inside `control`.
     pub(crate) area: SyncArea,
+    /// The host backend's eager broadcasts: this PE's state of each team's channel.
+    pub(crate) eager: eager::EagerTeams,
     /// Device collective state (CUDA backend only), set at init.
     pub(crate) dteams: std::sync::OnceLock<device_state::DeviceTeams>,
     /// Device barrier state (CUDA backend only), set at init.
@@ -199,7 +202,7 @@ impl Inner {
         let mut ts = self.world_team.lock();
         if args.is_empty() {
             // A call without arguments (barrier_all in a loop) is recorded from its cached text.
-            let key = watch::CallKey { call, nums: [0; 8] };
+            let key = recent::CallKey { call, nums: [0; 8] };
             self.record_keyed(&self.world_team, &mut ts, key, String::new);
         } else {
             self.record_on(&self.world_team, &mut ts, call, args);
@@ -227,7 +230,7 @@ impl Inner {
             self.publish_consumed(t, &t.lock());
         }
         for t in &teams {
-            self.eager_settle(t, &mut t.lock(), "finalize")?;
+            self.eager_settle(t, &t.lock(), "finalize")?;
         }
         let mut st = self.lock_heap();
         let mut ts = self.world_team.lock();

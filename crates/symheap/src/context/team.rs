@@ -1,15 +1,12 @@
 //! Teams: ordered subsets of the PEs with their own barrier state and their own ledger.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-
-use spin::mutex::{SpinMutex, SpinMutexGuard};
-use spin::relax::Yield;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::ledger::Ledger;
 
 /// A locked team's state (see [`TeamInner::state`]).
-pub(crate) type TeamGuard<'a> = SpinMutexGuard<'a, TeamState, Yield>;
+pub(crate) type TeamGuard<'a> = MutexGuard<'a, TeamState>;
 
 /// Barrier progress of one team on this PE. Held locked for the whole of a team operation,
 /// which also keeps two threads of one PE from interleaving calls on the same team.
@@ -21,33 +18,9 @@ pub(crate) struct TeamState {
     /// records and checks it while holding the team).
     pub ledger: Ledger,
     /// The last calls recorded with `Inner::record_keyed`, newest first.
-    pub recent: Vec<super::watch::Recorded>,
+    pub recent: Vec<super::recent::Recorded>,
     /// Calls ever put in front of `recent`: while it is unchanged, no entry of `recent` moved.
     pub recent_inserts: u64,
-    /// Eager broadcasts on this team so far (every member counts them alike).
-    pub eager: u64,
-    /// A lower bound of the eager broadcasts every other member has consumed (refreshed from
-    /// their counters only when this PE, as a root, needs more).
-    pub eager_acked: u64,
-    /// This PE's last eager broadcast as root, until every receiver is known to have taken it.
-    pub eager_unsettled: Option<super::eager::Unsettled>,
-    /// The ledger hash after the last eager broadcast this PE consumed (published with the
-    /// count, see `Inner::publish_consumed`).
-    pub eager_hash: u64,
-    /// The last eager broadcast whose arguments were checked (see `ops/coll_eager.rs`).
-    pub eager_call: Option<EagerCall>,
-}
-
-/// An eager broadcast whose ranges were checked at heap generation `generation` and whose call
-/// was recorded as `TeamState::recent[recorded]` when `recent_inserts` was `inserts`: a repeat
-/// of it while both still hold needs neither again.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct EagerCall {
-    /// Root, count, dtype code, destination and source.
-    pub args: [u64; 5],
-    pub generation: u64,
-    pub recorded: usize,
-    pub inserts: u64,
 }
 
 #[derive(Debug)]
@@ -63,12 +36,11 @@ pub(crate) struct TeamInner {
     /// The same on every member and different for every team a slot ever holds (the world: 0),
     /// so published calls of a destroyed team are never taken for this one's.
     pub id: u64,
-    /// Locked by every team operation on this PE. A spin lock that yields, not `std`'s mutex:
-    /// its release is a plain store, where `std`'s is a locked exchange, which on x86 waits
-    /// for this PE's last stores into other PEs' areas (an eager broadcast's slots) to reach
-    /// it; on the 2-vCPU VM an 8-byte eager broadcast took 8 % less. A second thread of this
-    /// PE on the same team (a program's own race) yields until the first is done.
-    pub state: SpinMutex<TeamState, Yield>,
+    /// Locked by every team operation on this PE; a second thread of this PE on the same team
+    /// (a program's own race) waits until the first is done. (A spin lock, whose release is a
+    /// plain store, was within 4 % of this on the host bench, alternated: not worth its own
+    /// lock type.)
+    pub state: Mutex<TeamState>,
     pub destroyed: AtomicBool,
     /// CUDA: the stream of this team's last stream collective or barrier, kept alive when
     /// symheap made it. The device state of a team (epochs, flags) admits one launch at a
@@ -98,7 +70,7 @@ impl TeamInner {
             me,
             name,
             id,
-            state: SpinMutex::new(TeamState {
+            state: Mutex::new(TeamState {
                 ledger: Ledger::new(),
                 ..TeamState::default()
             }),
@@ -123,7 +95,7 @@ impl TeamInner {
     }
 
     pub(crate) fn lock(&self) -> TeamGuard<'_> {
-        self.state.lock()
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn my_global(&self) -> usize {

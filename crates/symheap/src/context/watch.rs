@@ -28,15 +28,17 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use super::area::{ENTRY_WORDS, RING, VERDICT_WORDS, WAIT_WORDS};
+use super::area::{RING, TEXT_WORDS, VERDICT_WORDS, WAIT_WORDS};
+use super::recent::{call_words, Recorded, RECENT_CALLS};
 use super::team::{TeamInner, TeamState};
 use crate::context::Inner;
 use crate::error::ErrorKind;
 
+// ops/ names the key through this module.
+pub(crate) use super::recent::CallKey;
+
 const _: () = assert!(WAIT_WORDS >= 8, "the wait record has 8 words");
 
-/// Words of call text in a ring entry (after seq, position, hash, team id, length).
-const TEXT_WORDS: u64 = ENTRY_WORDS - 5;
 /// Words of text in the verdict (after owner, ready, length).
 const VERDICT_TEXT: u64 = VERDICT_WORDS - 3;
 /// How long a PE that lost the race to write the verdict waits for the winner's text.
@@ -154,71 +156,6 @@ fn text_words(text: &str, max_words: u64) -> (u64, Vec<u64>) {
         })
         .collect();
     (n as u64, words)
-}
-
-/// `call(args)` as published in the ring (see `text_words`), without allocating.
-fn call_words(call: &str, args: &str) -> (u64, [u64; TEXT_WORDS as usize]) {
-    let mut buf = [0u8; 8 * TEXT_WORDS as usize];
-    let mut n = 0;
-    let mut full = 0;
-    for part in [call, "(", args, ")"] {
-        let b = part.as_bytes();
-        let take = b.len().min(buf.len() - n);
-        buf[n..n + take].copy_from_slice(&b[..take]);
-        n += take;
-        full += b.len();
-    }
-    // Cut at a character boundary: the byte after the cut must not continue a character.
-    if n < full {
-        let next = [call, "(", args, ")"]
-            .iter()
-            .flat_map(|p| p.bytes())
-            .nth(n)
-            .unwrap_or(0);
-        let mut continues = next & 0xc0 == 0x80;
-        while n > 0 && continues {
-            n -= 1;
-            continues = buf[n] & 0xc0 == 0x80;
-        }
-    }
-    buf[n..].fill(0);
-    let mut words = [0u64; TEXT_WORDS as usize];
-    for (w, c) in words.iter_mut().zip(buf.chunks_exact(8)) {
-        *w = u64::from_le_bytes(c.try_into().expect("8 bytes"));
-    }
-    (n as u64, words)
-}
-
-/// A call recently recorded on a team, kept for [`Inner::record_keyed`].
-#[derive(Debug)]
-pub(crate) struct Recorded {
-    pub(super) key: CallKey,
-    hash: u64,
-    args: Arc<str>,
-    len: u64,
-    words: [u64; TEXT_WORDS as usize],
-}
-
-/// Calls kept per team for [`Inner::record_keyed`].
-const RECENT_CALLS: usize = 8;
-
-/// What identifies a call's argument text: the call and up to eight numbers (counts, codes of
-/// dtype/op/algorithm, root, heap offsets) from which the text is formatted.
-#[derive(Debug, Clone, Copy, Eq)]
-pub(crate) struct CallKey {
-    pub(crate) call: &'static str,
-    pub(crate) nums: [u64; 8],
-}
-
-impl PartialEq for CallKey {
-    /// The numbers first, then the call's name by address (the same literal, as in a loop)
-    /// before its bytes: the derived comparison ran `memcmp` on the name for every recent call
-    /// looked at.
-    fn eq(&self, other: &Self) -> bool {
-        // OR of the XORs: the derived `[u64; 8]` comparison was a call to `memcmp`.
-        let differ = (self.nums.iter().zip(&other.nums)).fold(0, |d, (a, b)| d | (a ^ b));
-        differ == 0 && (std::ptr::eq(self.call, other.call) || self.call == other.call)
-    }
 }
 
 fn words_text(len: u64, words: &[u64]) -> String {

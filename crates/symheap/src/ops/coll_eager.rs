@@ -2,8 +2,8 @@
 //! `context/eager.rs`: at most [`EAGER_INLINE`] bytes, every PE of the job on this node.
 //!
 //! A broadcast in a loop is the case worth its own path. The first call with given arguments on
-//! a team validates its ranges, formats its text and records it; the team then remembers that
-//! call (`TeamState::eager_call`). A repeat of it (the same numbers, and no block released or
+//! a team validates its ranges, formats its text and records it; the channel then remembers that
+//! call (`Inner::eager_remember`). A repeat of it (the same numbers, and no block released or
 //! reclaimed since, so the ranges still hold) goes straight to the ledger's running hash and the
 //! channel: no range lookups, no search of the recent calls, no argument closure. Under
 //! callgrind that took an 8-byte broadcast in a loop from 1028 to 868 instructions on its root
@@ -18,7 +18,7 @@ use crate::backend::host::HostBackend;
 use crate::backend::Backend;
 use crate::context::area::EAGER_INLINE;
 use crate::context::eager::EagerBody;
-use crate::context::team::{EagerCall, Team, TeamInner, TeamState};
+use crate::context::team::{Team, TeamInner, TeamState};
 use crate::context::watch::CallKey;
 use crate::context::Context;
 use crate::element::DType;
@@ -55,7 +55,7 @@ impl Context {
         let call = [root as u64, count as u64, dtype as u64, dest, src];
         {
             let mut st = t.lock();
-            if let Some(i) = self.repeat_of(&st, call) {
+            if let Some(i) = self.inner.eager_repeat(t, &st, call) {
                 self.inner.record_again(&mut st, i);
                 return self.eager_run(host, t, &mut st, dest, src, bytes, root, i);
             }
@@ -82,27 +82,8 @@ impl Context {
             nums: [r, c, d, 0, 0, 0, to, from],
         };
         let i = self.inner.record_keyed_unpublished(&mut st, key, args);
-        st.eager_call = Some(EagerCall {
-            args: call,
-            generation,
-            recorded: i,
-            inserts: st.recent_inserts,
-        });
+        self.inner.eager_remember(t, &st, call, generation, i);
         self.eager_run(host, t, &mut st, dest, src, bytes, root, i)
-    }
-
-    /// The index in `st.recent` of the record of the call with arguments `args` (as
-    /// `EagerCall::args`) when it is the team's remembered eager call and its ranges are still
-    /// valid (nothing released since they were checked).
-    fn repeat_of(&self, st: &TeamState, args: [u64; 5]) -> Option<usize> {
-        let c = st.eager_call?;
-        // OR of the XORs, as `CallKey`'s comparison (no memcmp), of five words, not eight.
-        let differ = (c.args.iter().zip(&args)).fold(0, |d, (a, b)| d | (a ^ b));
-        // The record may have moved down or out of the recent calls since (other collectives).
-        let valid = differ == 0
-            && c.inserts == st.recent_inserts
-            && c.generation == self.inner.heap.generation();
-        valid.then_some(c.recorded)
     }
 
     /// The channel, once the call is recorded in the ledger as `st.recent[recorded]`.

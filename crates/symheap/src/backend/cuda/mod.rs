@@ -33,7 +33,8 @@ use kernels::{compile_coll, compile_kernels, Kernels};
 pub use module::CudaModule;
 pub use stream_ops::FUSED_PUT_SIGNAL_MAX;
 
-pub use topology::{Protocols, TopologyChoice};
+pub use crate::config::TopologyChoice;
+pub use topology::Protocols;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -17,34 +17,11 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CString};
 
 use super::driver::Device;
 use crate::bootstrap::Bootstrap;
+use crate::config::TopologyChoice;
 use crate::error::{bootstrap, Result};
 
 /// Architectures (major, minor) on which LL128's whole-line stores were verified over NVLink.
 pub const LL128_VERIFIED: &[(i32, i32)] = &[(9, 0)];
-
-/// What the links answer is taken from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum TopologyChoice {
-    /// Ask NVML.
-    #[default]
-    Auto,
-    /// Treat every pair of GPUs as NVLink-connected.
-    NvLink,
-    /// Treat every pair of GPUs as connected without NVLink.
-    Pcie,
-}
-
-impl TopologyChoice {
-    /// Parses `auto`, `nvlink` or `pcie`.
-    pub fn parse(s: &str) -> Option<TopologyChoice> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "auto" | "" => Some(TopologyChoice::Auto),
-            "nvlink" => Some(TopologyChoice::NvLink),
-            "pcie" => Some(TopologyChoice::Pcie),
-            _ => None,
-        }
-    }
-}
 
 /// The protocols every PE of the job runs, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
