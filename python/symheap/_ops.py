@@ -513,7 +513,7 @@ def broadcast(
     if team is None or team.is_valid:
         if not root < n:
             raise SymheapValueError(f"broadcast root {root} is not a member of a team of {n}")
-    native().broadcast(team, d.ptr, s.ptr, d.numel, d.dtype, root, _coll_stream(d, stream))
+    native().collective("broadcast", team, d.ptr, s.ptr, d.numel, d.dtype, _coll_stream(d, stream), root=root)
 
 
 @api
@@ -534,7 +534,7 @@ def all_gather(dest: Any, src: Any, team: Optional[Team] = None, *, stream: Stre
         return
     if d.numel != n * s.numel:
         raise SymheapValueError(f"all_gather: destination must hold {n} x {s.numel} elements, it holds {d.numel}")
-    native().all_gather(team, d.ptr, s.ptr, s.numel, s.dtype, _coll_stream(d, stream))
+    native().collective("all_gather", team, d.ptr, s.ptr, s.numel, s.dtype, _coll_stream(d, stream))
 
 
 @api
@@ -555,7 +555,8 @@ def reduce_scatter(
         return
     if s.numel != n * d.numel:
         raise SymheapValueError(f"reduce_scatter: source must hold {n} x {d.numel} elements, it holds {s.numel}")
-    native().reduce_scatter(team, d.ptr, s.ptr, d.numel, d.dtype, op, _coll_stream(d, stream, True))
+    stream = _coll_stream(d, stream, True)
+    native().collective("reduce_scatter", team, d.ptr, s.ptr, d.numel, d.dtype, stream, op=op)
 
 
 @api
@@ -580,7 +581,8 @@ def all_reduce(
     _same(d, s, "all_reduce")
     if d.numel != s.numel:
         raise SymheapValueError(f"all_reduce: destination has {d.numel} elements, source {s.numel}")
-    native().all_reduce(team, d.ptr, s.ptr, d.numel, d.dtype, op, algo, _coll_stream(d, stream, True))
+    stream = _coll_stream(d, stream, True)
+    native().collective("all_reduce", team, d.ptr, s.ptr, d.numel, d.dtype, stream, op=op, algo=algo)
 
 
 def all_reduce_symmetric_tensor(t: Any, dtype: str, op: str, team: Optional[Team]) -> None:
@@ -593,7 +595,7 @@ def all_reduce_symmetric_tensor(t: Any, dtype: str, op: str, team: Optional[Team
         _host_sync()
     idx = t.get_device()
     stream = device_stream(idx if idx >= 0 else None, None)
-    ctx.all_reduce(team, t.data_ptr(), t.data_ptr(), t.numel(), dtype, op, "auto", stream)
+    ctx.collective("all_reduce", team, t.data_ptr(), t.data_ptr(), t.numel(), dtype, stream, op=op)
 
 
 @api
@@ -614,7 +616,7 @@ def alltoall(dest: Any, src: Any, team: Optional[Team] = None, *, stream: Stream
         raise SymheapValueError(
             f"alltoall: source and destination must hold {n} equal blocks ({s.numel} and {d.numel} elements)"
         )
-    native().alltoall(team, d.ptr, s.ptr, s.numel // n, s.dtype, _coll_stream(d, stream))
+    native().collective("alltoall", team, d.ptr, s.ptr, s.numel // n, s.dtype, _coll_stream(d, stream))
 
 
 @api
