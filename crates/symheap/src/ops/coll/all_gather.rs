@@ -68,6 +68,7 @@ impl Collective for AllGather {
 
     fn mpi(
         &self,
+        _cx: &Context,
         mpi: &Mpi,
         comm: MpiComm,
         _: &Request<'_, Self>,
@@ -78,6 +79,7 @@ impl Collective for AllGather {
 
     fn nccl_team(
         &self,
+        _cx: &Context,
         comm: &Comm,
         r: &Request<'_, Self>,
         p: &Plan<'_>,
@@ -137,6 +139,7 @@ impl Collective for AllGather {
 
     fn device(
         &self,
+        _cx: &Context,
         l: &Launch<'_>,
         r: &Request<'_, Self>,
         p: &Plan<'_>,

@@ -124,6 +124,7 @@ impl Collective for AllReduce {
 
     fn mpi(
         &self,
+        _cx: &Context,
         mpi: &Mpi,
         comm: MpiComm,
         r: &Request<'_, Self>,
@@ -134,6 +135,7 @@ impl Collective for AllReduce {
 
     fn nccl_team(
         &self,
+        _cx: &Context,
         comm: &Comm,
         r: &Request<'_, Self>,
         _: &Plan<'_>,
@@ -202,6 +204,7 @@ impl Collective for AllReduce {
 
     fn device(
         &self,
+        _cx: &Context,
         l: &Launch<'_>,
         r: &Request<'_, Self>,
         p: &Plan<'_>,

@@ -61,6 +61,7 @@ impl Collective for AllToAll {
 
     fn mpi(
         &self,
+        _cx: &Context,
         mpi: &Mpi,
         comm: MpiComm,
         _: &Request<'_, Self>,
@@ -71,6 +72,7 @@ impl Collective for AllToAll {
 
     fn nccl_team(
         &self,
+        _cx: &Context,
         comm: &Comm,
         r: &Request<'_, Self>,
         p: &Plan<'_>,
@@ -97,6 +99,7 @@ impl Collective for AllToAll {
 
     fn device(
         &self,
+        _cx: &Context,
         l: &Launch<'_>,
         r: &Request<'_, Self>,
         p: &Plan<'_>,

@@ -131,6 +131,7 @@ impl Collective for Broadcast {
 
     fn mpi(
         &self,
+        _cx: &Context,
         mpi: &Mpi,
         comm: MpiComm,
         _: &Request<'_, Self>,
@@ -141,6 +142,7 @@ impl Collective for Broadcast {
 
     fn nccl_team(
         &self,
+        _cx: &Context,
         comm: &Comm,
         r: &Request<'_, Self>,
         p: &Plan<'_>,
@@ -187,6 +189,7 @@ impl Collective for Broadcast {
 
     fn device(
         &self,
+        _cx: &Context,
         l: &Launch<'_>,
         r: &Request<'_, Self>,
         p: &Plan<'_>,

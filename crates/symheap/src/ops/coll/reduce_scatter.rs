@@ -78,6 +78,7 @@ impl Collective for ReduceScatter {
 
     fn mpi(
         &self,
+        _cx: &Context,
         mpi: &Mpi,
         comm: MpiComm,
         r: &Request<'_, Self>,
@@ -88,6 +89,7 @@ impl Collective for ReduceScatter {
 
     fn nccl_team(
         &self,
+        _cx: &Context,
         comm: &Comm,
         r: &Request<'_, Self>,
         _: &Plan<'_>,
@@ -150,6 +152,7 @@ impl Collective for ReduceScatter {
 
     fn device(
         &self,
+        _cx: &Context,
         l: &Launch<'_>,
         r: &Request<'_, Self>,
         p: &Plan<'_>,

@@ -20,7 +20,7 @@ use crate::context::team::{Team, TeamInner};
 use crate::context::Context;
 use crate::element::DType;
 use crate::error::{invalid, Error, Result};
-use crate::ops::alias::{self, CollBuffers, CollKind, Placement};
+use crate::ops::alias::{self, ByteRange, CollBuffers, CollKind, Placement};
 use crate::stream::Stream;
 
 /// One kind of collective with its parameters (a broadcast's root, a reduction's op): how it
@@ -79,6 +79,7 @@ pub(crate) trait Collective: Sized {
     /// The call through Open MPI over `comm` (`engine/mpi.rs`), ranges checked, the call met.
     fn mpi(
         &self,
+        cx: &Context,
         mpi: &Mpi,
         comm: MpiComm,
         r: &Request<'_, Self>,
@@ -89,6 +90,7 @@ pub(crate) trait Collective: Sized {
     /// spans nodes, enqueued on `stream` (`engine/nccl.rs`).
     fn nccl_team(
         &self,
+        cx: &Context,
         comm: &Comm,
         r: &Request<'_, Self>,
         p: &Plan<'_>,
@@ -106,6 +108,7 @@ pub(crate) trait Collective: Sized {
     /// The kernel launch on a team of two or more (`engine/device.rs`).
     fn device(
         &self,
+        cx: &Context,
         l: &Launch<'_>,
         r: &Request<'_, Self>,
         p: &Plan<'_>,
@@ -236,8 +239,9 @@ impl Plan<'_> {
 
 impl Context {
     /// The checks every collective passes once, in this order: alignment, the stream,
-    /// sizes that do not overflow, the kind's own arguments, the aliasing rules. Then the
-    /// plan, or None on a team this PE is not a member of (the call does nothing there).
+    /// sizes that do not overflow, the kind's own arguments, the aliasing rules (on the
+    /// lengths the kind reports). Then the plan, or None on a team this PE is not a member of
+    /// (the call does nothing there).
     pub(super) fn check_request<'a, K: Collective>(
         &'a self,
         r: &Request<'a, K>,
@@ -257,7 +261,22 @@ impl Context {
             return Err(self.overflows(call, r.count, r.dtype));
         };
         r.kind.check(self, r)?;
-        let placed = self.placement(call, K::SHAPE, r.team, r.dest, r.src, r.count, r.dtype)?;
+        let placed = match r.team.my_pe() {
+            // Not a member: the call does nothing here.
+            None => Placement::Apart,
+            Some(me) => self.check_coll_buffers(
+                call,
+                &CollBuffers {
+                    kind: K::SHAPE,
+                    dest: ByteRange::new(r.dest, dest_len as u128),
+                    src: ByteRange::new(r.src, src_len as u128),
+                    count: r.count as u64,
+                    elem: r.dtype.size() as u64,
+                    n: n as u64,
+                    me: me as u64,
+                },
+            )?,
+        };
         let (hd, hs) = host_form(K::SHAPE, placed, r.dest, r.src);
         let Some(t) = self.inner.team_inner(r.team, call)? else {
             return Ok(None);

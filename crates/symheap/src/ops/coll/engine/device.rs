@@ -122,7 +122,7 @@ impl Engine for DeviceEngine {
         if t.members.len() == 1 {
             l.copy_local(r.dest, r.src, p.bytes as u64)?;
         } else {
-            r.kind.device(&l, r, p, &dp)?;
+            r.kind.device(cx, &l, r, p, &dp)?;
         }
         if r.stream.is_none() {
             cx.sync_stream(s)?;

@@ -52,7 +52,7 @@ impl Engine for MpiEngine {
             (mpi, mpi.world())
         };
         r.kind
-            .mpi(mpi, comm, r, p)
+            .mpi(cx, mpi, comm, r, p)
             .map_err(|why| Error::new(Some(inner.rank), call, ErrorKind::Backend(why)))
     }
 }
