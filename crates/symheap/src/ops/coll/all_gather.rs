@@ -13,6 +13,7 @@
 
 use super::engine::device::{DevicePlan, Launch, XCHG_ALL_GATHER};
 use super::engine::host::Coll;
+use super::engine::mpi::mpi_error;
 use super::engine::nccl::{SpanCall, BYTES};
 use super::plan::{exchange_kernel, grid_for, stays_local, StreamColl};
 use super::request::{Collective, Plan, Request};
@@ -41,7 +42,7 @@ impl Collective for AllGather {
         Ok(AllGather)
     }
 
-    fn text(&self, count: usize, dtype: DType) -> String {
+    fn text(&self, _: &Context, count: usize, dtype: DType) -> String {
         format!("{count} x {dtype}")
     }
 
@@ -68,13 +69,14 @@ impl Collective for AllGather {
 
     fn mpi(
         &self,
-        _cx: &Context,
+        cx: &Context,
         mpi: &Mpi,
         comm: MpiComm,
         _: &Request<'_, Self>,
         p: &Plan<'_>,
-    ) -> std::result::Result<(), String> {
+    ) -> Result<()> {
         mpi.all_gather(comm, p.hd, p.hs, p.bytes)
+            .map_err(|why| mpi_error(cx, Self::NAME, why))
     }
 
     fn nccl_team(

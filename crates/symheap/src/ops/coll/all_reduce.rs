@@ -14,6 +14,7 @@
 
 use super::engine::device::{dtype_suffix, op_code, DevicePlan, Launch};
 use super::engine::host::{one_pass, with_sources, Coll, INLINE_MEMBERS};
+use super::engine::mpi::mpi_error;
 use super::engine::nccl::{nccl_code, SpanCall};
 use super::plan::{ar_one_shot, grid_for, stays_local, StreamColl};
 use super::request::{Collective, Plan, Request};
@@ -56,7 +57,7 @@ impl Collective for AllReduce {
         })
     }
 
-    fn text(&self, count: usize, dtype: DType) -> String {
+    fn text(&self, _: &Context, count: usize, dtype: DType) -> String {
         format!("{} {count} x {dtype}", self.op.name())
     }
 
@@ -124,13 +125,14 @@ impl Collective for AllReduce {
 
     fn mpi(
         &self,
-        _cx: &Context,
+        cx: &Context,
         mpi: &Mpi,
         comm: MpiComm,
         r: &Request<'_, Self>,
         p: &Plan<'_>,
-    ) -> std::result::Result<(), String> {
+    ) -> Result<()> {
         mpi.all_reduce(comm, p.hd, p.hs, r.count, r.dtype, self.op)
+            .map_err(|why| mpi_error(cx, Self::NAME, why))
     }
 
     fn nccl_team(

@@ -12,6 +12,7 @@
 
 use super::engine::device::{DevicePlan, Launch, XCHG_ALLTOALL};
 use super::engine::host::Coll;
+use super::engine::mpi::mpi_error;
 use super::engine::nccl::SpanCall;
 use super::plan::{exchange_kernel, grid_for, stays_local, StreamColl};
 use super::request::{Collective, Plan, Request};
@@ -40,7 +41,7 @@ impl Collective for AllToAll {
         Ok(AllToAll)
     }
 
-    fn text(&self, count: usize, dtype: DType) -> String {
+    fn text(&self, _: &Context, count: usize, dtype: DType) -> String {
         format!("{count} x {dtype}")
     }
 
@@ -61,13 +62,14 @@ impl Collective for AllToAll {
 
     fn mpi(
         &self,
-        _cx: &Context,
+        cx: &Context,
         mpi: &Mpi,
         comm: MpiComm,
         _: &Request<'_, Self>,
         p: &Plan<'_>,
-    ) -> std::result::Result<(), String> {
+    ) -> Result<()> {
         mpi.alltoall(comm, p.hd, p.hs, p.bytes)
+            .map_err(|why| mpi_error(cx, Self::NAME, why))
     }
 
     fn nccl_team(

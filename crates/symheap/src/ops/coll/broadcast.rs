@@ -15,6 +15,7 @@
 
 use super::engine::device::{DevicePlan, Launch, XCHG_BROADCAST};
 use super::engine::host::{one_pass, Coll};
+use super::engine::mpi::mpi_error;
 use super::engine::nccl::{SpanCall, BYTES};
 use super::plan::{exchange_kernel, grid_for, stays_local, StreamColl};
 use super::request::{Collective, Plan, Request};
@@ -73,7 +74,7 @@ impl Collective for Broadcast {
         Ok(())
     }
 
-    fn text(&self, count: usize, dtype: DType) -> String {
+    fn text(&self, _: &Context, count: usize, dtype: DType) -> String {
         format!("root {}, {count} x {dtype}", self.root)
     }
 
@@ -131,13 +132,14 @@ impl Collective for Broadcast {
 
     fn mpi(
         &self,
-        _cx: &Context,
+        cx: &Context,
         mpi: &Mpi,
         comm: MpiComm,
         _: &Request<'_, Self>,
         p: &Plan<'_>,
-    ) -> std::result::Result<(), String> {
+    ) -> Result<()> {
         mpi.broadcast(comm, p.hd, p.hs, p.bytes, self.root, p.t.me)
+            .map_err(|why| mpi_error(cx, Self::NAME, why))
     }
 
     fn nccl_team(

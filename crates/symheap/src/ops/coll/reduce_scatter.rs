@@ -14,6 +14,7 @@
 
 use super::engine::device::{dtype_suffix, op_code, DevicePlan, Launch};
 use super::engine::host::Coll;
+use super::engine::mpi::mpi_error;
 use super::engine::nccl::{nccl_code, SpanCall};
 use super::plan::{grid_for, rs_one_shot, stays_local, StreamColl};
 use super::request::{Collective, Plan, Request};
@@ -45,7 +46,7 @@ impl Collective for ReduceScatter {
         Ok(ReduceScatter { op: p.op()? })
     }
 
-    fn text(&self, count: usize, dtype: DType) -> String {
+    fn text(&self, _: &Context, count: usize, dtype: DType) -> String {
         format!("{} {count} x {dtype}", self.op.name())
     }
 
@@ -78,13 +79,14 @@ impl Collective for ReduceScatter {
 
     fn mpi(
         &self,
-        _cx: &Context,
+        cx: &Context,
         mpi: &Mpi,
         comm: MpiComm,
         r: &Request<'_, Self>,
         p: &Plan<'_>,
-    ) -> std::result::Result<(), String> {
+    ) -> Result<()> {
         mpi.reduce_scatter(comm, p.hd, p.hs, r.count, r.dtype, self.op, p.t.me)
+            .map_err(|why| mpi_error(cx, Self::NAME, why))
     }
 
     fn nccl_team(

@@ -65,7 +65,7 @@ pub(crate) trait Collective: Sized {
     }
 
     /// The start of the ledger's text: the parameters, count and dtype.
-    fn text(&self, count: usize, dtype: DType) -> String;
+    fn text(&self, cx: &Context, count: usize, dtype: DType) -> String;
 
     /// Whether the kind reduces (symheap's kernels then run only the dtypes they have, and
     /// NCCL needs an NCCL type).
@@ -84,7 +84,7 @@ pub(crate) trait Collective: Sized {
         comm: MpiComm,
         r: &Request<'_, Self>,
         p: &Plan<'_>,
-    ) -> std::result::Result<(), String>;
+    ) -> Result<()>;
 
     /// The call as one NCCL collective over the communicator of a split of the world that
     /// spans nodes, enqueued on `stream` (`engine/nccl.rs`).
@@ -176,7 +176,7 @@ impl<'a, K: Collective> Request<'a, K> {
         detail: Option<&str>,
         local: bool,
     ) -> String {
-        let mut args = self.kind.text(self.count, self.dtype);
+        let mut args = self.kind.text(cx, self.count, self.dtype);
         if let Some(d) = detail {
             args.push_str(", ");
             args.push_str(d);

@@ -51,10 +51,13 @@ impl Engine for MpiEngine {
             let mpi = world_mpi(cx, call, args())?;
             (mpi, mpi.world())
         };
-        r.kind
-            .mpi(cx, mpi, comm, r, p)
-            .map_err(|why| Error::new(Some(inner.rank), call, ErrorKind::Backend(why)))
+        r.kind.mpi(cx, mpi, comm, r, p)
     }
+}
+
+/// An Open MPI call's failure as `call`'s error.
+pub(in crate::ops::coll) fn mpi_error(cx: &Context, call: &'static str, why: String) -> Error {
+    Error::new(Some(cx.my_pe()), call, ErrorKind::Backend(why))
 }
 
 /// Opens Open MPI at the first collective over the world across nodes, checking `call(args)`
