@@ -105,6 +105,17 @@ pub(crate) trait Collective: Sized {
     /// team, the size and the tuning: the same on every PE for the same call).
     fn device_plan(&self, cu: &CudaBackend, r: &Request<'_, Self>, p: &Plan<'_>) -> DevicePlan;
 
+    /// The device engine's call on a team of one: a copy of the one block by the copy engine.
+    fn device_alone(
+        &self,
+        _cx: &Context,
+        l: &Launch<'_>,
+        r: &Request<'_, Self>,
+        p: &Plan<'_>,
+    ) -> Result<()> {
+        l.copy_local(r.dest, r.src, p.bytes as u64)
+    }
+
     /// The kernel launch on a team of two or more (`engine/device.rs`).
     fn device(
         &self,

@@ -120,7 +120,7 @@ impl Engine for DeviceEngine {
             stream: raw,
         };
         if t.members.len() == 1 {
-            l.copy_local(r.dest, r.src, p.bytes as u64)?;
+            r.kind.device_alone(cx, &l, r, p)?;
         } else {
             r.kind.device(cx, &l, r, p, &dp)?;
         }
@@ -235,9 +235,9 @@ impl Launch<'_> {
         self.run(kernel, grid, &args)
     }
 
-    /// A team of one: every collective is a copy of `bytes` from `src` to `dest` (none in
-    /// place), by the copy engine, with no kernel and no flags.
-    fn copy_local(&self, dest: u64, src: u64, bytes: u64) -> Result<()> {
+    /// A copy of `bytes` from `src` to `dest` (nothing in place) by the copy engine, with no
+    /// kernel and no flags: a team of one's collective.
+    pub(in crate::ops::coll) fn copy_local(&self, dest: u64, src: u64, bytes: u64) -> Result<()> {
         if dest == src || bytes == 0 {
             return Ok(());
         }
