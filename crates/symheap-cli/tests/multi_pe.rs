@@ -18,9 +18,14 @@ fn seed() -> u64 {
 }
 
 fn selftest(scenario: &str) {
+    selftest_at(scenario, "1,2,4,8");
+}
+
+/// `selftest` at the PE counts `pes` (comma-separated).
+fn selftest_at(scenario: &str, pes: &str) {
     let seed = seed();
     let out = Command::new(SYMHEAP)
-        .args(["selftest", "--pes", "1,2,4,8", "--only", scenario, "--seed"])
+        .args(["selftest", "--pes", pes, "--only", scenario, "--seed"])
         .arg(seed.to_string())
         .output()
         .expect("run symheap selftest");
@@ -250,6 +255,14 @@ fn ring_put_and_get() {
 #[test]
 fn alltoall_patterns() {
     selftest("alltoall");
+}
+
+/// The uneven alltoall (split sizes on the host, counts in symmetric memory; host and stream
+/// forms) on random splits with zeros, exact, at 1, 2, 3, 4 and 8 PEs; disagreeing sizes and a
+/// negative count refused on every PE.
+#[test]
+fn uneven_alltoall_is_exact_and_refuses_disagreements() {
+    selftest_at("alltoallv", "1,2,3,4,8");
 }
 
 #[test]

@@ -117,6 +117,8 @@ const COLL_KERNELS: &[&str] = &[
     "symheap_alltoall",
     "symheap_exchange_ll",
     "symheap_exchange_ll128",
+    "symheap_alltoallv",
+    "symheap_team_barrier",
 ];
 /// Reduction kernels exist per dtype suffix.
 const COLL_REDUCING: &[&str] = &[
