@@ -387,8 +387,9 @@ fn launched_by_mpirun_unchanged() {
 
 /// Host collectives across nodes run through Open MPI: under mpirun with every PE its own
 /// simulated node (SYMHEAP_NODE_ID per rank: no shared memory between PEs at all), and with 2
-/// nodes of 2 PEs, the all_reduce/reduce_scatter, broadcast/all_gather and alltoall scenarios
-/// are exact against their references (every dtype and op, in and out of place), and so are
+/// nodes of 2 PEs, the all_reduce/reduce_scatter, broadcast/all_gather, alltoall and uneven
+/// alltoall (MPI_Alltoallv) scenarios are exact against their references (every dtype and op,
+/// in and out of place), and so are
 /// splits of the world across the nodes (`teams-nodes`: the world as a team, the PEs with
 /// each node index; a divergence among their members named on each).
 #[test]
@@ -397,7 +398,13 @@ fn host_collectives_across_simulated_nodes_run_through_open_mpi() {
         (2, "n$OMPI_COMM_WORLD_RANK"),
         (4, "n$((OMPI_COMM_WORLD_RANK / 2))"),
     ] {
-        for scenario in ["all-reduce", "broadcast", "alltoall", "teams-nodes"] {
+        for scenario in [
+            "all-reduce",
+            "broadcast",
+            "alltoall",
+            "alltoallv",
+            "teams-nodes",
+        ] {
             let mut cmd = Command::new("mpirun");
             cmd.args(["--oversubscribe", "-n", &n.to_string()]);
             if running_as_root() {

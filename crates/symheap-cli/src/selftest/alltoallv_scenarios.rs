@@ -177,6 +177,36 @@ fn refused(ctx: &Context, m: &[Vec<usize>]) -> Outcome {
         e.to_string().contains(&named) || e.to_string().contains("preconditions"),
         "negative count: {e}"
     );
+    // At once, no barrier between: the next counts (the last member sends more rows than the
+    // source holds) must not reach a member still checking the refused call's counts.
+    let mut counts: Vec<i64> = m[me].iter().map(|&c| c as i64).collect();
+    if me == n - 1 {
+        counts[0] = b.src_rows as i64 + 1;
+    }
+    b.counts.write(0, &counts).map_err(e2s)?;
+    let r = ctx.alltoall_vdev(
+        &world,
+        d,
+        s,
+        c,
+        o,
+        1,
+        b.src_rows,
+        b.dst_rows,
+        DType::I64,
+        None,
+    );
+    let e = r.err().ok_or("counts past the source were accepted")?;
+    let named = format!("member {} sends {} rows", n - 1, counts.iter().sum::<i64>());
+    let named = if me == n - 1 {
+        named
+    } else {
+        format!("member {} sends", n - 1)
+    };
+    ensure!(
+        e.to_string().contains(&named) || e.to_string().contains("preconditions"),
+        "counts past the source: {e}"
+    );
     ensure!(
         b.dst.to_vec::<i64>().map_err(e2s)? == poison,
         "a refused call moved data"

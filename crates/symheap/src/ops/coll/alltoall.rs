@@ -486,7 +486,12 @@ impl Collective for AllToAll {
                 let all = (0..c.n())
                     .map(|j| Self::read_counts(cx, c.at(j, ins), c.n()))
                     .collect::<Result<Vec<_>>>()?;
-                let m = Self::counted(cx, Self::NAME, &all, d)?;
+                // Refused, every member still waits for the others to have read its counts
+                // (which it may change for its next call as soon as it returns).
+                let m = match Self::counted(cx, Self::NAME, &all, d) {
+                    Ok(m) => m,
+                    Err(e) => return c.end().and(Err(e)),
+                };
                 cx.inner
                     .backend
                     .write_bytes(out, &Self::outputs(&m, c.me()))?;
