@@ -3,7 +3,7 @@
 //! uneven splits with zeros, exact against the split matrix every PE draws from the shared
 //! seed; disagreeing split sizes and bad counts refused on every PE, the context usable after.
 
-use symheap::{Context, DType, ErrorKind, SymmetricBuffer};
+use symheap::{BackendKind, Context, DType, ErrorKind, SymmetricBuffer};
 
 use super::ops_scenarios::rng;
 use super::scenarios::{e2s, Outcome, PeArgs};
@@ -214,25 +214,51 @@ fn refused(ctx: &Context, m: &[Vec<usize>]) -> Outcome {
     ctx.barrier_all().map_err(e2s)
 }
 
+/// On CUDA across nodes (NCCL), counts in device memory are refused as unsupported, on every
+/// PE alike.
+fn refused_across_nodes(ctx: &Context, m: &[Vec<usize>]) -> Outcome {
+    let b = bufs(ctx, m, 1)?;
+    let (d, s, c, o) = (b.dst.addr(), b.src.addr(), b.counts.addr(), b.out.addr());
+    let (rs, rd) = (b.src_rows, b.dst_rows);
+    let w = ctx.world_team();
+    let r = ctx.alltoall_vdev(&w, d, s, c, o, 1, rs, rd, DType::I64, None);
+    ensure!(
+        matches!(
+            r.as_ref().map_err(|e| e.kind()),
+            Err(ErrorKind::Unsupported(_))
+        ),
+        "device counts across nodes: {r:?}"
+    );
+    ctx.barrier_all().map_err(e2s)
+}
+
 /// Random uneven splits with zeros in every form, rows of 1 and 3 elements; then the refusals,
-/// then one more call (the context stays usable).
+/// then one more call (the context stays usable). On CUDA across nodes (where NCCL moves the
+/// data) the split-size forms only, and device counts refused.
 pub fn alltoallv(ctx: &Context, a: PeArgs) -> Outcome {
     let n = ctx.n_pes();
     let mut r = rng(a.seed, 41, 41);
-    let forms = [
-        Form::Host,
-        Form::Stream,
-        Form::DeviceCounts,
-        Form::DeviceCountsStream,
-    ];
+    let nccl = ctx.backend_kind() == BackendKind::Cuda && ctx.direct_peers().iter().count() < n;
+    let forms: &[Form] = if nccl {
+        &[Form::Host, Form::Stream]
+    } else {
+        &[
+            Form::Host,
+            Form::Stream,
+            Form::DeviceCounts,
+            Form::DeviceCountsStream,
+        ]
+    };
     for round in 0..4 {
         let m = matrix(&mut r, n);
         let row = [1, 3][round % 2];
-        for form in forms {
+        for &form in forms {
             one(ctx, &m, row, round, form)?;
         }
     }
-    if n > 1 {
+    if nccl {
+        refused_across_nodes(ctx, &matrix(&mut r, n))?;
+    } else if n > 1 {
         refused(ctx, &matrix(&mut r, n))?;
     }
     one(ctx, &matrix(&mut r, n), 2, 9, Form::Host)
