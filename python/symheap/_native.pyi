@@ -5,7 +5,7 @@ arguments. Local pointers passed to ``*_from_host`` / ``*_to_host`` / ``*_on_str
 the ``symheap`` package takes them from live arrays; symmetric addresses are checked.
 """
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 __version__: str
 DTYPES: List[str]
@@ -249,48 +249,19 @@ class Context:
         """Collective over the parent team."""
     def team_destroy(self, team: Team) -> None:
         """Collective over the team."""
-    def broadcast(
+    def collective(
         self,
+        kind: str,
         team: Optional[Team],
         dest: int,
         src: int,
         count: int,
         dtype: str,
-        root: int,
         stream: Optional[int] = None,
+        **params: Union[int, str, Sequence[int]],
     ) -> None:
-        """Collective over the team."""
-    def all_gather(
-        self, team: Optional[Team], dest: int, src: int, count: int, dtype: str, stream: Optional[int] = None
-    ) -> None:
-        """Collective over the team."""
-    def reduce_scatter(
-        self,
-        team: Optional[Team],
-        dest: int,
-        src: int,
-        count: int,
-        dtype: str,
-        op: str,
-        stream: Optional[int] = None,
-    ) -> None:
-        """Collective over the team."""
-    def all_reduce(
-        self,
-        team: Optional[Team],
-        dest: int,
-        src: int,
-        count: int,
-        dtype: str,
-        op: str,
-        algo: str = "auto",
-        stream: Optional[int] = None,
-    ) -> None:
-        """Collective over the team."""
-    def alltoall(
-        self, team: Optional[Team], dest: int, src: int, count: int, dtype: str, stream: Optional[int] = None
-    ) -> None:
-        """Collective over the team."""
+        """Collective over the team: ``kind`` (broadcast, all_gather, reduce_scatter, all_reduce,
+        alltoall) with its parameters by keyword (``root``, ``op``, ``algo``)."""
     def all_gather_bytes(self, data: bytes) -> List[bytes]:
         """Collective over the world."""
 

@@ -32,7 +32,7 @@ written: every call that writes through an argument (the collectives' destinatio
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence, Tuple
 
 from . import _nvshmem_ops as _nv
 from ._core import (
@@ -513,7 +513,7 @@ def broadcast(
     if team is None or team.is_valid:
         if not root < n:
             raise SymheapValueError(f"broadcast root {root} is not a member of a team of {n}")
-    native().broadcast(team, d.ptr, s.ptr, d.numel, d.dtype, root, _coll_stream(d, stream))
+    native().collective("broadcast", team, d.ptr, s.ptr, d.numel, d.dtype, _coll_stream(d, stream), root=root)
 
 
 @api
@@ -534,7 +534,7 @@ def all_gather(dest: Any, src: Any, team: Optional[Team] = None, *, stream: Stre
         return
     if d.numel != n * s.numel:
         raise SymheapValueError(f"all_gather: destination must hold {n} x {s.numel} elements, it holds {d.numel}")
-    native().all_gather(team, d.ptr, s.ptr, s.numel, s.dtype, _coll_stream(d, stream))
+    native().collective("all_gather", team, d.ptr, s.ptr, s.numel, s.dtype, _coll_stream(d, stream))
 
 
 @api
@@ -555,7 +555,8 @@ def reduce_scatter(
         return
     if s.numel != n * d.numel:
         raise SymheapValueError(f"reduce_scatter: source must hold {n} x {d.numel} elements, it holds {s.numel}")
-    native().reduce_scatter(team, d.ptr, s.ptr, d.numel, d.dtype, op, _coll_stream(d, stream, True))
+    stream = _coll_stream(d, stream, True)
+    native().collective("reduce_scatter", team, d.ptr, s.ptr, d.numel, d.dtype, stream, op=op)
 
 
 @api
@@ -580,7 +581,8 @@ def all_reduce(
     _same(d, s, "all_reduce")
     if d.numel != s.numel:
         raise SymheapValueError(f"all_reduce: destination has {d.numel} elements, source {s.numel}")
-    native().all_reduce(team, d.ptr, s.ptr, d.numel, d.dtype, op, algo, _coll_stream(d, stream, True))
+    stream = _coll_stream(d, stream, True)
+    native().collective("all_reduce", team, d.ptr, s.ptr, d.numel, d.dtype, stream, op=op, algo=algo)
 
 
 def all_reduce_symmetric_tensor(t: Any, dtype: str, op: str, team: Optional[Team]) -> None:
@@ -593,14 +595,87 @@ def all_reduce_symmetric_tensor(t: Any, dtype: str, op: str, team: Optional[Team
         _host_sync()
     idx = t.get_device()
     stream = device_stream(idx if idx >= 0 else None, None)
-    ctx.all_reduce(team, t.data_ptr(), t.data_ptr(), t.numel(), dtype, op, "auto", stream)
+    ctx.collective("all_reduce", team, t.data_ptr(), t.data_ptr(), t.numel(), dtype, stream, op=op)
 
 
 @api
-def alltoall(dest: Any, src: Any, team: Optional[Team] = None, *, stream: StreamLike = None) -> None:
+def alltoall(
+    dest: Any,
+    src: Any,
+    team: Optional[Team] = None,
+    *,
+    stream: StreamLike = None,
+    output_split_sizes: Optional[Sequence[int]] = None,
+    input_split_sizes: Optional[Sequence[int]] = None,
+    in_splits: Any = None,
+    out_splits_offsets: Any = None,
+) -> None:
     """**Collective** over ``team``: block j of member i's ``src`` lands in block i of member
-    j's ``dest`` (both hold ``n`` equal blocks; never in place: overlapping arrays are
-    refused). On CUDA, where the exchange kernel runs, either may be ordinary device memory."""
+    j's ``dest`` (never in place: overlapping arrays are refused).
+
+    Equal blocks by default: both hold ``n`` of them; on CUDA, where the exchange kernel runs,
+    either may be ordinary device memory. Uneven blocks, in rows of the first dimension (a 1-D
+    array: elements), both arrays symmetric:
+
+    - ``output_split_sizes`` and ``input_split_sizes`` (as torch.distributed's
+      ``all_to_all_single``): the rows received from and sent to each member, summing to
+      ``dest``'s and ``src``'s rows. What member i sends member j must be what member j expects
+      from member i: every member raises :class:`SymheapValueError` naming the first pair that
+      disagrees.
+    - ``in_splits`` and ``out_splits_offsets`` (as torch's ``all_to_all_vdev``): symmetric int64
+      arrays, ``n`` counts of rows to send each member, and ``2 x n`` the call fills with the
+      rows received from each member and where they start in ``dest``; ``src`` and ``dest``
+      (with the same number of rows on every member) hold up to their rows. On CUDA the
+      counts are read on the GPU (capturable in a CUDA graph); counts that are negative or
+      past either array move nothing and raise at the stream's next synchronisation."""
+    host_splits = output_split_sizes is not None or input_split_sizes is not None
+    device_splits = in_splits is not None or out_splits_offsets is not None
+    if host_splits or device_splits:
+        sa = local(src, "alltoall source")
+        d = symmetric_arr(
+            _writable(local(dest, "alltoall destination"), "alltoall destination"), "alltoall destination"
+        )
+        s = symmetric_arr(sa, "alltoall source")
+        _same(d, s, "alltoall")
+        (d_rows, row), (s_rows, s_row) = (_rows(d), _rows(s))
+        if row != s_row:
+            raise SymheapValueError(f"alltoall: rows of {s_row} source elements, {row} destination elements")
+        n = _team_size(team)
+        if host_splits == device_splits:
+            raise SymheapValueError(
+                "alltoall: pass output_split_sizes and input_split_sizes, or in_splits and out_splits_offsets"
+            )
+        if host_splits:
+            if output_split_sizes is None or input_split_sizes is None:
+                raise SymheapValueError("alltoall: output_split_sizes and input_split_sizes go together")
+            send = [index_arg(c, "alltoall input split size") for c in input_split_sizes]
+            recv = [index_arg(c, "alltoall output split size") for c in output_split_sizes]
+            if team is not None and not team.is_valid:
+                return
+            for name, sizes, rows in (("input", send, s_rows), ("output", recv, d_rows)):
+                if len(sizes) != n or sum(sizes) != rows:
+                    raise SymheapValueError(
+                        f"alltoall: {name}_split_sizes {sizes} must give one size per member ({n}) "
+                        f"summing to the {'source' if name == 'input' else 'destination'}'s {rows} rows"
+                    )
+            params: dict = {"send_counts": send, "recv_counts": recv}
+        else:
+            if in_splits is None or out_splits_offsets is None:
+                raise SymheapValueError("alltoall: in_splits and out_splits_offsets go together")
+            ins = symmetric_arr(local(in_splits, "in_splits"), "in_splits")
+            out = symmetric_arr(
+                _writable(local(out_splits_offsets, "out_splits_offsets"), "out_splits_offsets"), "out_splits_offsets"
+            )
+            if team is not None and not team.is_valid:
+                return
+            for name, a, want in (("in_splits", ins, n), ("out_splits_offsets", out, 2 * n)):
+                if a.dtype != "int64" or a.numel != want:
+                    raise SymheapValueError(
+                        f"alltoall: {name} must be {want} int64 counts, it is {a.numel} x {a.dtype}"
+                    )
+            params = {"in_splits": ins.ptr, "out_splits_offsets": out.ptr, "src_rows": s_rows, "dst_rows": d_rows}
+        native().collective("alltoall", team, d.ptr, s.ptr, row, s.dtype, _coll_stream(d, stream), **params)
+        return
     sa = local(src, "alltoall source")
     lo = _takes_local("alltoall", check_team(team), sa, per=_team_size(team))
     da = _writable(local(dest, "alltoall destination"), "alltoall destination")
@@ -614,7 +689,17 @@ def alltoall(dest: Any, src: Any, team: Optional[Team] = None, *, stream: Stream
         raise SymheapValueError(
             f"alltoall: source and destination must hold {n} equal blocks ({s.numel} and {d.numel} elements)"
         )
-    native().alltoall(team, d.ptr, s.ptr, s.numel // n, s.dtype, _coll_stream(d, stream))
+    native().collective("alltoall", team, d.ptr, s.ptr, s.numel // n, s.dtype, _coll_stream(d, stream))
+
+
+def _rows(a: Arr) -> Tuple[int, int]:
+    """``a``'s rows (its first dimension; a 0-d array is one) and elements per row."""
+    if not a.shape:
+        return 1, 1
+    row = 1
+    for k in a.shape[1:]:
+        row *= k
+    return a.shape[0], row
 
 
 @api

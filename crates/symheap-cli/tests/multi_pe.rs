@@ -18,9 +18,14 @@ fn seed() -> u64 {
 }
 
 fn selftest(scenario: &str) {
+    selftest_at(scenario, "1,2,4,8");
+}
+
+/// `selftest` at the PE counts `pes` (comma-separated).
+fn selftest_at(scenario: &str, pes: &str) {
     let seed = seed();
     let out = Command::new(SYMHEAP)
-        .args(["selftest", "--pes", "1,2,4,8", "--only", scenario, "--seed"])
+        .args(["selftest", "--pes", pes, "--only", scenario, "--seed"])
         .arg(seed.to_string())
         .output()
         .expect("run symheap selftest");
@@ -252,6 +257,14 @@ fn alltoall_patterns() {
     selftest("alltoall");
 }
 
+/// The uneven alltoall (split sizes on the host, counts in symmetric memory; host and stream
+/// forms) on random splits with zeros, exact, at 1, 2, 3, 4 and 8 PEs; disagreeing sizes and a
+/// negative count refused on every PE.
+#[test]
+fn uneven_alltoall_is_exact_and_refuses_disagreements() {
+    selftest_at("alltoallv", "1,2,3,4,8");
+}
+
 #[test]
 fn broadcast_from_every_root_and_all_gather() {
     selftest("broadcast");
@@ -374,8 +387,9 @@ fn launched_by_mpirun_unchanged() {
 
 /// Host collectives across nodes run through Open MPI: under mpirun with every PE its own
 /// simulated node (SYMHEAP_NODE_ID per rank: no shared memory between PEs at all), and with 2
-/// nodes of 2 PEs, the all_reduce/reduce_scatter, broadcast/all_gather and alltoall scenarios
-/// are exact against their references (every dtype and op, in and out of place), and so are
+/// nodes of 2 PEs, the all_reduce/reduce_scatter, broadcast/all_gather, alltoall and uneven
+/// alltoall (MPI_Alltoallv) scenarios are exact against their references (every dtype and op,
+/// in and out of place), and so are
 /// splits of the world across the nodes (`teams-nodes`: the world as a team, the PEs with
 /// each node index; a divergence among their members named on each).
 #[test]
@@ -384,7 +398,13 @@ fn host_collectives_across_simulated_nodes_run_through_open_mpi() {
         (2, "n$OMPI_COMM_WORLD_RANK"),
         (4, "n$((OMPI_COMM_WORLD_RANK / 2))"),
     ] {
-        for scenario in ["all-reduce", "broadcast", "alltoall", "teams-nodes"] {
+        for scenario in [
+            "all-reduce",
+            "broadcast",
+            "alltoall",
+            "alltoallv",
+            "teams-nodes",
+        ] {
             let mut cmd = Command::new("mpirun");
             cmd.args(["--oversubscribe", "-n", &n.to_string()]);
             if running_as_root() {

@@ -12,7 +12,7 @@ use symheap::{BackendChoice, DType, StreamColl, Team};
 
 use crate::buffer::{numel, parse_dtype, HeapView, SymmetricBuffer};
 use crate::convert::{
-    atomic_args, from_bits, parse_algo, parse_cmp, parse_reduce, parse_signal_op, stream_or,
+    atomic_args, coll_params, from_bits, parse_algo, parse_cmp, parse_signal_op, stream_or,
 };
 use crate::errors::{to_py, value_error, IntoPyResult};
 use crate::store::{PyBootstrap, Source, Watcher};
@@ -743,126 +743,32 @@ impl PyContext {
 
     // ---- collectives ------------------------------------------------------------------------
 
-    /// Collective over `team`: every member's `dest` gets `count` `dtype` elements from member
-    /// `root`'s `src`. With `stream`, enqueued on it (CUDA).
-    #[pyo3(signature = (team, dest, src, count, dtype, root, stream = None))]
+    /// Collective over `team` (the world when None): collective `kind` (broadcast, all_gather,
+    /// reduce_scatter, all_reduce, alltoall) of `count` `dtype` elements per block from `src`
+    /// into `dest`, with the kind's parameters by keyword (`root`; `op`: sum, min, max, prod;
+    /// `algo`: auto, one_shot, two_shot). With `stream`, enqueued on it (CUDA); otherwise
+    /// complete on return. Releases the GIL while it runs.
+    #[pyo3(signature = (kind, team, dest, src, count, dtype, stream = None, **params))]
     #[allow(clippy::too_many_arguments)]
-    fn broadcast(
+    fn collective(
         &self,
         py: Python<'_>,
-        team: Option<&PyTeam>,
-        dest: u64,
-        src: u64,
-        count: usize,
-        dtype: &str,
-        root: usize,
-        stream: Option<u64>,
-    ) -> PyResult<()> {
-        let dt = parse_dtype(dtype)?;
-        let (ctx, t) = (self.ctx.clone(), self.team_or_world(team));
-        py.detach(move || match stream {
-            Some(s) => ctx.broadcast_on_stream(&t, dest, src, count, dt, root, &stream_or(Some(s))),
-            None => ctx.broadcast_raw(&t, dest, src, count, dt, root),
-        })
-        .py()
-    }
-
-    /// Collective over `team`: member j's `count` elements at `src` land at `dest + j*count`.
-    #[pyo3(signature = (team, dest, src, count, dtype, stream = None))]
-    #[allow(clippy::too_many_arguments)]
-    fn all_gather(
-        &self,
-        py: Python<'_>,
+        kind: &str,
         team: Option<&PyTeam>,
         dest: u64,
         src: u64,
         count: usize,
         dtype: &str,
         stream: Option<u64>,
+        params: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<()> {
         let dt = parse_dtype(dtype)?;
+        let params = coll_params(params)?;
         let (ctx, t) = (self.ctx.clone(), self.team_or_world(team));
-        py.detach(move || match stream {
-            Some(s) => ctx.all_gather_on_stream(&t, dest, src, count, dt, &stream_or(Some(s))),
-            None => ctx.all_gather_raw(&t, dest, src, count, dt),
-        })
-        .py()
-    }
-
-    /// Collective over `team`: `src` holds `n*count` elements; member j's `dest` gets the
-    /// reduction of every member's block j.
-    #[pyo3(signature = (team, dest, src, count, dtype, op, stream = None))]
-    #[allow(clippy::too_many_arguments)]
-    fn reduce_scatter(
-        &self,
-        py: Python<'_>,
-        team: Option<&PyTeam>,
-        dest: u64,
-        src: u64,
-        count: usize,
-        dtype: &str,
-        op: &str,
-        stream: Option<u64>,
-    ) -> PyResult<()> {
-        let dt = parse_dtype(dtype)?;
-        let op = parse_reduce(op)?;
-        let (ctx, t) = (self.ctx.clone(), self.team_or_world(team));
-        py.detach(move || match stream {
-            Some(s) => {
-                ctx.reduce_scatter_on_stream(&t, dest, src, count, dt, op, &stream_or(Some(s)))
-            }
-            None => ctx.reduce_scatter_raw(&t, dest, src, count, dt, op),
-        })
-        .py()
-    }
-
-    /// Collective over `team`: every member's `dest` gets the reduction of all members' `src`
-    /// (`dest == src` allowed).
-    #[pyo3(signature = (team, dest, src, count, dtype, op, algo = "auto", stream = None))]
-    #[allow(clippy::too_many_arguments)]
-    fn all_reduce(
-        &self,
-        py: Python<'_>,
-        team: Option<&PyTeam>,
-        dest: u64,
-        src: u64,
-        count: usize,
-        dtype: &str,
-        op: &str,
-        algo: &str,
-        stream: Option<u64>,
-    ) -> PyResult<()> {
-        let dt = parse_dtype(dtype)?;
-        let op = parse_reduce(op)?;
-        let algo = parse_algo(algo)?;
-        let (ctx, t) = (self.ctx.clone(), self.team_or_world(team));
-        py.detach(move || match stream {
-            Some(s) => {
-                ctx.all_reduce_on_stream(&t, dest, src, count, dt, op, algo, &stream_or(Some(s)))
-            }
-            None => ctx.all_reduce_raw(&t, dest, src, count, dt, op, algo),
-        })
-        .py()
-    }
-
-    /// Collective over `team`: member i's block j lands at member j's `dest + i*count`.
-    #[pyo3(signature = (team, dest, src, count, dtype, stream = None))]
-    #[allow(clippy::too_many_arguments)]
-    fn alltoall(
-        &self,
-        py: Python<'_>,
-        team: Option<&PyTeam>,
-        dest: u64,
-        src: u64,
-        count: usize,
-        dtype: &str,
-        stream: Option<u64>,
-    ) -> PyResult<()> {
-        let dt = parse_dtype(dtype)?;
-        let (ctx, t) = (self.ctx.clone(), self.team_or_world(team));
-        py.detach(move || match stream {
-            Some(s) => ctx.alltoall_on_stream(&t, dest, src, count, dt, &stream_or(Some(s))),
-            None => ctx.alltoall_raw(&t, dest, src, count, dt),
+        let kind = kind.to_string();
+        py.detach(move || {
+            let s = stream.map(|s| stream_or(Some(s)));
+            ctx.collective(&kind, &t, dest, src, count, dt, s.as_ref(), &params)
         })
         .py()
     }

@@ -2,8 +2,8 @@
 //! atomic names, element values as bits, and stream handles.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyFloat};
-use symheap::{AllReduceAlgo, AtomicOp, Cmp, DType, ReduceOp, SignalOp};
+use pyo3::types::{PyBool, PyDict, PyFloat};
+use symheap::{AllReduceAlgo, AtomicOp, Cmp, CollParam, CollParams, DType, SignalOp};
 
 use crate::errors::value_error;
 
@@ -40,25 +40,46 @@ pub(crate) fn parse_signal_op(s: &str) -> PyResult<SignalOp> {
     }
 }
 
-pub(crate) fn parse_reduce(s: &str) -> PyResult<ReduceOp> {
-    ReduceOp::parse(s)
-        .ok_or_else(|| value_error(format!("unknown reduction {s:?}; use sum, min, max, prod")))
+pub(crate) fn parse_algo(s: &str) -> PyResult<AllReduceAlgo> {
+    AllReduceAlgo::parse(s).ok_or_else(|| {
+        value_error(format!(
+            "unknown all_reduce algorithm {s:?}; use auto, one_shot, two_shot"
+        ))
+    })
 }
 
-pub(crate) fn parse_algo(s: &str) -> PyResult<AllReduceAlgo> {
-    match s
-        .trim()
-        .to_ascii_lowercase()
-        .replace(['-', '_'], "")
-        .as_str()
-    {
-        "auto" => Ok(AllReduceAlgo::Auto),
-        "oneshot" => Ok(AllReduceAlgo::OneShot),
-        "twoshot" => Ok(AllReduceAlgo::TwoShot),
-        _ => Err(value_error(format!(
-            "unknown all_reduce algorithm {s:?}; use auto, one_shot, two_shot"
-        ))),
+/// A collective's keyword parameters as symheap's: integers, strings, and sequences of
+/// integers (a bool is refused: it is an int to Python, but never a count or a root).
+pub(crate) fn coll_params(kw: Option<&Bound<'_, PyDict>>) -> PyResult<CollParams> {
+    let mut p = CollParams::new();
+    for (k, v) in kw.into_iter().flat_map(|d| d.iter()) {
+        let name: String = k.extract()?;
+        let bad = || {
+            value_error(format!(
+                "{name} must be an integer, a string or a list of integers, not {v}"
+            ))
+        };
+        let value = if v.is_instance_of::<PyBool>() {
+            return Err(bad());
+        } else if let Ok(s) = v.extract::<String>() {
+            CollParam::Str(s)
+        } else if let Ok(i) = v.extract::<i64>() {
+            CollParam::Int(i)
+        } else if let Ok(l) = v.extract::<Vec<Bound<'_, PyAny>>>() {
+            let mut ints = Vec::with_capacity(l.len());
+            for x in l {
+                if x.is_instance_of::<PyBool>() {
+                    return Err(bad());
+                }
+                ints.push(x.extract::<i64>().map_err(|_| bad())?);
+            }
+            CollParam::Ints(ints)
+        } else {
+            return Err(bad());
+        };
+        p.set(&name, value);
     }
+    Ok(p)
 }
 
 pub(crate) fn parse_atomic(s: &str) -> PyResult<AtomicOp> {

@@ -46,8 +46,8 @@ pub use element::{DType, Element};
 pub use error::{Error, ErrorKind, Result};
 pub use ops::alias;
 pub use ops::{
-    AllReduceAlgo, AtomicBitwise, AtomicElement, AtomicInt, Cmp, SignalOp, StreamColl, Team,
-    NODES_ALL_REDUCE_SMALL,
+    AllReduceAlgo, AtomicBitwise, AtomicElement, AtomicInt, Cmp, CollParam, CollParams, SignalOp,
+    StreamColl, Team, COLLECTIVES, NODES_ALL_REDUCE_SMALL,
 };
 pub use provider::{Allocation, At, NativeHeap, Nvshmem, NvshmemLibrary, Provider};
 pub use stream::Stream;

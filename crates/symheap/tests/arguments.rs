@@ -60,3 +60,89 @@ fn collectives_refuse_a_bad_root_and_an_overflowing_count() {
     ctx.broadcast_raw(&w, a, a, 8, DType::U8, 0).unwrap();
     ctx.finalize().unwrap();
 }
+
+/// The collectives by name (the bindings' one entry) run the same request as the kind's own
+/// entry, read each kind's parameters by name, and refuse an unknown kind, an unknown or
+/// mistyped parameter and an unknown reduction or algorithm, naming the call.
+#[test]
+fn collectives_by_name_take_their_parameters_and_refuse_others() {
+    use symheap::{CollParam, CollParams, COLLECTIVES};
+    let ctx = host_pe();
+    let w = ctx.world_team();
+    let (src, dst) = (ctx.malloc(64).unwrap(), ctx.malloc(64).unwrap());
+    let data: Vec<i32> = (0..16).map(|i| i * 7 - 20).collect();
+    src.write(0, &data).unwrap();
+    let (s, d, t) = (src.addr(), dst.addr(), DType::I32);
+    let p = |kv: &[(&str, CollParam)]| {
+        let mut p = CollParams::new();
+        for (k, v) in kv {
+            p.set(k, v.clone());
+        }
+        p
+    };
+    let none = CollParams::new();
+    let stream = Stream::legacy_default();
+    for kind in COLLECTIVES {
+        for on in [None, Some(&stream)] {
+            dst.write(0, &[0i32; 16]).unwrap();
+            ctx.collective(kind, &w, d, s, 16, t, on, &none).unwrap();
+            let mut got = [0i32; 16];
+            dst.read(0, &mut got).unwrap();
+            // One PE: every kind copies its one block (every reduction of one value is it).
+            assert_eq!(got.as_slice(), data.as_slice(), "{kind} {on:?}");
+        }
+    }
+    let max = p(&[
+        ("op", CollParam::Str("max".into())),
+        ("algo", CollParam::Str("two_shot".into())),
+    ]);
+    ctx.collective("all_reduce", &w, d, s, 16, t, None, &max)
+        .unwrap();
+    let root = p(&[("root", CollParam::Int(0))]);
+    ctx.collective("broadcast", &w, d, s, 16, t, None, &root)
+        .unwrap();
+    let bad: [(&str, CollParams, &str); 7] = [
+        ("gather", none.clone(), "unknown collective \"gather\""),
+        (
+            "all_reduce",
+            p(&[("op", CollParam::Str("median".into()))]),
+            "unknown reduction \"median\"",
+        ),
+        (
+            "all_reduce",
+            p(&[("algo", CollParam::Str("ring".into()))]),
+            "unknown all_reduce algorithm \"ring\"",
+        ),
+        (
+            "all_gather",
+            p(&[("op", CollParam::Str("sum".into()))]),
+            "all_gather takes no parameter \"op\"",
+        ),
+        (
+            "broadcast",
+            p(&[("root", CollParam::Str("0".into()))]),
+            "root must be an integer",
+        ),
+        (
+            "broadcast",
+            p(&[("root", CollParam::Int(-1))]),
+            "root -1 is not a team member",
+        ),
+        (
+            "broadcast",
+            p(&[("root", CollParam::Int(1))]),
+            "root 1 is not a member of a team of 1",
+        ),
+    ];
+    for (kind, params, want) in bad {
+        let e = ctx
+            .collective(kind, &w, d, s, 16, t, None, &params)
+            .unwrap_err();
+        assert!(e.to_string().contains(want), "{kind}: {e}");
+        assert!(
+            matches!(e.kind(), symheap::ErrorKind::InvalidArgument(_)),
+            "{kind}: {e}"
+        );
+    }
+    ctx.finalize().unwrap();
+}

@@ -178,7 +178,7 @@ fn a_released_buffer_is_refused_right_after_use() {
     ctx.finalize().unwrap();
 }
 
-/// A small broadcast repeated in a loop skips its range checks (`ops/coll_eager.rs`) only while
+/// A small broadcast repeated in a loop skips its range checks (`ops/coll/engine/eager.rs`) only while
 /// nothing was released: once its source or destination is freed, the next repeat is refused.
 #[test]
 fn a_repeated_broadcast_is_refused_once_its_buffer_is_released() {

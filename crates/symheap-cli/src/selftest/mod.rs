@@ -13,6 +13,7 @@ macro_rules! ensure {
 }
 
 mod alias_scenarios;
+mod alltoallv_scenarios;
 mod coll_scenarios;
 mod diverge_scenarios;
 mod eager_scenarios;
@@ -164,6 +165,16 @@ pub const SCENARIOS: &[Scenario] = &[
         victims: false,
         gpu: false,
         run: team_scenarios::alltoall,
+    },
+    Scenario {
+        name: "alltoallv",
+        about: "uneven alltoall: split sizes and device counts, host and stream forms, random splits with zeros: exact; disagreements refused on every PE",
+        min_pes: 1,
+        env: &[],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: false,
+        run: alltoallv_scenarios::alltoallv,
     },
     Scenario {
         name: "broadcast",

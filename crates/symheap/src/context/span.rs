@@ -1,7 +1,7 @@
 //! Collectives of a team that spans nodes, on the CUDA backend: where the PEs sit
 //! ([`Layout`]), and what those collectives need, made at the first of them ([`Span`]): this
 //! PE's node team (symheap's kernels among the PEs of one node), the NCCL communicators between
-//! nodes, and a workspace in the heap. The algorithms are in `ops/coll_span.rs`.
+//! nodes, and a workspace in the heap. The algorithms are in `ops/coll/engine/nccl.rs` and each kind's `nccl_world`.
 //!
 //! Teams other than the world that span nodes have a communicator of their own instead
 //! (`team_span.rs`). symheap moves no byte between nodes itself; NCCL does.
@@ -77,7 +77,7 @@ pub(crate) struct Span {
     /// NCCL over every PE, ranked as the world.
     pub all: Comm,
     /// A stream of symheap's own for the NCCL steps of a pipelined all_reduce, which overlap
-    /// the node's steps on the caller's stream (see `ops/coll_span.rs`).
+    /// the node's steps on the caller's stream (see `ops/coll/engine/nccl.rs` and each kind's `nccl_world`).
     pub side: crate::Stream,
     /// The workspace (address, bytes): the largest asked for so far. Earlier, smaller ones
     /// stay allocated, since a CUDA graph may have captured them.

@@ -45,7 +45,7 @@ pub(crate) struct TeamInner {
     /// CUDA: the stream of this team's last stream collective or barrier, kept alive when
     /// symheap made it. The device state of a team (epochs, flags) admits one launch at a
     /// time, so a launch on another stream first waits for that stream's work (see
-    /// `ops::coll_stream::order_team`).
+    /// `ops::coll::order_team`).
     pub last_stream: Mutex<Option<(u64, Option<crate::heap::KeepAlive>)>>,
     /// The text hash of the call this PE last published in each entry of its ring of recent
     /// calls for the team (see `Inner::publish`): an unchanged text is not rewritten.

@@ -5,19 +5,13 @@
 pub mod alias;
 pub mod atomics;
 pub mod coll;
-mod coll_check;
-mod coll_eager;
-mod coll_nodes;
-mod coll_plan;
-mod coll_span;
-pub mod coll_stream;
-mod coll_team_span;
 pub mod rma;
 pub mod stream;
 pub(crate) mod sync;
 
 pub use crate::context::team::Team;
 pub use atomics::{AtomicBitwise, AtomicElement, AtomicInt};
-pub use coll::{AllReduceAlgo, NODES_ALL_REDUCE_SMALL};
-pub use coll_plan::StreamColl;
+pub use coll::{
+    AllReduceAlgo, CollParam, CollParams, StreamColl, COLLECTIVES, NODES_ALL_REDUCE_SMALL,
+};
 pub use rma::{Cmp, SignalOp};

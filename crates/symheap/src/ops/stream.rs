@@ -212,7 +212,7 @@ impl Context {
             .slot_base(self.my_pe())
             .expect("own heap");
         cu.bind()?;
-        crate::ops::coll_stream::order_team(&self.inner.world_team, s, stream)?;
+        crate::ops::coll::order_team(&self.inner.world_team, s, stream)?;
         let world = &self.inner.world_team;
         self.inner
             .record_on(world, &mut world.lock(), CALL, String::new());

@@ -55,6 +55,16 @@ arg_block! {
         pub ll_off: u64,
         /// LL128 kernels: the LL128 region's bytes per parity.
         pub part: u64,
+        /// Uneven alltoall with device counts: every member's send counts (int64 [n] rows,
+        /// symmetric).
+        pub splits: u64,
+        /// Uneven alltoall with device counts: this PE's received rows and their offsets
+        /// (int64 [2 n]), or 0.
+        pub out: u64,
+        /// Uneven alltoall with device counts: rows every member's source holds.
+        pub src_rows: u64,
+        /// Uneven alltoall with device counts: rows every member's destination holds.
+        pub dst_rows: u64,
         /// Reducing kernels: 0 sum, 1 min, 2 max, 3 prod.
         pub op: i32,
         /// Exchange kernels: 0 all_gather, 1 alltoall, 2 broadcast.
@@ -170,16 +180,22 @@ pub enum ByteKernel {
     ExchangeLl,
     /// Mid-size all_gather / alltoall / broadcast, LL128 lines in scratch.
     ExchangeLl128,
+    /// Uneven alltoall, counts in device memory (`count` is the row's bytes).
+    Alltoallv,
+    /// A barrier of the team on the stream (no data).
+    TeamBarrier,
 }
 
 impl ByteKernel {
     /// Every kind, in table order.
-    pub const ALL: [ByteKernel; 5] = [
+    pub const ALL: [ByteKernel; 7] = [
         Self::AllGather,
         Self::Broadcast,
         Self::Alltoall,
         Self::ExchangeLl,
         Self::ExchangeLl128,
+        Self::Alltoallv,
+        Self::TeamBarrier,
     ];
 
     /// The symbol.
@@ -190,6 +206,8 @@ impl ByteKernel {
             Self::Alltoall => "symheap_alltoall",
             Self::ExchangeLl => "symheap_exchange_ll",
             Self::ExchangeLl128 => "symheap_exchange_ll128",
+            Self::Alltoallv => "symheap_alltoallv",
+            Self::TeamBarrier => "symheap_team_barrier",
         }
     }
 }
@@ -266,6 +284,8 @@ impl CollKernel {
             }
             Self::Bytes(ByteKernel::AllGather | ByteKernel::Alltoall) => &[Src, Dst, Count],
             Self::Bytes(ByteKernel::Broadcast) => &[Src, Dst, Count, Root],
+            Self::Bytes(ByteKernel::Alltoallv) => &[Src, Dst, Splits, Out, Count, SrcRows, DstRows],
+            Self::Bytes(ByteKernel::TeamBarrier) => &[],
             Self::Bytes(ByteKernel::ExchangeLl) => {
                 &[Src, Dst, Count, Mode, Root, PeerScratch, Scratch, SlotBytes]
             }
@@ -299,6 +319,10 @@ enum Param {
     SlotBytes,
     LlOff,
     Part,
+    Splits,
+    Out,
+    SrcRows,
+    DstRows,
 }
 
 impl CollArgs {
@@ -340,6 +364,10 @@ impl CollArgs {
                 Param::SlotBytes => a.slot_bytes = word(i)?,
                 Param::LlOff => a.ll_off = word(i)?,
                 Param::Part => a.part = word(i)?,
+                Param::Splits => a.splits = word(i)?,
+                Param::Out => a.out = word(i)?,
+                Param::SrcRows => a.src_rows = word(i)?,
+                Param::DstRows => a.dst_rows = word(i)?,
             }
         }
         let t = head.len();

@@ -251,7 +251,7 @@ mod coll_source_tests {
     #[test]
     fn every_kernel_is_listed_once() {
         let entries = kernel_entries();
-        assert_eq!(entries.len(), 6 + 5 * 4 + 5);
+        assert_eq!(entries.len(), 6 + 5 * 4 + 7);
         let mut symbols: Vec<&str> = entries.iter().map(|e| e.symbol.as_str()).collect();
         symbols.sort_unstable();
         symbols.dedup();

@@ -413,6 +413,20 @@ impl Comm {
         bytes: u64,
         stream: u64,
     ) -> Result<(), String> {
+        let at = |base: u64| move |j: usize| (base + j as u64 * bytes, bytes);
+        self.exchange(at(src), at(dst), stream)
+    }
+
+    /// One group of `ncclSend`/`ncclRecv` of bytes with every rank j (itself included): the
+    /// `(address, bytes)` of `send(j)` to rank j, and from rank j into `recv(j)`. Every pair's
+    /// sizes must agree (what rank i sends rank j is what rank j receives from rank i); a
+    /// pair of zero bytes moves nothing.
+    pub(crate) fn exchange(
+        &self,
+        send: impl Fn(usize) -> (u64, u64),
+        recv: impl Fn(usize) -> (u64, u64),
+        stream: u64,
+    ) -> Result<(), String> {
         const U8: c_int = 1;
         let raw = self.raw("ncclGroupStart")?;
         // SAFETY: takes no arguments; opens a group this function always closes below.
@@ -420,13 +434,16 @@ impl Comm {
         self.api.check(rc, "ncclGroupStart")?;
         let mut first_err = Ok(());
         for j in 0..self.n {
-            let (s, r) = (src + j as u64 * bytes, dst + j as u64 * bytes);
-            let n = bytes as usize;
-            // SAFETY: the contract of `Comm`: `src` and `dst` hold n × `bytes` bytes each.
-            let rc = unsafe { (self.api.send)(s as *const c_void, n, U8, j as c_int, raw, stream) };
+            let ((s, sn), (r, rn)) = (send(j), recv(j));
+            // SAFETY: the contract of `Comm`: the caller's ranges hold what they move.
+            let rc = unsafe {
+                (self.api.send)(s as *const c_void, sn as usize, U8, j as c_int, raw, stream)
+            };
             first_err = first_err.and(self.api.check(rc, "ncclSend"));
             // SAFETY: as above.
-            let rc = unsafe { (self.api.recv)(r as *mut c_void, n, U8, j as c_int, raw, stream) };
+            let rc = unsafe {
+                (self.api.recv)(r as *mut c_void, rn as usize, U8, j as c_int, raw, stream)
+            };
             first_err = first_err.and(self.api.check(rc, "ncclRecv"));
         }
         // SAFETY: closes the group opened above.

@@ -35,6 +35,18 @@ type Gather =
     unsafe extern "C" fn(*const c_void, c_int, Handle, *mut c_void, c_int, Handle, Handle) -> c_int;
 type ReduceScatter =
     unsafe extern "C" fn(*const c_void, *mut c_void, c_int, Handle, Handle, Handle) -> c_int;
+/// MPI_Alltoallv: send buffer, counts, displacements, type; receive the same; communicator.
+type Alltoallv = unsafe extern "C" fn(
+    *const c_void,
+    *const c_int,
+    *const c_int,
+    Handle,
+    *mut c_void,
+    *const c_int,
+    *const c_int,
+    Handle,
+    Handle,
+) -> c_int;
 type UserFn = unsafe extern "C" fn(*mut c_void, *mut c_void, *mut c_int, *mut Handle);
 type OpCreate = unsafe extern "C" fn(UserFn, c_int, *mut Handle) -> c_int;
 type ErrorString = unsafe extern "C" fn(c_int, *mut c_char, *mut c_int) -> c_int;
@@ -66,6 +78,7 @@ pub struct Mpi {
     bcast: Bcast,
     allgather: Gather,
     alltoall: Gather,
+    alltoallv: Alltoallv,
     reduce_scatter: ReduceScatter,
     finalize: Finalize,
     finalized: IntOut,
@@ -235,6 +248,7 @@ impl Mpi {
             bcast: sym!("MPI_Bcast", Bcast),
             allgather: sym!("MPI_Allgather", Gather),
             alltoall: sym!("MPI_Alltoall", Gather),
+            alltoallv: sym!("MPI_Alltoallv", Alltoallv),
             reduce_scatter: sym!("MPI_Reduce_scatter_block", ReduceScatter),
             finalize: sym!("MPI_Finalize", Finalize),
             finalized: sym!("MPI_Finalized", IntOut),
@@ -410,6 +424,48 @@ impl Mpi {
         bytes: usize,
     ) -> Result<(), String> {
         self.exchange(comm, self.alltoall, "MPI_Alltoall", dst, src, bytes)
+    }
+
+    /// Bytes `send[j] = (offset, len)` of `src` to rank j, and from rank j into
+    /// `recv[j] = (offset, len)` of `dst`, for every j of `comm` (MPI_Alltoallv of bytes).
+    /// Every pair's lengths must agree (what rank i sends rank j is what rank j receives).
+    /// The ops layer checked: every range lies in the checked `src` and `dst` ranges, which do
+    /// not overlap.
+    pub(crate) fn alltoallv(
+        &self,
+        comm: MpiComm,
+        dst: u64,
+        src: u64,
+        send: &[(usize, usize)],
+        recv: &[(usize, usize)],
+    ) -> Result<(), String> {
+        let ints = |v: &[(usize, usize)]| -> Result<(Vec<c_int>, Vec<c_int>), String> {
+            let mut off = Vec::with_capacity(v.len());
+            let mut len = Vec::with_capacity(v.len());
+            for &(o, l) in v {
+                off.push(count(o, "alltoallv displacement")?);
+                len.push(count(l, "alltoallv")?);
+            }
+            Ok((off, len))
+        };
+        let ((soff, slen), (roff, rlen)) = (ints(send)?, ints(recv)?);
+        let b = self.byte;
+        // SAFETY: four arrays of one int per rank of `comm` (the ops layer passes one entry per
+        // member), alive for the call; the ranges they name were checked (see above).
+        let rc = unsafe {
+            (self.alltoallv)(
+                src as *const c_void,
+                slen.as_ptr(),
+                soff.as_ptr(),
+                b,
+                dst as *mut c_void,
+                rlen.as_ptr(),
+                roff.as_ptr(),
+                b,
+                comm.0,
+            )
+        };
+        self.result(rc, "MPI_Alltoallv")
     }
 
     /// MPI_Allgather or MPI_Alltoall of `bytes` per PE, with the ranges its caller checked.

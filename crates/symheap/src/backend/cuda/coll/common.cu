@@ -401,6 +401,10 @@ struct Args {
   uint64_t slot_bytes;           // LL and flag kernels: the scratch slot size
   uint64_t ll_off;               // LL128 kernels: the LL128 region's offset in every scratch
   uint64_t part;                 // LL128 kernels: the region's bytes per parity
+  const int64_t* splits;         // alltoallv: every member's send counts (int64 [n], symmetric)
+  int64_t* out;                  // alltoallv: rows received and their offsets (int64 [2 n]) or 0
+  uint64_t src_rows;             // alltoallv: rows every member's source holds
+  uint64_t dst_rows;             // alltoallv: rows every member's destination holds
   int32_t op;                    // reducing kernels: 0 sum, 1 min, 2 max, 3 prod
   int32_t mode;                  // exchange kernels: COLL_XCHG_*
   int32_t root;                  // broadcast and exchange kernels: the root's team index

@@ -432,3 +432,111 @@ extern "C" __global__ void __launch_bounds__(1024) symheap_alltoall(const coll::
   }
   coll::end(t, blk);
 }
+
+// A barrier of the team on the stream, and nothing else: every member's earlier stream work
+// (its source written, its earlier copies done) is complete before any member's later work
+// runs. One block. The uneven alltoall with split sizes on the host puts its copy-engine pulls
+// between two of them.
+extern "C" __global__ void __launch_bounds__(1024) symheap_team_barrier(const coll::Args a) {
+  const Team t = a.team;
+  __shared__ coll::Block blk;
+  coll::begin(t, blk);
+  coll::sync_release(t, blk, 0);
+  coll::end(t, blk);
+}
+
+// An int64 count of member memory (L2, never a stale L1 line).
+COLL_DEV int64_t ld_count(const int64_t* p) {
+  int64_t v;
+  asm volatile("ld.global.cg.s64 %0, [%1];" : "=l"(v) : "l"(p));
+  return v;
+}
+
+// all_to_all_vdev: the counts are in device memory. Member j's `splits` (n int64, symmetric)
+// holds the rows it sends each member, its blocks packed in member order in its `src`;
+// `row` bytes per row; every member's source holds `src_rows` rows and destination `dst_rows`.
+// Round 0; every block reads every member's counts (the same matrix on every member, hence
+// the same verdict): a negative count, a member sending more than `src_rows` rows or receiving
+// more than `dst_rows` moves nothing and reports error 4 (without the abort word: the members
+// stay in step and the context usable). Otherwise block 0 writes `out` (2 x n int64: rows from
+// member j, then where they start in `dst`, in rows, member order) and every member pulls its
+// blocks from the members' sources; round 1 (every member done reading the sources and
+// counts). Not in place.
+extern "C" __global__ void __launch_bounds__(1024) symheap_alltoallv(const coll::Args a) {
+  const Team t = a.team;
+  COLL_TEAM_NAMES(t);
+  const uint8_t* const src = (const uint8_t*)a.src;
+  uint8_t* const dst = (uint8_t*)a.dst;
+  const int64_t* const splits = a.splits;
+  int64_t* const out = a.out;
+  const uint64_t row = a.count, src_rows = a.src_rows, dst_rows = a.dst_rows;
+  __shared__ coll::Block blk;
+  __shared__ uint64_t from[COLL_MAX_TEAM];            // my block's first row in member j's src
+  __shared__ uint64_t cnt[COLL_MAX_TEAM];             // rows member j sends me
+  __shared__ uint64_t land[COLL_MAX_TEAM];            // where they start in my dst (rows)
+  __shared__ int bad;
+  coll::begin(t, blk);
+  if (coll::sync_entry(t, blk)) {
+    if (threadIdx.x == 0) bad = 0;
+    __syncthreads();
+    // Thread j reads member j's counts (its row): its total and the rows before my block.
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+      const int64_t* sj = coll::at(blk, splits, j);
+      uint64_t total = 0, before = 0;
+      int wrong = 0;
+      for (int k = 0; k < n; ++k) {
+        const int64_t c = ld_count(sj + k);
+        if (c < 0 || (uint64_t)c > src_rows) {
+          wrong = 1;
+          continue;
+        }
+        if (k < me) before += (uint64_t)c;
+        if (k == me) cnt[j] = (uint64_t)c;
+        total += (uint64_t)c;
+      }
+      if (wrong || total > src_rows) bad = 1;
+      from[j] = before;
+    }
+    // Thread k sums column k (the rows member k receives) itself: no atomics in the kernel
+    // but the exit counter. A negative count was already flagged above.
+    for (int k = threadIdx.x; k < n; k += blockDim.x) {
+      uint64_t col = 0;
+      for (int j = 0; j < n; ++j) {
+        const int64_t c = ld_count(coll::at(blk, splits, j) + k);
+        col += c > 0 ? (uint64_t)c : 0;
+      }
+      if (col > dst_rows) bad = 1;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      uint64_t at = 0;
+      for (int j = 0; j < n; ++j) {
+        land[j] = at;
+        at += bad ? 0 : cnt[j];
+      }
+    }
+    __syncthreads();
+    if (bad) {
+      if (blockIdx.x == 0 && threadIdx.x == 0) {
+        asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(error), "r"(4u) : "memory");
+      }
+    } else {
+      if (blockIdx.x == 0 && out != nullptr) {
+        for (int j = threadIdx.x; j < n; j += blockDim.x) {
+          out[j] = (int64_t)cnt[j];
+          out[n + j] = (int64_t)land[j];
+        }
+      }
+      const size_t rank = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+      const size_t total = (size_t)gridDim.x * blockDim.x;
+      for (int k = 1; k <= n; ++k) {
+        const int j = (me + k) % n;  // peers first, my own block last
+        const uint8_t* theirs = coll::at(blk, src, j) + from[j] * row;
+        coll::copy_out(theirs, cnt[j] * row, coll::OneDst{dst + land[j] * row}, 1, true, rank,
+                       total);
+      }
+    }
+    coll::sync_release(t, blk, 1);
+  }
+  coll::end(t, blk);
+}

@@ -1,5 +1,6 @@
-//! The host backend's eager broadcast, as the ops layer drives the channel of
-//! `context/eager.rs`: at most [`EAGER_INLINE`] bytes, every PE of the job on this node.
+//! The host engine's eager broadcast, as the ops layer drives the channel of
+//! `context/eager.rs`: at most [`EAGER_INLINE`] bytes, every PE of the job on this node. The
+//! broadcast entries take it before building a request (see `broadcast.rs`).
 //!
 //! A broadcast in a loop is the case worth its own path. The first call with given arguments on
 //! a team validates its ranges, formats its text and records it; the channel then remembers that
@@ -24,8 +25,8 @@ use crate::context::Context;
 use crate::element::DType;
 use crate::error::Result;
 
-use super::alias::CollKind;
-use super::coll::check_len;
+use super::host::check_len;
+use crate::ops::alias::CollKind;
 
 const CALL: &str = "broadcast";
 
@@ -37,7 +38,7 @@ impl Context {
     /// source reusable, as for the one-pass broadcast. The arguments are `broadcast_raw`'s,
     /// `count` elements of `dtype` making at most `EAGER_INLINE` bytes; `host` is the backend.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn broadcast_eager(
+    pub(in crate::ops::coll) fn broadcast_eager(
         &self,
         host: &HostBackend,
         team: &Team,
@@ -47,6 +48,7 @@ impl Context {
         dtype: DType,
         root: usize,
     ) -> Result<()> {
+        self.inner.aligned_pair(CALL, dest, src, dtype)?;
         let Some(t) = self.inner.team_inner(team, CALL)? else {
             return Ok(());
         };

@@ -5,6 +5,7 @@
 use crate::backend::cuda::CudaBackend;
 use crate::context::device_state::{LL128_PART, MAX_BLOCKS, ONE_SHOT_SLOT};
 use crate::context::team::{Team, TeamInner};
+use crate::context::Context;
 use crate::ops::coll::AllReduceAlgo;
 
 /// One-shot messages up to this many bytes take the LL kernel (`SYMHEAP_COLL_LL_MAX` overrides).
@@ -34,7 +35,12 @@ pub(super) const LL128_KERNEL: &str = "symheap_ar_ll128";
 pub(super) const XCHG_LL_KERNEL: &str = "symheap_exchange_ll";
 pub(super) const XCHG_LL128_KERNEL: &str = "symheap_exchange_ll128";
 
-/// See [`Launch::exchange_kernel`].
+/// The exchange kernel (small and mid-size all_gather, alltoall, broadcast) for `bytes` per
+/// member, if one applies: only on the team that owns the scratch (whose scratch and epochs
+/// they use) and never for an empty message (a launch without data would wait for nobody, see
+/// coll.cu, ar_oneshot). `symheap_exchange_ll` up to `SYMHEAP_COLL_XCHG_LL_MAX` with room for
+/// its lines in a scratch slot, then `symheap_exchange_ll128` up to
+/// `SYMHEAP_COLL_XCHG_LL128_MAX` with room in the LL128 region.
 pub(super) fn exchange_kernel(
     cu: &CudaBackend,
     team: &TeamInner,
@@ -97,6 +103,22 @@ pub enum StreamColl {
     Broadcast,
     /// alltoall.
     Alltoall,
+}
+
+impl Context {
+    /// Whether `coll` of `bytes` per member on `team` runs a kernel that reads its source and
+    /// writes its destination on the calling PE only (one-shot all_reduce and reduce_scatter;
+    /// the exchange kernels of all_gather, alltoall and broadcast): then the `*_on_stream` call
+    /// takes any device memory of this PE's GPU for both, not only symmetric memory, with no
+    /// copy. The answer is the same on every PE for the same call (it depends on the team, the
+    /// size and the tuning variables only). Always false on the host backend, whose
+    /// collectives read peers' copies.
+    pub fn coll_takes_local_buffers(&self, coll: StreamColl, team: &Team, bytes: u64) -> bool {
+        let Some(cu) = self.inner.backend.as_cuda() else {
+            return false;
+        };
+        stays_local(cu, coll, team, bytes)
+    }
 }
 
 /// The largest team whose one-shot and exchange kernels take local buffers (see

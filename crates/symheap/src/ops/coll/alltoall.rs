@@ -1,0 +1,842 @@
+//! alltoall: member i's block j lands at block i of member j's destination; with equal blocks,
+//! or uneven ones (split sizes per member given on the host, as torch's
+//! `all_to_all_single(output_split_sizes=, input_split_sizes=)`; or counts in device memory, as
+//! torch's `all_to_all_vdev`, for MoE). Its entries and its steps on every engine.
+//!
+//! Equal blocks. Host engine: every member copies its block from every member between two
+//! barriers. Device engine: on the team that owns the scratch up to 4 MiB per pair (less from
+//! 3 PEs up: `(n - 1) × bytes` about 4 MiB), data and flags travel together (the exchange
+//! kernel); otherwise push after an entry round. Across nodes: NCCL's grouped send and receive.
+//!
+//! Split sizes on the host ([`Splits::Host`]): member i sends `send[j]` units to member j, its
+//! blocks packed in member order in its source; member j receives `recv[i]` from member i,
+//! packed in member order in its destination. Every member learns every member's sizes where
+//! it meets them (the entry barrier's payloads on one node, Open MPI's all_gather, the
+//! rendezvous across nodes) and every member refuses a disagreeing pair with the same error
+//! naming it. Host engine: each member pulls its blocks between two barriers. Device engine:
+//! the members meet on the host at enqueue (the sizes), then on the stream a team barrier,
+//! one copy-engine pull per member and a team barrier (the sizes baked into a captured graph,
+//! as NCCL's are). Open MPI: MPI_Alltoallv. NCCL: grouped send and receive.
+//!
+//! Counts in device memory ([`Splits::Device`], all_to_all_vdev): `in_splits` (n int64,
+//! symmetric) holds the rows this member sends each member, its blocks packed in member order
+//! in its source; the call writes `out_splits_offsets` (2 × n int64, symmetric): the rows
+//! received from each member and where they start in the destination (rows, member order).
+//! The source holds `src_rows` rows and the destination `dst_rows` on every member (recorded in
+//! the ledger). Every member reads every member's counts, so all reach the same verdict: a
+//! negative count, or a member sending more than `src_rows` or receiving more than `dst_rows`,
+//! moves nothing on any member. Host engine and Open MPI: the counts are read on the host
+//! (refused with the error naming the member). Device engine: one kernel (`symheap_alltoallv`,
+//! capturable; refused counts report error 4 at the stream's next synchronisation). Not
+//! across nodes on CUDA (NCCL needs the counts on the host: refused).
+//!
+//! Never in place: the destination and source must not overlap (see `ops/alias.rs`).
+//! Collective-order rule: every member of the team calls it in the same order with the same
+//! dtype, unit and buffers (and, for equal blocks, count).
+
+use super::engine::device::{DevicePlan, Launch, XCHG_ALLTOALL};
+use super::engine::host::Coll;
+use super::engine::mpi::mpi_error;
+use super::engine::nccl::SpanCall;
+use super::plan::{exchange_kernel, grid_for, stays_local, StreamColl};
+use super::request::{Collective, Plan, Request};
+use super::table::{CollParam, Params};
+use crate::backend::cuda::driver::Arg;
+use crate::backend::cuda::nccl::Comm;
+use crate::backend::cuda::CudaBackend;
+use crate::backend::host::mpi::{Mpi, MpiComm};
+use crate::context::team::Team;
+use crate::context::Context;
+use crate::element::{DType, Element};
+use crate::error::{invalid, Error, ErrorKind, Result};
+use crate::ops::alias::CollKind;
+use crate::stream::Stream;
+use crate::SymmetricBuffer;
+
+/// How an alltoall's blocks are sized. Sizes are in units of the request's `count` elements
+/// (1 for the element forms; a row of a 2-D array for the Python and torch forms).
+pub(crate) enum Splits {
+    /// `count` elements to and from every member.
+    Even,
+    /// Units to each member (`send[j]`) and from each (`recv[j]`), given on the host.
+    Host {
+        send: Box<[usize]>,
+        recv: Box<[usize]>,
+    },
+    /// Counts in device memory (see the module documentation).
+    Device(DeviceSplits),
+}
+
+/// The buffers and sizes of an alltoall whose counts are in symmetric memory.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DeviceSplits {
+    /// n int64: rows this member sends each member.
+    pub(crate) in_splits: u64,
+    /// 2 × n int64, written: rows received from each member, and their start (rows).
+    pub(crate) out: u64,
+    /// Rows the source and the destination hold (the same on every member).
+    pub(crate) src_rows: usize,
+    pub(crate) dst_rows: usize,
+}
+
+/// alltoall with its blocks' sizes.
+pub(crate) struct AllToAll {
+    pub(crate) splits: Splits,
+}
+
+/// `(offset, length)` in bytes, one per member.
+type Ranges = Vec<(usize, usize)>;
+
+/// Every member's sizes, as each member learned them: `rows[i]` is member i's send sizes.
+struct Matrix {
+    rows: Vec<Vec<u64>>,
+}
+
+impl Matrix {
+    /// Where member `i`'s block for member `j` starts in its source, and its length (units).
+    fn sent(&self, i: usize, j: usize) -> (u64, u64) {
+        (self.rows[i][..j].iter().sum(), self.rows[i][j])
+    }
+
+    /// Where the block from member `i` starts in member `j`'s destination (units).
+    fn landing(&self, i: usize, j: usize) -> u64 {
+        (0..i).map(|k| self.rows[k][j]).sum()
+    }
+
+    /// `(offset, length)` ranges of member `me`'s sends and receives, in bytes of `unit`.
+    fn ranges(&self, me: usize, unit: u64) -> (Ranges, Ranges) {
+        let n = self.rows.len();
+        let b = |u: u64| (u * unit) as usize;
+        let send = (0..n).map(|j| self.sent(me, j)).map(|(o, l)| (b(o), b(l)));
+        let recv = (0..n).map(|i| (b(self.landing(i, me)), b(self.rows[i][me])));
+        (send.collect(), recv.collect())
+    }
+}
+
+/// What sizes in units of `count` elements are called in messages.
+fn units(count: usize) -> &'static str {
+    if count == 1 {
+        "elements"
+    } else {
+        "rows"
+    }
+}
+
+impl AllToAll {
+    /// Host splits: every member's send and receive sizes (`all[i] = send_i ++ recv_i`) as the
+    /// matrix of sends, or the error naming the first pair that disagrees (member order, the
+    /// same on every member).
+    fn agreed(cx: &Context, call: &'static str, all: &[Vec<u64>], count: usize) -> Result<Matrix> {
+        let n = all.len();
+        for i in 0..n {
+            for (j, theirs) in all.iter().enumerate() {
+                let (sent, expected) = (all[i][j], theirs[n + i]);
+                if sent != expected {
+                    let u = units(count);
+                    return Err(invalid(
+                        call,
+                        format!(
+                            "member {i} sends member {j} {sent} {u}, member {j} expects {expected} \
+                             from member {i} (split sizes must agree pairwise)"
+                        ),
+                    )
+                    .with_pe(cx.my_pe()));
+                }
+            }
+        }
+        let rows = all.iter().map(|r| r[..n].to_vec()).collect();
+        Ok(Matrix { rows })
+    }
+
+    /// This member's sizes as it tells the others: its send sizes, then its receive sizes.
+    fn mine(send: &[usize], recv: &[usize]) -> Vec<u64> {
+        send.iter().chain(recv).map(|&c| c as u64).collect()
+    }
+
+    /// Device counts read on the host: every member's `in_splits` (`all[i]`), checked (no
+    /// negative count, no member sending more than `src_rows` or receiving more than
+    /// `dst_rows`, the same verdict on every member).
+    fn counted(
+        cx: &Context,
+        call: &'static str,
+        all: &[Vec<i64>],
+        d: &DeviceSplits,
+    ) -> Result<Matrix> {
+        let n = all.len();
+        let bad = |why: String| Err(invalid(call, why).with_pe(cx.my_pe()));
+        let mut rows = Vec::with_capacity(n);
+        for (i, r) in all.iter().enumerate() {
+            if let Some((j, c)) = r.iter().enumerate().find(|(_, &c)| c < 0) {
+                return bad(format!(
+                    "member {i} sends member {j} a negative count, {c} rows"
+                ));
+            }
+            let total: u128 = r.iter().map(|&c| c as u128).sum();
+            if total > d.src_rows as u128 {
+                return bad(format!(
+                    "member {i} sends {total} rows, its source holds {}",
+                    d.src_rows
+                ));
+            }
+            rows.push(r.iter().map(|&c| c as u64).collect::<Vec<u64>>());
+        }
+        for j in 0..n {
+            let total: u128 = rows.iter().map(|r| r[j] as u128).sum();
+            if total > d.dst_rows as u128 {
+                return bad(format!(
+                    "member {j} receives {total} rows, its destination holds {}",
+                    d.dst_rows
+                ));
+            }
+        }
+        Ok(Matrix { rows })
+    }
+
+    /// The received rows and their starts for member `me` (all_to_all_vdev's
+    /// `out_splits_offsets`), as bytes.
+    fn outputs(m: &Matrix, me: usize) -> Vec<u8> {
+        let n = m.rows.len();
+        let mut out: Vec<i64> = (0..n).map(|i| m.rows[i][me] as i64).collect();
+        out.extend((0..n).map(|i| m.landing(i, me) as i64));
+        bytemuck::cast_slice(&out).to_vec()
+    }
+
+    /// Reads `n` int64 counts at `addr` (any PE's address on this host).
+    fn read_counts(cx: &Context, addr: u64, n: usize) -> Result<Vec<i64>> {
+        let mut c = vec![0i64; n];
+        cx.inner
+            .backend
+            .read_bytes(addr, bytemuck::cast_slice_mut(&mut c))?;
+        Ok(c)
+    }
+
+    /// The counts buffers of a device-counts call: symmetric, 8-byte aligned, `n` and `2 n`
+    /// int64 long.
+    fn check_counts(cx: &Context, call: &'static str, d: &DeviceSplits, n: usize) -> Result<()> {
+        for (what, addr, len) in [
+            ("in_splits", d.in_splits, n),
+            ("out_splits_offsets", d.out, 2 * n),
+        ] {
+            cx.inner.aligned(call, what, addr, DType::I64)?;
+            cx.inner
+                .own_offset(addr, 8 * len as u64, call)
+                .map_err(|e| invalid(call, format!("{what}: {}", e.kind())).with_pe(cx.my_pe()))?;
+        }
+        Ok(())
+    }
+
+    /// Where `addr` lies in this PE's heap, for the ledger.
+    fn heap_at(cx: &Context, addr: u64) -> String {
+        let base = cx.inner.own_base;
+        match addr.checked_sub(base) {
+            Some(off) if off < cx.inner.backend.mapped() => format!("heap+{off:#x}"),
+            _ => "local memory".to_string(),
+        }
+    }
+
+    /// The host engine's entry barrier of split sizes: records the call and publishes this
+    /// member's sizes (`mine`) with its arrival; then every member's, checked. None on a team
+    /// this PE is not in.
+    fn host_met<'a>(
+        cx: &'a Context,
+        r: &Request<'a, Self>,
+        nums: [u64; 8],
+        args: impl FnOnce() -> String,
+        mine: &[u64],
+    ) -> Result<Option<(Coll<'a>, Matrix)>> {
+        let n = mine.len() / 2;
+        let payload: &[u8] = bytemuck::cast_slice(mine);
+        if payload.len() as u64 > crate::context::area::PAYLOAD {
+            return Err(too_many(cx, Self::NAME, n));
+        }
+        let mut stage = |at: u64| {
+            cx.inner.control.write(at, payload);
+            Ok(0)
+        };
+        let Some(c) = Coll::begin_staged(&cx.inner, r.team, Self::NAME, nums, args, 0, &mut stage)?
+        else {
+            return Ok(None);
+        };
+        let all = (0..n)
+            .map(|j| {
+                let mut w = vec![0u64; 2 * n];
+                cx.inner
+                    .control
+                    .read(c.payload(j), bytemuck::cast_slice_mut(&mut w));
+                w
+            })
+            .collect::<Vec<_>>();
+        let m = Self::agreed(cx, Self::NAME, &all, r.count)?;
+        Ok(Some((c, m)))
+    }
+
+    /// Split sizes on the device engine: the members meet on the host (the sizes, with the
+    /// arrivals of a team barrier whose ledger check also catches a diverging call), then on
+    /// the stream: a team barrier kernel (every member's source ready), one copy-engine pull
+    /// from each member, a team barrier kernel (every member done reading the sources).
+    fn device_host_splits(
+        cx: &Context,
+        l: &Launch<'_>,
+        r: &Request<'_, Self>,
+        p: &Plan<'_>,
+        send: &[usize],
+        recv: &[usize],
+    ) -> Result<()> {
+        let (t, call, n) = (p.t, r.call(), p.n());
+        let mine = Self::mine(send, recv);
+        let payload: &[u8] = bytemuck::cast_slice(&mine);
+        if payload.len() as u64 > crate::context::area::PAYLOAD {
+            return Err(too_many(cx, call, n));
+        }
+        let all = {
+            let mut st = t.lock();
+            let mut stage = |at: u64| {
+                cx.inner.control.write(at, payload);
+                Ok(0)
+            };
+            cx.inner
+                .team_sync_staged(t, &mut st, call, 0, false, &mut stage)?;
+            let a = cx.inner.area();
+            (0..n)
+                .map(|j| {
+                    let mut w = vec![0u64; 2 * n];
+                    let at = a.payload(t.members[j], t.slot, st.epoch);
+                    cx.inner.control.read(at, bytemuck::cast_slice_mut(&mut w));
+                    w
+                })
+                .collect::<Vec<_>>()
+        };
+        let m = Self::agreed(cx, call, &all, r.count)?;
+        let (me, unit) = (t.me, p.bytes as u64);
+        if n > 1 {
+            l.run("symheap_team_barrier", 1, &[])?;
+        }
+        let own = cx.inner.own_base;
+        for j in 0..n {
+            let (off, len) = m.sent(j, me);
+            let peer = cx.inner.slot_base(t.members[j]).expect("checked direct");
+            let from = peer + (r.src + off * unit - own);
+            let to = r.dest + m.landing(j, me) * unit;
+            let e = crate::backend::cuda::Engine::CopyEngine;
+            l.cu.copy_on_stream(to, from, len * unit, l.stream, e)?;
+        }
+        if n > 1 {
+            l.run("symheap_team_barrier", 1, &[])?;
+        }
+        Ok(())
+    }
+}
+
+impl Collective for AllToAll {
+    const NAME: &'static str = "alltoall";
+    const STREAM_NAME: &'static str = "alltoall_on_stream";
+    const SHAPE: CollKind = CollKind::AllToAll;
+
+    /// No parameters: equal blocks. `send_counts` and `recv_counts` (lists, units of `count`):
+    /// split sizes on the host. `in_splits` and `out_splits_offsets` (addresses), `src_rows`
+    /// and `dst_rows`: counts in device memory, rows of `count` elements.
+    fn from_params(p: &mut Params<'_>) -> Result<Self> {
+        let list = |p: &mut Params<'_>, name: &'static str| match p.get(name) {
+            None => Ok(None),
+            Some(CollParam::Ints(v)) => v
+                .iter()
+                .map(|&c| {
+                    usize::try_from(c)
+                        .map_err(|_| p.error(format!("{name} has a negative size, {c}")))
+                })
+                .collect::<Result<Box<[usize]>>>()
+                .map(Some),
+            Some(other) => {
+                Err(p.error(format!("{name} must be a list of integers, not {other:?}")))
+            }
+        };
+        let (send, recv) = (list(p, "send_counts")?, list(p, "recv_counts")?);
+        let size = |p: &mut Params<'_>, name: &'static str| -> Result<Option<u64>> {
+            match p.int(name)? {
+                None => Ok(None),
+                Some(v) => u64::try_from(v)
+                    .map(Some)
+                    .map_err(|_| p.error(format!("{name} must not be negative, it is {v}"))),
+            }
+        };
+        let in_splits = size(p, "in_splits")?;
+        let splits = match (send, recv, in_splits) {
+            (None, None, None) => Splits::Even,
+            (Some(send), Some(recv), None) => Splits::Host { send, recv },
+            (None, None, Some(in_splits)) => {
+                let need = |p: &mut Params<'_>, name| {
+                    size(p, name)?.ok_or_else(|| p.error(format!("in_splits needs {name}")))
+                };
+                Splits::Device(DeviceSplits {
+                    in_splits,
+                    out: need(p, "out_splits_offsets")?,
+                    src_rows: need(p, "src_rows")? as usize,
+                    dst_rows: need(p, "dst_rows")? as usize,
+                })
+            }
+            _ => {
+                return Err(p.error(
+                    "alltoall takes send_counts with recv_counts, or in_splits with \
+                     out_splits_offsets, src_rows and dst_rows"
+                        .into(),
+                ))
+            }
+        };
+        Ok(AllToAll { splits })
+    }
+
+    fn check(&self, cx: &Context, r: &Request<'_, Self>) -> Result<()> {
+        let (call, n) = (r.call(), r.team.n_pes());
+        if !r.team.is_valid() {
+            return Ok(());
+        }
+        match &self.splits {
+            Splits::Even => Ok(()),
+            Splits::Host { send, recv } => {
+                if send.len() != n || recv.len() != n {
+                    return Err(invalid(
+                        call,
+                        format!(
+                            "{} send sizes and {} receive sizes for a team of {n} (one per member)",
+                            send.len(),
+                            recv.len()
+                        ),
+                    )
+                    .with_pe(cx.my_pe()));
+                }
+                Ok(())
+            }
+            Splits::Device(d) => {
+                let t = r.team.0.as_deref().expect("valid");
+                if cx.inner.spans_nodes(t) {
+                    return Err(Error::new(
+                        Some(cx.my_pe()),
+                        call,
+                        ErrorKind::Unsupported(
+                            "an alltoall with counts in device memory across nodes (NCCL needs \
+                             the counts on the host: pass them as split sizes)"
+                                .into(),
+                        ),
+                    ));
+                }
+                Self::check_counts(cx, call, d, n)
+            }
+        }
+    }
+
+    fn lens(&self, unit: usize, n: usize) -> Option<(usize, usize)> {
+        let sum = |v: &[usize]| v.iter().try_fold(0usize, |a, &c| a.checked_add(c));
+        match &self.splits {
+            Splits::Even => Some((unit.checked_mul(n)?, unit.checked_mul(n)?)),
+            Splits::Host { send, recv } => {
+                Some((sum(recv)?.checked_mul(unit)?, sum(send)?.checked_mul(unit)?))
+            }
+            Splits::Device(d) => {
+                Some((d.dst_rows.checked_mul(unit)?, d.src_rows.checked_mul(unit)?))
+            }
+        }
+    }
+
+    fn text(&self, cx: &Context, count: usize, dtype: DType) -> String {
+        match &self.splits {
+            Splits::Even => format!("{count} x {dtype}"),
+            Splits::Host { .. } => format!("split sizes in units of {count} x {dtype}"),
+            Splits::Device(d) => format!(
+                "counts at {} in rows of {count} x {dtype}, {} rows in, {} rows out, out at {}",
+                Self::heap_at(cx, d.in_splits),
+                d.src_rows,
+                d.dst_rows,
+                Self::heap_at(cx, d.out)
+            ),
+        }
+    }
+
+    fn host(&self, cx: &Context, r: &Request<'_, Self>, p: &Plan<'_>) -> Result<()> {
+        let (dest, src, bytes) = (r.dest, r.src, p.bytes);
+        let args = || r.text(cx, p, None, false);
+        let dt = r.dtype as u64;
+        let (c, m) = match &self.splits {
+            Splits::Even => {
+                let nums = [r.count as u64, dt, 0, 0, 0, 0, dest, src];
+                let Some(c) = Coll::begin(&cx.inner, r.team, Self::NAME, nums, args)? else {
+                    return Ok(());
+                };
+                let me = c.me();
+                for j in 0..c.n() {
+                    let from = c.at(j, src + (me * bytes) as u64);
+                    c.copy(dest + (j * bytes) as u64, from, bytes)?;
+                }
+                return c.end();
+            }
+            Splits::Host { send, recv } => {
+                let nums = [r.count as u64, dt | 1 << 32, 0, 0, 0, 0, dest, src];
+                let mine = Self::mine(send, recv);
+                match Self::host_met(cx, r, nums, args, &mine)? {
+                    Some(met) => met,
+                    None => return Ok(()),
+                }
+            }
+            Splits::Device(d) => {
+                let (ins, out) = (d.in_splits, d.out);
+                let (s, o) = (d.src_rows as u64, d.dst_rows as u64);
+                let nums = [r.count as u64, dt | 2 << 32, ins, out, s, o, dest, src];
+                let Some(c) = Coll::begin(&cx.inner, r.team, Self::NAME, nums, args)? else {
+                    return Ok(());
+                };
+                let all = (0..c.n())
+                    .map(|j| Self::read_counts(cx, c.at(j, ins), c.n()))
+                    .collect::<Result<Vec<_>>>()?;
+                // Refused, every member still waits for the others to have read its counts
+                // (which it may change for its next call as soon as it returns).
+                let m = match Self::counted(cx, Self::NAME, &all, d) {
+                    Ok(m) => m,
+                    Err(e) => return c.end().and(Err(e)),
+                };
+                cx.inner
+                    .backend
+                    .write_bytes(out, &Self::outputs(&m, c.me()))?;
+                (c, m)
+            }
+        };
+        // Every member pulls its blocks; the exit barrier keeps the sources until all did.
+        let (me, unit) = (c.me(), bytes as u64);
+        for j in 0..c.n() {
+            let (off, len) = m.sent(j, me);
+            let from = c.at(j, src + off * unit);
+            c.copy(dest + m.landing(j, me) * unit, from, (len * unit) as usize)?;
+        }
+        c.end()
+    }
+
+    fn mpi(
+        &self,
+        cx: &Context,
+        mpi: &Mpi,
+        comm: MpiComm,
+        r: &Request<'_, Self>,
+        p: &Plan<'_>,
+    ) -> Result<()> {
+        let err = |why| mpi_error(cx, Self::NAME, why);
+        let (n, me) = (p.n(), p.t.me);
+        let m = match &self.splits {
+            Splits::Even => return mpi.alltoall(comm, p.hd, p.hs, p.bytes).map_err(err),
+            Splits::Host { send, recv } => {
+                let all = gather_u64(mpi, comm, &Self::mine(send, recv), n).map_err(err)?;
+                Self::agreed(cx, Self::NAME, &all, r.count)?
+            }
+            Splits::Device(d) => {
+                let own = Self::read_counts(cx, d.in_splits, n)?;
+                let own: Vec<u64> = own.iter().map(|&c| c as u64).collect();
+                let all = gather_u64(mpi, comm, &own, n).map_err(err)?;
+                let all: Vec<Vec<i64>> = all
+                    .iter()
+                    .map(|r| r.iter().map(|&c| c as i64).collect())
+                    .collect();
+                let m = Self::counted(cx, Self::NAME, &all, d)?;
+                cx.inner
+                    .backend
+                    .write_bytes(d.out, &Self::outputs(&m, me))?;
+                m
+            }
+        };
+        let (send, recv) = m.ranges(me, p.bytes as u64);
+        mpi.alltoallv(comm, p.hd, p.hs, &send, &recv).map_err(err)
+    }
+
+    /// Split sizes: grouped send and receive, the sizes not compared across the team (its
+    /// members meet in NCCL only; NCCL fails a pair whose sizes differ). Device counts never
+    /// come here (refused in `check`).
+    fn nccl_team(
+        &self,
+        _cx: &Context,
+        comm: &Comm,
+        r: &Request<'_, Self>,
+        p: &Plan<'_>,
+        stream: u64,
+    ) -> std::result::Result<(), String> {
+        match &self.splits {
+            Splits::Host { send, recv } => {
+                let unit = p.bytes as u64;
+                let (soff, roff) = (prefix(send), prefix(recv));
+                comm.exchange(
+                    |j| (r.src + soff[j] * unit, send[j] as u64 * unit),
+                    |j| (r.dest + roff[j] * unit, recv[j] as u64 * unit),
+                    stream,
+                )
+            }
+            _ => comm.alltoall(r.dest, r.src, p.bytes as u64, stream),
+        }
+    }
+
+    /// NCCL over the world (grouped send and receive); split sizes are compared across the job
+    /// over the rendezvous first.
+    fn nccl_world(&self, c: &mut SpanCall<'_>, r: &Request<'_, Self>, p: &Plan<'_>) -> Result<()> {
+        let Splits::Host { send, recv } = &self.splits else {
+            if p.bytes == 0 {
+                return Ok(());
+            }
+            return c.nccl(c.all().alltoall(r.dest, r.src, p.bytes as u64, c.raw));
+        };
+        let cx = c.ctx;
+        let mine: Vec<u8> = bytemuck::cast_slice(&Self::mine(send, recv)).to_vec();
+        let parts = cx
+            .inner
+            .boot
+            .all_gather(c.call, &mine)
+            .map_err(|e| e.during(c.call).with_pe(cx.my_pe()))?;
+        let all: Vec<Vec<u64>> = parts
+            .iter()
+            .map(|b| bytemuck::pod_collect_to_vec::<u8, u64>(b))
+            .collect();
+        let m = Self::agreed(cx, c.call, &all, r.count)?;
+        let (s, rv) = m.ranges(p.t.me, p.bytes as u64);
+        let (src, dest) = (r.src, r.dest);
+        c.nccl(c.all().exchange(
+            |j| (src + s[j].0 as u64, s[j].1 as u64),
+            |j| (dest + rv[j].0 as u64, rv[j].1 as u64),
+            c.raw,
+        ))
+    }
+
+    fn device_plan(&self, cu: &CudaBackend, r: &Request<'_, Self>, p: &Plan<'_>) -> DevicePlan {
+        // The exchange kernel reaches only scratch on peers: places are not part of the call.
+        let local = matches!(self.splits, Splits::Even)
+            && stays_local(cu, StreamColl::Alltoall, r.team, p.bytes as u64);
+        DevicePlan {
+            local,
+            ..DevicePlan::default()
+        }
+    }
+
+    fn device_alone(
+        &self,
+        cx: &Context,
+        l: &Launch<'_>,
+        r: &Request<'_, Self>,
+        p: &Plan<'_>,
+    ) -> Result<()> {
+        self.device(cx, l, r, p, &DevicePlan::default())
+    }
+
+    fn device(
+        &self,
+        cx: &Context,
+        l: &Launch<'_>,
+        r: &Request<'_, Self>,
+        p: &Plan<'_>,
+        _: &DevicePlan,
+    ) -> Result<()> {
+        match &self.splits {
+            Splits::Even if p.n() == 1 => l.copy_local(r.dest, r.src, p.bytes as u64),
+            Splits::Even => {
+                let bytes = p.bytes as u64;
+                if let Some(k) = exchange_kernel(l.cu, l.team, bytes) {
+                    return l.exchange(k, r.src, r.dest, bytes, XCHG_ALLTOALL, 0);
+                }
+                let grid = grid_for(l.cu, p.dest_len as u64, 16 << 10, 1, 2);
+                l.run(
+                    "symheap_alltoall",
+                    grid,
+                    &[Arg::U64(r.src), Arg::U64(r.dest), Arg::U64(bytes)],
+                )
+            }
+            Splits::Host { send, recv } => Self::device_host_splits(cx, l, r, p, send, recv),
+            Splits::Device(d) => {
+                let s = r.stream.unwrap_or_else(|| l.cu.internal_stream());
+                let n = p.n() as u64;
+                cx.check_range(r.call(), d.in_splits, 8 * n, s)?;
+                cx.check_range(r.call(), d.out, 16 * n, s)?;
+                let grid = grid_for(l.cu, p.dest_len.max(p.src_len) as u64, 16 << 10, 1, 2);
+                l.run(
+                    "symheap_alltoallv",
+                    grid,
+                    &[
+                        Arg::U64(r.src),
+                        Arg::U64(r.dest),
+                        Arg::U64(d.in_splits),
+                        Arg::U64(d.out),
+                        Arg::U64(p.bytes as u64),
+                        Arg::U64(d.src_rows as u64),
+                        Arg::U64(d.dst_rows as u64),
+                    ],
+                )
+            }
+        }
+    }
+}
+
+/// Exclusive prefix sums of `v`.
+fn prefix(v: &[usize]) -> Vec<u64> {
+    let mut acc = 0u64;
+    v.iter()
+        .map(|&c| {
+            let o = acc;
+            acc += c as u64;
+            o
+        })
+        .collect()
+}
+
+/// `mine` (the same length on every member) from every member of `comm` (`n` of them).
+fn gather_u64(
+    mpi: &Mpi,
+    comm: MpiComm,
+    mine: &[u64],
+    n: usize,
+) -> std::result::Result<Vec<Vec<u64>>, String> {
+    let mut all = vec![0u64; mine.len() * n];
+    let bytes = std::mem::size_of_val(mine);
+    mpi.all_gather(comm, all.as_mut_ptr() as u64, mine.as_ptr() as u64, bytes)?;
+    Ok(all.chunks(mine.len().max(1)).map(<[u64]>::to_vec).collect())
+}
+
+/// The error of split sizes too many to publish with a barrier's arrival.
+fn too_many(cx: &Context, call: &'static str, n: usize) -> Error {
+    Error::new(
+        Some(cx.my_pe()),
+        call,
+        ErrorKind::Unsupported(format!(
+            "split sizes for a team of {n} (at most {} members on one node)",
+            crate::context::area::PAYLOAD / 16
+        )),
+    )
+}
+
+impl Context {
+    /// Collective over `team`: member i's block j (`count` elements at `src + j × count`)
+    /// lands at member j's `dest + i × count`. Never in place: `dest` and `src` must not
+    /// overlap (see `ops/alias.rs`).
+    pub fn alltoall_raw(
+        &self,
+        team: &Team,
+        dest: u64,
+        src: u64,
+        count: usize,
+        dtype: DType,
+    ) -> Result<()> {
+        let kind = AllToAll {
+            splits: Splits::Even,
+        };
+        self.run_collective(Request::host(kind, team, dest, src, count, dtype))
+    }
+
+    /// Collective over `team`: member i's block j (`count` elements at `src + j × count`) lands
+    /// at member j's `dest + i × count`, enqueued on `stream`. Never in place: `dest` and `src`
+    /// must not overlap (see `ops/alias.rs`). On the world team up to 4 MiB per pair (less
+    /// from 3 PEs up: `(n - 1) × bytes` about 4 MiB), data and flags travel together;
+    /// otherwise push after an entry round.
+    pub fn alltoall_on_stream(
+        &self,
+        team: &Team,
+        dest: u64,
+        src: u64,
+        count: usize,
+        dtype: DType,
+        stream: &Stream,
+    ) -> Result<()> {
+        let kind = AllToAll {
+            splits: Splits::Even,
+        };
+        let r = Request::host(kind, team, dest, src, count, dtype).on(stream);
+        self.run_collective(r)
+    }
+
+    /// Typed `alltoall_raw` on buffers (both hold `n × count`).
+    pub fn alltoall<T: Element>(
+        &self,
+        team: &Team,
+        dest: &SymmetricBuffer,
+        src: &SymmetricBuffer,
+        count: usize,
+    ) -> Result<()> {
+        self.alltoall_raw(team, dest.addr(), src.addr(), count, T::DTYPE)
+    }
+
+    /// Collective over `team`, an alltoall of uneven blocks (as torch's `all_to_all_single`
+    /// with split sizes): this member sends `send_counts[j]` elements to member j, its blocks
+    /// packed in member order at `src`, and receives `recv_counts[j]` from member j, packed in
+    /// member order at `dest`. What member i sends member j must be what member j expects from
+    /// member i: every member checks every pair where the members meet and fails naming the
+    /// first that disagrees. Never in place. On a team across nodes on CUDA the sizes are
+    /// compared over the rendezvous (the world) or not at all (a split of it: NCCL's own
+    /// checks). Collective-order rule: every member calls it in the same order with the same
+    /// dtype and buffers.
+    pub fn alltoallv_raw(
+        &self,
+        team: &Team,
+        dest: u64,
+        src: u64,
+        send_counts: &[usize],
+        recv_counts: &[usize],
+        dtype: DType,
+    ) -> Result<()> {
+        let kind = AllToAll {
+            splits: Splits::Host {
+                send: send_counts.into(),
+                recv: recv_counts.into(),
+            },
+        };
+        self.run_collective(Request::host(kind, team, dest, src, 1, dtype))
+    }
+
+    /// `alltoallv_raw` enqueued on `stream` (CUDA: the members meet on the host as it is
+    /// enqueued, then a team barrier, the copies and a team barrier run on the stream,
+    /// capturable in a CUDA graph with the sizes baked in).
+    #[allow(clippy::too_many_arguments)]
+    pub fn alltoallv_on_stream(
+        &self,
+        team: &Team,
+        dest: u64,
+        src: u64,
+        send_counts: &[usize],
+        recv_counts: &[usize],
+        dtype: DType,
+        stream: &Stream,
+    ) -> Result<()> {
+        let kind = AllToAll {
+            splits: Splits::Host {
+                send: send_counts.into(),
+                recv: recv_counts.into(),
+            },
+        };
+        let r = Request::host(kind, team, dest, src, 1, dtype).on(stream);
+        self.run_collective(r)
+    }
+
+    /// Collective over `team`, an alltoall whose counts are in symmetric memory (as torch's
+    /// `all_to_all_vdev`, for MoE): `in_splits` holds n int64, the rows of `row` elements this
+    /// member sends each member (its blocks packed in member order at `src`, which holds
+    /// `src_rows` rows); the blocks land packed in member order at `dest` (`dst_rows` rows),
+    /// and the call writes `out_splits_offsets` (2 × n int64): the rows received from each
+    /// member, then where each starts in `dest` (rows). `src_rows`, `dst_rows` and every buffer
+    /// must be the same on every member. A negative count, or counts past either buffer, move
+    /// nothing on any member: an invalid-argument error on the host backend; on CUDA, where the
+    /// kernel reads the counts, error 4 at the stream's next synchronisation. On `stream` when
+    /// given (capturable), else complete on return. Not across nodes on CUDA.
+    #[allow(clippy::too_many_arguments)]
+    pub fn alltoall_vdev(
+        &self,
+        team: &Team,
+        dest: u64,
+        src: u64,
+        in_splits: u64,
+        out_splits_offsets: u64,
+        row: usize,
+        src_rows: usize,
+        dst_rows: usize,
+        dtype: DType,
+        stream: Option<&Stream>,
+    ) -> Result<()> {
+        let kind = AllToAll {
+            splits: Splits::Device(DeviceSplits {
+                in_splits,
+                out: out_splits_offsets,
+                src_rows,
+                dst_rows,
+            }),
+        };
+        let mut r = Request::host(kind, team, dest, src, row, dtype);
+        r.stream = stream;
+        self.run_collective(r)
+    }
+}
