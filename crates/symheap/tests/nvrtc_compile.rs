@@ -100,25 +100,42 @@ fn assert_has(body: &str, what: &str, needles: &[&str]) {
     );
 }
 
+/// What `SYMHEAP_TEST_NVRTC` asks of the run: `M.m` (every arch compiles with NVRTC M.m) or
+/// `ARCH:M.m,...` (each arch with its own, NVRTC 12 and 13 loaded side by side).
+fn wanted_nvrtc(v: &str) -> Vec<(Option<u32>, String)> {
+    v.split(',')
+        .map(|item| match item.split_once(':') {
+            Some((arch, ver)) => (
+                Some(arch.trim().parse().unwrap_or_else(|_| {
+                    panic!("SYMHEAP_TEST_NVRTC={v:?}: {arch:?} is not an arch")
+                })),
+                ver.trim().to_string(),
+            ),
+            None => (None, item.trim().to_string()),
+        })
+        .collect()
+}
+
 #[test]
 fn nvrtc_is_loadable() {
     require_nvrtc();
     let (major, minor) = nvrtc::version().unwrap_or((0, 0));
     assert!(major >= 12, "NVRTC {major}.{minor} is too old");
     // A run meant for one NVRTC must get that one, not another found on the way.
-    if let Ok(want) = std::env::var("SYMHEAP_TEST_NVRTC") {
-        assert_eq!(
-            format!("{major}.{minor}"),
-            want.trim(),
-            "SYMHEAP_TEST_NVRTC names another NVRTC than the one loaded ({:?})",
-            nvrtc::library_path()
-        );
-        for &arch in archs() {
-            let (v, _) = nvrtc::for_arch(arch).unwrap_or_else(|e| panic!("sm_{arch}: {e}"));
+    let Ok(want) = std::env::var("SYMHEAP_TEST_NVRTC") else {
+        return;
+    };
+    let found = nvrtc::found();
+    for (only, version) in wanted_nvrtc(&want) {
+        for &arch in archs().iter().filter(|&&a| only.is_none_or(|o| o == a)) {
+            let (v, path) = nvrtc::for_arch(arch).unwrap_or_else(|e| panic!("sm_{arch}: {e}"));
             assert_eq!(
-                v,
-                (major, minor),
-                "sm_{arch} would compile with another NVRTC"
+                format!("{}.{}", v.0, v.1),
+                version,
+                "sm_{arch} compiles with NVRTC {}.{} at {} (found: {found:?})",
+                v.0,
+                v.1,
+                path.display()
             );
         }
     }

@@ -295,6 +295,13 @@ pub(crate) fn load_all(
             continue;
         }
         match open(c) {
+            // The loader hands back a library already loaded by path when asked for its name:
+            // the same NVRTC, listed once.
+            Ok(api)
+                if found
+                    .apis
+                    .iter()
+                    .any(|a| a.create_program as usize == api.create_program as usize) => {}
             Ok(api) => found.apis.push(api),
             Err(why) => found
                 .tried
