@@ -14,7 +14,7 @@
 //! The library is loaded at run time from wherever the user has it (`nvrtc_sys`): the CUDA 13
 //! and CUDA 12 wheels are found on Python's path with no `LD_LIBRARY_PATH`. When several are
 //! installed, each compile uses one whose cubins the initialised driver can load and that knows
-//! the target architecture ([`super::compat`]). NVRTC is only needed for kernels that are not
+//! the target architecture (`backend/cuda/compat.rs`). NVRTC is only needed for kernels that are not
 //! shipped prebuilt (other architectures, tuning overrides, users' own modules); nothing here
 //! panics on any input.
 
