@@ -6,9 +6,12 @@
 # the console script and `python -m symheap` run it, and the extension does not link its
 # self-test scenarios and benchmarks), both tagged manylinux_2_28 (zig links against glibc 2.28,
 # the floor torch's wheels use), with symheap's kernels compiled ahead of time for sm_80, sm_90,
-# sm_100 and sm_120 and embedded, so a first init on those GPUs runs no NVRTC. Needs only Rust
-# and the project venv (made here from scripts/requirements-test.txt: maturin, ziglang, NVRTC);
-# no GPU.
+# sm_100 and sm_120 by CUDA 12 NVRTCs (scripts/lib/kernel_builds.sh: they load on every driver
+# from CUDA 12.1 on, 12.8 for Blackwell) and embedded, so a first init on those GPUs runs no
+# NVRTC. Needs only Rust and what the wheel needs: a small venv of its own (target/build-venv,
+# from scripts/requirements-build.txt: maturin and zig, ~70 MB) and the NVRTCs (target/nvrtc/,
+# ~330 MB, by scripts/nvrtc_lib.sh); no test stack, no GPU. SYMHEAP_BUILD_VENV names another
+# venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=lib/steps.sh
@@ -17,7 +20,8 @@ source scripts/lib/steps.sh
 OUTDIR=target/wheels
 PROFILE=release
 TARGETS=x86_64
-ARCHS=80,90,100,120
+# shellcheck source=lib/kernel_builds.sh
+source scripts/lib/kernel_builds.sh
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUTDIR="$2"; shift 2 ;;
@@ -28,18 +32,34 @@ while [ $# -gt 0 ]; do
 done
 [ "$TARGETS" = all ] && TARGETS="x86_64 aarch64"
 
-VENV="${SYMHEAP_VENV:-$PWD/target/venv}"
-step "project venv ($VENV)" scripts/venv.sh "$VENV"
+VENV="${SYMHEAP_BUILD_VENV:-$PWD/target/build-venv}"
+step "build venv ($VENV, from scripts/requirements-build.txt)" \
+  scripts/venv.sh "$VENV" scripts/requirements-build.txt
 export PATH="$VENV/bin:$PATH"
-# shellcheck source=nvrtc_env.sh
-source scripts/nvrtc_env.sh
 
 # The kernels, compiled by this checkout's own `symheap kernels` (the hashes must match the
-# sources the library embeds, so they come from the same tree).
+# sources the library embeds, so they come from the same tree), each group of architectures by
+# its NVRTC; every file name records the NVRTC version that built it.
 PREBUILT="$PWD/target/prebuilt-kernels"
 rm -rf "$PREBUILT"
 step "build the kernel compiler" cargo build --locked -p symheap-cli --bin symheap
-step "compile the kernels for sm_${ARCHS//,/, sm_}" target/debug/symheap kernels --out "$PREBUILT" --arch "$ARCHS"
+# Checks that every image of ARCHS was built by NVRTC MAJOR.MINOR (and not by another NVRTC
+# found on the way): two programs per architecture.
+built_by() { # archs, major.minor
+  local a n
+  for a in ${1//,/ }; do
+    n=$(find "$PREBUILT" -name "kernels-*-sm$a-nvrtc$2.cubin" | wc -l)
+    [ "$n" = 2 ] || { echo "build_wheel.sh: $n images of sm_$a by NVRTC $2 in $PREBUILT, not 2" >&2; return 1; }
+  done
+}
+for build in "${KERNEL_BUILDS[@]}"; do
+  archs="${build%%:*}" version="${build#*:}"
+  step "NVRTC $version" scripts/nvrtc_lib.sh "$version"
+  lib="$(scripts/nvrtc_lib.sh "$version")"
+  step "compile the kernels for sm_${archs//,/, sm_} with NVRTC $version" \
+    env -u SYMHEAP_NVRTC SYMHEAP_NVRTC_LIB="$lib" target/debug/symheap kernels --out "$PREBUILT" --arch "$archs"
+  step "the sm_${archs//,/, sm_} images are NVRTC ${version%.*}'s" built_by "$archs" "${version%.*}"
+done
 
 # The executable goes into the package as python/symheap/_bin/symheap (git-ignored, included by
 # pyproject.toml) only for the wheel being built: never left behind for a later `pip install .`.

@@ -5,7 +5,9 @@
 # or its NVRTC is missing, it is made with the `python3` on PATH (a bare interpreter is enough;
 # nothing is installed into it). Exports SYMHEAP_NVRTC_LIB, which symheap looks at first.
 # Works under `set -euo pipefail`, changes no shell option, and on failure says what failed and
-# returns 1 (so a `set -e` caller stops with the message, never silently).
+# returns 1 (so a `set -e` caller stops with the message, never silently). For a CUDA 12 NVRTC
+# (the wheel's kernels are built by 12.0, 12.1 and 12.8): `export SYMHEAP_NVRTC_LIB="$(
+# scripts/nvrtc_lib.sh 12.1.105)"`; scripts/check_kernel_builds.sh runs the tests with each.
 
 _symheap_nvrtc_setup() {
   local root venv py lib

@@ -36,6 +36,8 @@ step "ruff check" ruff check python tests scripts bench examples
 step "ruff format --check" ruff format --check python tests scripts bench examples
 step "no import circle in the Python package (scripts/check_py_cycles.py)" python3 scripts/check_py_cycles.py
 step "cargo test" cargo test --workspace --locked -- ${OPEN_MPI_SKIP_ARGS[@]+"${OPEN_MPI_SKIP_ARGS[@]}"}
+step "device code with the CUDA 12 NVRTCs that build the wheel's kernels (12.0, 12.1, 12.8)" \
+  scripts/check_kernel_builds.sh
 step "docs (rustdoc -D warnings, Python API page up to date)" scripts/docs.sh
 step "divergence property test at scale (40 random programs at 2, 3, 4 and 8 PEs)" \
   scripts/diverge_stats.sh 40 target/debug/symheap

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# `scripts/venv.sh [DIR]`: makes the project-local Python environment the tests use (default
-# target/venv) from scripts/requirements-test.txt, with whatever `python3` is on PATH (a bare
-# interpreter is enough: nothing is installed into it). Reuses DIR when it was made from the same
-# requirements, installs over it otherwise. Never touches the user's own Python.
+# `scripts/venv.sh [DIR] [REQUIREMENTS]`: makes a project-local Python environment (default
+# target/venv, the one the tests use) from REQUIREMENTS (default scripts/requirements-test.txt;
+# scripts/build_wheel.sh makes target/build-venv from scripts/requirements-build.txt), with
+# whatever `python3` is on PATH (a bare interpreter is enough: nothing is installed into it).
+# Reuses DIR when it was made from the same requirements, installs over it otherwise. Never
+# touches the user's own Python.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${1:-target/venv}"
-REQ=scripts/requirements-test.txt
+REQ="${2:-scripts/requirements-test.txt}"
 PY="${PYTHON:-python3}"
 stamp="$VENV/.symheap-requirements"
 if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && cmp -s "$REQ" "$stamp"; then
@@ -20,7 +22,11 @@ if [ ! -x "$VENV/bin/python" ]; then
     exit 1
   fi
 fi
-echo "venv.sh: installing $REQ into $VENV (torch is ~3 GB with its CUDA libraries)" >&2
+case "$REQ" in
+  *requirements-test.txt) size="torch is ~3 GB with its CUDA libraries" ;;
+  *) size="$(grep -cvE '^\s*(#|$)' "$REQ") packages" ;;
+esac
+echo "venv.sh: installing $REQ into $VENV ($size)" >&2
 if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$REQ" >&2; then
   echo "venv.sh: pip install -r $REQ into $VENV failed (see pip's message above)" >&2
   exit 1

@@ -5,6 +5,7 @@ console script's code path), and NVRTC found in this interpreter's site-packages
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -122,3 +123,21 @@ def test_a_package_without_the_executable_still_launches() -> None:
     r = subprocess.run(argv, env=clean_env(), capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "[PE 0] rank 0" in r.stdout and "[PE 1] rank 1" in r.stdout, r.stdout
+
+
+def test_extras_give_each_cuda_major_its_nvrtc_and_nvshmem() -> None:
+    # `symheap[cu12]` for a CUDA 12 driver, `symheap[cu13]` for CUDA 13; `cuda` stays an alias
+    # of CUDA 13's NVRTC for those who installed it by that name.
+    import importlib.metadata as md
+
+    meta = md.metadata("symheap")
+    extras = set(meta.get_all("Provides-Extra") or [])
+    assert {"cu12", "cu13", "cuda", "nvshmem"} <= extras, extras
+
+    def wants(extra: str) -> set:
+        reqs = [r for r in meta.get_all("Requires-Dist") or [] if f"extra == '{extra}'" in r.replace('"', "'")]
+        return {re.match(r"[A-Za-z0-9._-]+", r).group(0) for r in reqs}
+
+    assert wants("cu12") == {"nvidia-cuda-nvrtc-cu12", "nvidia-nvshmem-cu12"}, wants("cu12")
+    assert wants("cu13") == {"nvidia-cuda-nvrtc", "nvidia-nvshmem-cu13"}, wants("cu13")
+    assert wants("cuda") == {"nvidia-cuda-nvrtc"}, wants("cuda")

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use symheap::cuda::{nvrtc, prebuilt_file_name, shipped_sources};
+use symheap::cuda::{compile_shipped, nvrtc, shipped_sources};
 
 /// Compiles every shipped kernel source for every arch in `archs` into `out`; returns the exit
 /// status (1 naming what failed).
@@ -54,9 +54,9 @@ pub(crate) fn build(out: &Path, archs: &[u32]) -> i32 {
 /// Compiles `source` for `arch` and writes it under the name the library looks it up by.
 fn compile_one(out: &Path, name: &str, source: &str, arch: u32) -> Result<(), String> {
     let t0 = std::time::Instant::now();
-    let image = nvrtc::compile_cubin(source, name, arch, &[(nvrtc::HEADER_NAME, nvrtc::HEADER)])
+    let (file, image) = compile_shipped(source, name, arch)
         .map_err(|log| format!("{name} for sm_{arch}: {log}"))?;
-    let path = out.join(prebuilt_file_name(source, arch));
+    let path = out.join(file);
     std::fs::write(&path, &image).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     eprintln!(
         "symheap kernels: {name} sm_{arch}: {} KiB in {:.1} s -> {}",

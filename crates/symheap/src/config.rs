@@ -49,6 +49,9 @@ pub struct Config {
     /// How collectives of a team that spans nodes run on the CUDA backend
     /// (`SYMHEAP_NODES_ALGO`).
     pub nodes_algo: NodesAlgo,
+    /// Which images of symheap's own kernels the CUDA backend may load (`SYMHEAP_KERNEL_IMAGE`):
+    /// embedded ones the driver can load, else NVRTC's (the default), or only one of the two.
+    pub kernel_image: crate::backend::cuda::KernelImage,
     /// `(name, value)` of every `SYMHEAP_*` and launcher variable that was read and set.
     pub env_read: Vec<(String, String)>,
 }
@@ -122,6 +125,7 @@ impl Default for Config {
             coll_defines: Vec::new(),
             topology: TopologyChoice::Auto,
             nodes_algo: NodesAlgo::Auto,
+            kernel_image: crate::backend::cuda::KernelImage::Auto,
             env_read: Vec::new(),
         }
     }
@@ -173,7 +177,15 @@ pub const SYMHEAP_VARIABLES: &[(&str, &str)] = &[
     ),
     (
         "SYMHEAP_NVRTC_LIB",
-        "libnvrtc.so.13 (or its directory) for kernels not prebuilt (default: the nvidia-cuda-nvrtc wheel on the Python path, then the loader's path)",
+        "libnvrtc.so.13 or .so.12 (or a directory holding them) for kernels not prebuilt, alone (default: the nvidia-cuda-nvrtc and nvidia-cuda-nvrtc-cu12 wheels on the Python path, a CUDA toolkit, the loader's path; of those found, one whose cubins the driver loads)",
+    ),
+    (
+        "SYMHEAP_NVRTC",
+        "12 | 13: use only an NVRTC of this CUDA major version",
+    ),
+    (
+        "SYMHEAP_KERNEL_IMAGE",
+        "auto | prebuilt | prebuilt-cu12 | prebuilt-cu13 | nvrtc: which images of symheap's kernels init may load (default auto: an embedded one the driver loads, else the cache or NVRTC)",
     ),
     (
         "SYMHEAP_TOPOLOGY",
@@ -266,6 +278,20 @@ impl Config {
                     format!("SYMHEAP_NODES_ALGO={v:?}: expected auto or nccl"),
                 )
             })?;
+        }
+        if let Some(v) = c.read("SYMHEAP_KERNEL_IMAGE") {
+            c.kernel_image = crate::backend::cuda::KernelImage::parse(&v).ok_or_else(|| {
+                invalid(
+                    "init",
+                    format!(
+                        "SYMHEAP_KERNEL_IMAGE={v:?}: expected auto, prebuilt, prebuilt-cu12, \
+                         prebuilt-cu13 or nvrtc"
+                    ),
+                )
+            })?;
+        }
+        if let Some(v) = c.read("SYMHEAP_NVRTC") {
+            crate::backend::cuda::nvrtc::check_forced_major(&v).map_err(|e| invalid("init", e))?;
         }
         if let Some(v) = c.read("SYMHEAP_COLL_DEFINES") {
             c.coll_defines = parse_coll_defines(&v).map_err(|e| invalid("init", e))?;

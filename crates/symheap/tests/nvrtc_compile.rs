@@ -7,10 +7,33 @@
 //! These tests FAIL when libnvrtc cannot be loaded: run them after `source scripts/nvrtc_env.sh`
 //! (installs `nvidia-cuda-nvrtc` 13.0 into the project venv and sets `SYMHEAP_NVRTC_LIB`), or with
 //! a `python3` on PATH whose site-packages hold that wheel.
+//!
+//! CI runs them once per NVRTC the wheel's kernels are built with (scripts/test.sh):
+//! `SYMHEAP_TEST_ARCHS` (default `80,90`) names the architectures the cubins are compiled and
+//! checked for, and `SYMHEAP_TEST_NVRTC` (e.g. `12.1`) the NVRTC version the run must get.
 
-use symheap::cuda::{coll_source, kernel_entries, kernels_source, nvrtc};
+use std::sync::OnceLock;
 
-const ARCHS: [u32; 2] = [80, 90];
+use symheap::cuda::{coll_source, compile_shipped, kernel_entries, kernels_source, nvrtc};
+
+/// The architectures every cubin is compiled for (`SYMHEAP_TEST_ARCHS`, default sm_80, sm_90).
+fn archs() -> &'static [u32] {
+    static ARCHS: OnceLock<Vec<u32>> = OnceLock::new();
+    ARCHS.get_or_init(|| match std::env::var("SYMHEAP_TEST_ARCHS") {
+        Ok(v) if !v.trim().is_empty() => v
+            .split(',')
+            .map(|a| {
+                a.trim()
+                    .parse()
+                    .unwrap_or_else(|_| panic!("SYMHEAP_TEST_ARCHS={v:?}: not a list like 80,90"))
+            })
+            .collect(),
+        _ => vec![80, 90],
+    })
+}
+
+/// The architecture the PTX checks read (every NVRTC of CUDA 12 and 13 knows compute_90).
+const PTX_ARCH: u32 = 90;
 const RING_PUT: &str = include_str!(concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../examples/cuda/ring_put.cu"
@@ -77,11 +100,60 @@ fn assert_has(body: &str, what: &str, needles: &[&str]) {
     );
 }
 
+/// What `SYMHEAP_TEST_NVRTC` asks of the run: `M.m` (every arch compiles with NVRTC M.m) or
+/// `ARCH:M.m,...` (each arch with its own, NVRTC 12 and 13 loaded side by side).
+fn wanted_nvrtc(v: &str) -> Vec<(Option<u32>, String)> {
+    v.split(',')
+        .map(|item| match item.split_once(':') {
+            Some((arch, ver)) => (
+                Some(arch.trim().parse().unwrap_or_else(|_| {
+                    panic!("SYMHEAP_TEST_NVRTC={v:?}: {arch:?} is not an arch")
+                })),
+                ver.trim().to_string(),
+            ),
+            None => (None, item.trim().to_string()),
+        })
+        .collect()
+}
+
 #[test]
 fn nvrtc_is_loadable() {
     require_nvrtc();
     let (major, minor) = nvrtc::version().unwrap_or((0, 0));
     assert!(major >= 12, "NVRTC {major}.{minor} is too old");
+    // A run meant for one NVRTC must get that one, not another found on the way.
+    let Ok(want) = std::env::var("SYMHEAP_TEST_NVRTC") else {
+        return;
+    };
+    let found = nvrtc::found();
+    for (only, version) in wanted_nvrtc(&want) {
+        for &arch in archs().iter().filter(|&&a| only.is_none_or(|o| o == a)) {
+            let (v, path) = nvrtc::for_arch(arch).unwrap_or_else(|e| panic!("sm_{arch}: {e}"));
+            assert_eq!(
+                format!("{}.{}", v.0, v.1),
+                version,
+                "sm_{arch} compiles with NVRTC {}.{} at {} (found: {found:?})",
+                v.0,
+                v.1,
+                path.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn shipped_images_are_named_by_the_nvrtc_that_built_them() {
+    require_nvrtc();
+    let arch = archs()[0];
+    let (file, image) = compile_shipped(&kernels_program(), "kernels.cu", arch)
+        .unwrap_or_else(|log| panic!("kernels.cu does not compile for sm_{arch}:\n{log}"));
+    let (v, _) = nvrtc::for_arch(arch).expect("it just compiled");
+    assert!(image.starts_with(b"\x7fELF"), "not a CUBIN");
+    assert!(
+        file.starts_with("kernels-")
+            && file.ends_with(&format!("-sm{arch}-nvrtc{}.{}.cubin", v.0, v.1)),
+        "{file}"
+    );
 }
 
 /// kernels.cu as the backend compiles it (with the argument layout checks).
@@ -96,17 +168,17 @@ fn coll_program() -> String {
 
 #[test]
 fn backend_kernels_compile_to_cubin() {
-    for arch in ARCHS {
+    for &arch in archs() {
         cubin(&kernels_program(), "kernels.cu", arch);
     }
 }
 
 #[test]
 fn ring_put_example_compiles() {
-    for arch in ARCHS {
+    for &arch in archs() {
         cubin(RING_PUT, "ring_put.cu", arch);
     }
-    let p = ptx(RING_PUT, "ring_put.cu", 90);
+    let p = ptx(RING_PUT, "ring_put.cu", PTX_ARCH);
     let body = entry(&p, "ring_put");
     assert_has(
         body,
@@ -119,22 +191,25 @@ fn ring_put_example_compiles() {
 #[test]
 fn provider_mix_example_compiles() {
     // The kernel the `providers` GPU scenario runs over native-heap and NVSHMEM buffers.
-    for arch in ARCHS {
+    for &arch in archs() {
         cubin(PROVIDER_MIX, "provider_mix.cu", arch);
     }
-    entry(&ptx(PROVIDER_MIX, "provider_mix.cu", 90), "provider_mix");
+    entry(
+        &ptx(PROVIDER_MIX, "provider_mix.cu", PTX_ARCH),
+        "provider_mix",
+    );
 }
 
 #[test]
 fn every_header_template_compiles() {
-    for arch in ARCHS {
+    for &arch in archs() {
         cubin(INSTANTIATE_ALL, "instantiate_all.cu", arch);
     }
 }
 
 #[test]
 fn copy_kernel_moves_16_byte_vectors() {
-    let p = ptx(&kernels_program(), "kernels.cu", 90);
+    let p = ptx(&kernels_program(), "kernels.cu", PTX_ARCH);
     let body = entry(&p, "symheap_copy");
     assert_has(
         body,
@@ -156,7 +231,7 @@ fn copy_kernel_moves_16_byte_vectors() {
 
 #[test]
 fn signals_and_waits_order_at_system_scope() {
-    let p = ptx(&kernels_program(), "kernels.cu", 90);
+    let p = ptx(&kernels_program(), "kernels.cu", PTX_ARCH);
     let signal = entry(&p, "symheap_signal");
     assert_has(signal, "signal fence", &["fence.sc.sys"]);
     assert_has(signal, "signal set", &["st.release.sys.global.u64"]);
@@ -194,7 +269,7 @@ fn signals_and_waits_order_at_system_scope() {
 
 #[test]
 fn alignment_hint_keeps_vector_stores() {
-    let p = ptx(INSTANTIATE_ALL, "instantiate_all.cu", 90);
+    let p = ptx(INSTANTIATE_ALL, "instantiate_all.cu", PTX_ARCH);
     let body = entry(&p, "hint_vector_store");
     assert_has(body, "hinted store", &["st.global.v4.f32", "st.v4.f32"]);
 }
@@ -285,15 +360,21 @@ fn entry_params<'a>(ptx: &'a str, name: &str) -> &'a str {
     &body[..end]
 }
 
-/// coll.cu's PTX for compute_`arch`, compiled once per test binary (NVRTC takes seconds).
+/// coll.cu's PTX for compute_`arch`, compiled once per test binary and arch (NVRTC takes
+/// seconds).
 fn coll_ptx(arch: u32) -> &'static str {
-    use std::sync::OnceLock;
-    static PTX: [OnceLock<String>; 2] = [OnceLock::new(), OnceLock::new()];
-    let slot = ARCHS
-        .iter()
-        .position(|&a| a == arch)
-        .unwrap_or_else(|| panic!("arch {arch} not in {ARCHS:?}"));
-    PTX[slot].get_or_init(|| ptx(&coll_program(), "coll.cu", arch))
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    static PTX: OnceLock<Mutex<HashMap<u32, &'static str>>> = OnceLock::new();
+    let memo = PTX.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Some(p) = memo.lock().unwrap_or_else(|e| e.into_inner()).get(&arch) {
+        return p;
+    }
+    let p: &'static str = Box::leak(ptx(&coll_program(), "coll.cu", arch).into_boxed_str());
+    memo.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(arch, p);
+    p
 }
 
 #[test]
@@ -310,12 +391,12 @@ fn coll_kernels_compile_with_tuning_defines() {
     ]
     .map(|(n, v)| (n.to_string(), v))
     .into();
-    cubin(&coll_source(&defines), "coll_tuned.cu", 90);
+    cubin(&coll_source(&defines), "coll_tuned.cu", archs()[0]);
 }
 
 #[test]
 fn coll_kernels_compile_to_cubin() {
-    for arch in ARCHS {
+    for &arch in archs() {
         cubin(&coll_program(), "coll.cu", arch);
     }
 }
@@ -326,7 +407,7 @@ fn every_kernel_takes_its_argument_block() {
     // size of the Rust struct the launcher passes (the layout inside is checked by the
     // program's static_asserts).
     let kernels = kernels_program();
-    for arch in ARCHS {
+    for &arch in archs() {
         let own = ptx(&kernels, "kernels.cu", arch);
         for e in kernel_entries() {
             let p = if e.program == "symheap_coll.cu" {
@@ -414,7 +495,7 @@ fn an_argument_layout_that_differs_does_not_compile() {
 
 #[test]
 fn coll_hot_kernels_move_16_byte_vectors() {
-    let p = coll_ptx(90);
+    let p = coll_ptx(PTX_ARCH);
     let mut hot: Vec<String> = Vec::new();
     for dt in COLL_DTYPES {
         hot.push(format!("symheap_ar_oneshot_{dt}"));
@@ -479,7 +560,7 @@ fn coll_hot_kernels_move_16_byte_vectors() {
 
 #[test]
 fn coll_barriers_order_at_system_scope() {
-    let p = coll_ptx(90);
+    let p = coll_ptx(PTX_ARCH);
     for name in coll_kernels() {
         let body = entry(p, &name);
         // The one-shot's LL and LL128 kernels have no flag round: their data lines carry the
@@ -571,7 +652,7 @@ fn ptxas_usage(log: &str) -> Vec<(String, u32, u32, u32, u32)> {
 fn coll_kernels_do_not_spill() {
     // Every kernel is reported before the verdict, so one run shows all that went over.
     let mut over = Vec::new();
-    for arch in ARCHS {
+    for &arch in archs() {
         let log = ptxas_report(&coll_program(), "coll.cu", arch);
         let usage = ptxas_usage(&log);
         for name in coll_kernels() {

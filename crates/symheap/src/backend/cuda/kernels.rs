@@ -8,7 +8,8 @@ use super::driver::{Device, Module};
 use super::kernel_args::{
     self, AtomicArgs, BarrierArgs, CopyArgs, OneKernel, PutSignalArgs, SignalArgs, WaitArgs,
 };
-use super::{cache, nvrtc, prebuilt};
+use super::prebuilt::KernelImage;
+use super::{cache, compat, nvrtc, prebuilt};
 use crate::element::DType;
 use crate::error::{err, ErrorKind, Result};
 
@@ -25,74 +26,118 @@ pub(super) struct Kernels {
     pub(super) origin: String,
 }
 
-/// Loads one of symheap's kernel sources for `dev`: the image embedded at build time when there
-/// is one for this arch ([`prebuilt`]), else the on-disk cache, else NVRTC (then cached).
-/// Returns the module and where its image came from (for the banner).
+/// Where a module's image came from, for the banner.
+fn image_origin(arch: u32, nvrtc: (i32, i32), how: &str) -> String {
+    format!("{how} sm_{arch} image (NVRTC {}.{})", nvrtc.0, nvrtc.1)
+}
+
+/// Loads one of symheap's kernel sources for `dev`: the image embedded at build time that this
+/// driver loads, when there is one for this arch ([`prebuilt::candidates`]), else the on-disk
+/// cache, else NVRTC (then cached); `choice` (`SYMHEAP_KERNEL_IMAGE`) narrows that. Returns the
+/// module and where its image came from (for the banner).
 pub(super) fn build(
     dev: &Device,
     driver_version: i32,
+    choice: KernelImage,
     source: &str,
     name: &str,
 ) -> Result<(Module, String)> {
     let arch = (dev.cc.0 * 10 + dev.cc.1) as u32;
+    let driver = compat::driver_cuda(driver_version);
     let hash = prebuilt::source_hash(&[nvrtc::HEADER, source]);
-    let mut skipped = String::new();
-    if let Some((image_arch, image)) = prebuilt::find(hash, arch) {
-        match Module::load(image) {
-            Ok(m) => return Ok((m, format!("prebuilt for sm_{image_arch}"))),
-            // A driver older than the NVRTC that built the image: compile here instead.
-            Err(e) => skipped = format!("; the prebuilt sm_{image_arch} image did not load: {e}"),
+    let (images, mut passed) = prebuilt::candidates(prebuilt::PREBUILT, hash, arch, driver, choice);
+    for img in images {
+        match Module::load(img.bytes) {
+            Ok(m) => return Ok((m, image_origin(img.arch, img.nvrtc, "prebuilt"))),
+            // The driver may lack minor version compatibility: try the next, then NVRTC.
+            Err(e) => passed.push(format!(
+                "the sm_{} image built by NVRTC {}.{} did not load: {e}",
+                img.arch, img.nvrtc.0, img.nvrtc.1
+            )),
         }
     }
-    let nv = nvrtc::version().map_err(|m| {
-        let shipped = prebuilt::archs();
-        let have = if shipped.is_empty() {
+    let unsupported = |m: String| err("init", ErrorKind::Unsupported(m));
+    let why_not_prebuilt = || {
+        let shipped: Vec<String> = prebuilt::images()
+            .iter()
+            .map(|(a, v)| format!("sm_{a} (NVRTC {}.{})", v.0, v.1))
+            .collect();
+        let mut have = if shipped.is_empty() {
             "this build carries no prebuilt kernels".to_string()
         } else {
-            let list: Vec<String> = shipped.iter().map(|a| format!("sm_{a}")).collect();
             format!(
                 "this build carries prebuilt kernels for {}",
-                list.join(", ")
+                shipped.join(", ")
             )
         };
-        err(
-            "init",
-            ErrorKind::Unsupported(format!(
-                "{} is sm_{arch} and {have}{skipped}, so NVRTC must compile {name}: {m}",
-                dev.name
-            )),
+        if !passed.is_empty() {
+            have.push_str(&format!("; {}", passed.join("; ")));
+        }
+        format!(
+            "{} is sm_{arch} on a CUDA {}.{} driver and {have}",
+            dev.name, driver.0, driver.1
         )
+    };
+    if choice.prebuilt_only() {
+        return Err(unsupported(format!(
+            "SYMHEAP_KERNEL_IMAGE={} allows only an embedded image for {name}, and none loads: {}",
+            choice.name(),
+            why_not_prebuilt()
+        )));
+    }
+    let (nv, _) = nvrtc::for_arch(arch).map_err(|m| {
+        unsupported(format!(
+            "{}, so NVRTC must compile {name}: {m}",
+            why_not_prebuilt()
+        ))
     })?;
     let path = cache::path(hash, arch, driver_version, nv);
     let (image, origin) = match cache::load(&path) {
-        Some(img) => (img, format!("cached {}", path.display())),
+        Some(img) => (img, image_origin(arch, nv, "cached")),
         None => {
-            let img = nvrtc::compile_cubin(source, name, arch, &[("symheap.cuh", nvrtc::HEADER)])
-                .map_err(|log| {
-                err(
-                    "init",
-                    ErrorKind::Unsupported(format!(
-                        "NVRTC {}.{} cannot compile {name} for sm_{arch} ({}): {log}",
-                        nv.0, nv.1, dev.name
-                    )),
-                )
-            })?;
-            cache::store(&path, &img);
-            (
-                img,
-                format!("compiled by NVRTC {}.{} for sm_{arch}", nv.0, nv.1),
+            let (img, used) = nvrtc::compile_cubin_with_version(
+                source,
+                name,
+                arch,
+                &[(nvrtc::HEADER_NAME, nvrtc::HEADER)],
             )
+            .map_err(|log| {
+                unsupported(format!(
+                    "NVRTC {}.{} cannot compile {name} for sm_{arch} ({}): {log}",
+                    nv.0, nv.1, dev.name
+                ))
+            })?;
+            // Filed under the NVRTC that compiled it (the same one, short of a concurrent
+            // change of SYMHEAP_NVRTC).
+            cache::store(&cache::path(hash, arch, driver_version, used), &img);
+            (img, image_origin(arch, used, "compiled"))
         }
     };
     let module = Module::load(&image).map_err(|e| {
-        err(
-            "init",
-            ErrorKind::Unsupported(format!(
-                "the driver ({driver_version}) cannot load kernels built for sm_{arch}: {e}"
-            )),
-        )
+        unsupported(format!(
+            "the driver (CUDA {}.{}) cannot load {name} as built for sm_{arch}: {e}",
+            driver.0, driver.1
+        ))
     })?;
     Ok((module, origin))
+}
+
+/// Compiles `source` (one of [`shipped_sources`], named `name`) for `arch` with the NVRTC chosen
+/// here, for a build that embeds it; returns the file name `build.rs` reads it back by (which
+/// records that NVRTC's version) and the cubin. `Err` carries the NVRTC log.
+pub fn compile_shipped(
+    source: &str,
+    name: &str,
+    arch: u32,
+) -> std::result::Result<(String, Vec<u8>), String> {
+    let (image, nv) = nvrtc::compile_cubin_with_version(
+        source,
+        name,
+        arch,
+        &[(nvrtc::HEADER_NAME, nvrtc::HEADER)],
+    )?;
+    let hash = prebuilt::source_hash(&[nvrtc::HEADER, source]);
+    Ok((prebuilt::file_name(hash, arch, nv), image))
 }
 
 /// The program name of kernels.cu (in messages, and in [`shipped_sources`]).
@@ -147,15 +192,20 @@ pub fn kernels_source() -> String {
     src
 }
 
-/// The file name under which the image of `source` (from [`shipped_sources`]) for `arch` is
-/// embedded by a build with `SYMHEAP_PREBUILT_KERNELS`.
-pub fn prebuilt_file_name(source: &str, arch: u32) -> String {
-    prebuilt::file_name(prebuilt::source_hash(&[nvrtc::HEADER, source]), arch)
+/// The file name under which the image of `source` (from [`shipped_sources`]) for `arch`, built
+/// by NVRTC `nvrtc`, is embedded by a build with `SYMHEAP_PREBUILT_KERNELS`.
+pub fn prebuilt_file_name(source: &str, arch: u32, nvrtc: (i32, i32)) -> String {
+    prebuilt::file_name(prebuilt::source_hash(&[nvrtc::HEADER, source]), arch, nvrtc)
 }
 
 /// The architectures this build carries prebuilt kernels for.
 pub fn prebuilt_archs() -> Vec<u32> {
     prebuilt::archs()
+}
+
+/// The (arch, version of the NVRTC that built it) of every kernel image this build carries.
+pub fn prebuilt_images() -> Vec<(u32, (i32, i32))> {
+    prebuilt::images()
 }
 
 /// Dtypes the reducing kernels are built for, with their symbol suffix.
@@ -189,10 +239,11 @@ pub fn coll_source(defines: &[(String, u64)]) -> String {
 pub(super) fn compile_coll(
     dev: &Device,
     driver_version: i32,
+    choice: KernelImage,
     defines: &[(String, u64)],
 ) -> Result<CollKernels> {
     let source = coll_source(defines);
-    let (module, _) = build(dev, driver_version, &source, COLL_PROGRAM)?;
+    let (module, _) = build(dev, driver_version, choice, &source, COLL_PROGRAM)?;
     CollKernels::load(module)
 }
 
@@ -203,8 +254,18 @@ fn one<A: OneKernel>(module: &Module) -> Result<Kernel<A>> {
     unsafe { Kernel::load(module, A::SYMBOL) }
 }
 
-pub(super) fn compile_kernels(dev: &Device, driver_version: i32) -> Result<Kernels> {
-    let (module, origin) = build(dev, driver_version, &kernels_source(), KERNELS_PROGRAM)?;
+pub(super) fn compile_kernels(
+    dev: &Device,
+    driver_version: i32,
+    choice: KernelImage,
+) -> Result<Kernels> {
+    let (module, origin) = build(
+        dev,
+        driver_version,
+        choice,
+        &kernels_source(),
+        KERNELS_PROGRAM,
+    )?;
     Ok(Kernels {
         copy: one(&module)?,
         put_signal: one(&module)?,

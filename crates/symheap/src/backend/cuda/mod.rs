@@ -11,6 +11,7 @@
 mod arg_block;
 mod cache;
 pub(crate) mod coll_args;
+mod compat;
 pub(crate) mod driver;
 mod kernel_args;
 mod kernels;
@@ -26,11 +27,12 @@ pub mod topology;
 use coll_args::CollKernels;
 use kernel_args::AtomicArgs;
 pub use kernels::{
-    coll_source, coll_supports, kernel_entries, kernels_source, prebuilt_archs, prebuilt_file_name,
-    shipped_sources, KernelEntry, COLL_DTYPES,
+    coll_source, coll_supports, compile_shipped, kernel_entries, kernels_source, prebuilt_archs,
+    prebuilt_file_name, prebuilt_images, shipped_sources, KernelEntry, COLL_DTYPES,
 };
 use kernels::{compile_coll, compile_kernels, Kernels};
 pub use module::CudaModule;
+pub use prebuilt::KernelImage;
 pub use stream_ops::FUSED_PUT_SIGNAL_MAX;
 
 pub use crate::config::TopologyChoice;
@@ -184,9 +186,9 @@ impl CudaBackend {
                 )),
             ));
         }
-        let kernels = compile_kernels(&dev, driver_version)?;
+        let kernels = compile_kernels(&dev, driver_version, cfg.kernel_image)?;
         phases.mark("kernels");
-        let coll = compile_coll(&dev, driver_version, &coll_defines)?;
+        let coll = compile_coll(&dev, driver_version, cfg.kernel_image, &coll_defines)?;
         phases.mark("collective kernels");
         let gran = dev.granularity()?;
         let capacity = ceil_to(capacity, gran);
@@ -350,8 +352,14 @@ impl Backend for CudaBackend {
     }
 
     fn describe(&self) -> String {
+        let arch = (self.dev.cc.0 * 10 + self.dev.cc.1) as u32;
+        // The NVRTC that `compile_module` (and kernels not prebuilt) would use on this GPU.
+        let nvrtc = match nvrtc::for_arch(arch) {
+            Ok((v, path)) => format!("NVRTC {}.{} at {}", v.0, v.1, path.display()),
+            Err(_) => "no usable NVRTC".to_string(),
+        };
         format!(
-            "CUDA device {} ({}, GPU-{:02x}{:02x}{:02x}{:02x}, sm_{}{}, {} SMs), driver {}.{}, kernels {}, VMM granularity {} KiB",
+            "CUDA device {} ({}, GPU-{:02x}{:02x}{:02x}{:02x}, sm_{}{}, {} SMs), driver supports CUDA {}.{}, kernels: {}, {nvrtc}, VMM granularity {} KiB",
             self.dev.ordinal,
             self.dev.name,
             self.dev.uuid[0],

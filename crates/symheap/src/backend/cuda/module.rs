@@ -49,7 +49,8 @@ impl CudaBackend {
     pub fn compile_module(&self, source: &str, name: &str) -> Result<CudaModule> {
         self.bind()?;
         let arch = (self.dev.cc.0 * 10 + self.dev.cc.1) as u32;
-        let nv = nvrtc::version().map_err(|m| err("compile_module", ErrorKind::Unsupported(m)))?;
+        let (nv, _) =
+            nvrtc::for_arch(arch).map_err(|m| err("compile_module", ErrorKind::Unsupported(m)))?;
         let hash = prebuilt::source_hash(&[nvrtc::HEADER, source]);
         let path = cache::path(hash, arch, self.driver_version, nv);
         let image = match cache::load(&path) {

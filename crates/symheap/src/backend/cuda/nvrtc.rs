@@ -8,12 +8,15 @@
 //! `cuda_fp16.h`, `<cstdint>`...). The device header `include/symheap.cuh` and the backend's
 //! kernels therefore use only what NVRTC knows by itself (`threadIdx`, `__syncthreads`,
 //! `__nanosleep`, ...) and inline PTX, so `libnvrtc` alone (e.g. `pip install
-//! "nvidia-cuda-nvrtc==13.0.*"`) compiles them, in CI and at the user's site.
+//! "nvidia-cuda-nvrtc==13.0.*"` or `"nvidia-cuda-nvrtc-cu12==12.4.*"`) compiles them, in CI and
+//! at the user's site.
 //!
-//! The library is loaded at run time from wherever the user has it (`nvrtc_sys`): the
-//! `nvidia-cuda-nvrtc` wheel is found on Python's path with no `LD_LIBRARY_PATH`. NVRTC is only
-//! needed for kernels that are not shipped prebuilt (other architectures, tuning overrides, users'
-//! own modules); nothing here panics on any input.
+//! The library is loaded at run time from wherever the user has it (`nvrtc_sys`): the CUDA 13
+//! and CUDA 12 wheels are found on Python's path with no `LD_LIBRARY_PATH`. When several are
+//! installed, each compile uses one whose cubins the initialised driver can load and that knows
+//! the target architecture (`backend/cuda/compat.rs`). NVRTC is only needed for kernels that are not
+//! shipped prebuilt (other architectures, tuning overrides, users' own modules); nothing here
+//! panics on any input.
 
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::path::PathBuf;
@@ -63,15 +66,46 @@ fn check(api: &Api, r: sys::NvrtcResult, call: &str) -> Result<(), String> {
     }
 }
 
-/// NVRTC's version, or why NVRTC cannot be loaded (naming every place looked).
-pub fn version() -> Result<(i32, i32), String> {
-    sys::api().map(|a| a.version)
+/// The NVRTC a compile for `arch` uses in this process: the driver's CUDA version (once the
+/// driver is initialised) and `arch` (when given) narrow the NVRTCs found.
+fn api_for(arch: Option<u32>) -> Result<&'static Api, String> {
+    let driver = super::driver::initialized_version().map(super::compat::driver_cuda);
+    sys::api(driver, arch)
 }
 
-/// The file libnvrtc was loaded from (a bare name when the dynamic loader found it), or why it
-/// cannot be loaded.
+/// The version of the NVRTC compiles use here (with no architecture given: the newest found
+/// whose cubins the initialised driver loads), or why there is none (naming every place looked).
+pub fn version() -> Result<(i32, i32), String> {
+    api_for(None).map(|a| a.version)
+}
+
+/// The file that NVRTC was loaded from (a bare name when the dynamic loader found it), or why
+/// there is none.
 pub fn library_path() -> Result<PathBuf, String> {
-    sys::api().map(|a| a.path.clone())
+    api_for(None).map(|a| a.path.clone())
+}
+
+/// The NVRTC that compiles for `arch` (e.g. 90) here: its version and file, or why there is
+/// none (every NVRTC found and why it does not fit, or every place looked).
+pub fn for_arch(arch: u32) -> Result<((i32, i32), PathBuf), String> {
+    api_for(Some(arch)).map(|a| (a.version, a.path.clone()))
+}
+
+/// `Ok` when `value` is accepted for `SYMHEAP_NVRTC` (`12` or `13`), else what is.
+pub fn check_forced_major(value: &str) -> Result<(), String> {
+    sys::forced_major(Some(value)).map(|_| ())
+}
+
+/// Every NVRTC found here: (version, file, where it was found), in search order; empty when
+/// none loads.
+pub fn found() -> Vec<((i32, i32), PathBuf, String)> {
+    sys::loaded()
+        .map(|apis| {
+            apis.iter()
+                .map(|a| (a.version, a.path.clone(), a.origin.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// An NVRTC program, destroyed on drop.
@@ -119,8 +153,17 @@ fn cstring(s: &str, what: &str) -> Result<CString, String> {
     CString::new(s).map_err(|_| format!("{what} contains a NUL byte"))
 }
 
-/// Compiles `source` for `arch` with `headers` and `extra` options; returns the output and the
-/// compile log (warnings, or ptxas' report with `--ptxas-options=-v`).
+/// What one compile gave.
+struct Compiled {
+    output: Vec<u8>,
+    /// Warnings, or ptxas' report with `--ptxas-options=-v`.
+    log: String,
+    /// The version of the NVRTC that compiled it.
+    nvrtc: (i32, i32),
+}
+
+/// Compiles `source` for `arch` with `headers` and `extra` options, with the NVRTC chosen for
+/// `arch` here.
 fn compile(
     source: &str,
     name: &str,
@@ -128,7 +171,7 @@ fn compile(
     headers: &[(&str, &str)],
     extra: &[&str],
     output: Output,
-) -> Result<(Vec<u8>, String), String> {
+) -> Result<Compiled, String> {
     let c_source = cstring(source, "the source")?;
     let c_name = cstring(name, "the program name")?;
     let mut header_texts = Vec::with_capacity(headers.len());
@@ -155,7 +198,7 @@ fn compile(
     } else {
         (text_ptrs.as_ptr(), name_ptrs.as_ptr())
     };
-    let api = sys::api()?;
+    let api = api_for(Some(arch))?;
 
     let mut raw: sys::Program = ptr::null_mut();
     // SAFETY: every string is a live NUL-terminated CString owned by this frame; the two header
@@ -180,7 +223,9 @@ fn compile(
     let r = unsafe { (api.compile_program)(program.raw, num_options, option_ptrs.as_ptr()) };
     if r != SUCCESS {
         return Err(format!(
-            "NVRTC could not compile {name} for sm_{arch} ({}):\n{}",
+            "NVRTC {}.{} could not compile {name} for sm_{arch} ({}):\n{}",
+            api.version.0,
+            api.version.1,
             error_string(api, r),
             program.log()
         ));
@@ -200,7 +245,11 @@ fn compile(
         let r = unsafe { get_fn(program.raw, buf.as_mut_ptr().cast::<c_char>()) };
         check(api, r, "reading the compiled code")?;
     }
-    Ok((buf, program.log()))
+    Ok(Compiled {
+        output: buf,
+        log: program.log(),
+        nvrtc: api.version,
+    })
 }
 
 /// Compiles `source` (named `name` in messages) for `arch` (e.g. 90 for sm_90) with in-memory
@@ -211,7 +260,18 @@ pub fn compile_cubin(
     arch: u32,
     headers: &[(&str, &str)],
 ) -> Result<Vec<u8>, String> {
-    compile(source, name, arch, headers, &[], Output::Cubin).map(|(image, _)| image)
+    compile(source, name, arch, headers, &[], Output::Cubin).map(|c| c.output)
+}
+
+/// Like [`compile_cubin`], also returning the version of the NVRTC that compiled it (the
+/// oldest driver that loads the image directly supports that CUDA version).
+pub fn compile_cubin_with_version(
+    source: &str,
+    name: &str,
+    arch: u32,
+    headers: &[(&str, &str)],
+) -> Result<(Vec<u8>, (i32, i32)), String> {
+    compile(source, name, arch, headers, &[], Output::Cubin).map(|c| (c.output, c.nvrtc))
 }
 
 /// Like [`compile_cubin`] with `extra` NVRTC options, also returning the compile log (for
@@ -223,7 +283,7 @@ pub fn compile_cubin_with_log(
     headers: &[(&str, &str)],
     extra: &[&str],
 ) -> Result<(Vec<u8>, String), String> {
-    compile(source, name, arch, headers, extra, Output::Cubin)
+    compile(source, name, arch, headers, extra, Output::Cubin).map(|c| (c.output, c.log))
 }
 
 /// Same, returning PTX text (for inspection and for archs newer than the driver).
@@ -233,7 +293,7 @@ pub fn compile_ptx(
     arch: u32,
     headers: &[(&str, &str)],
 ) -> Result<String, String> {
-    let (mut bytes, _) = compile(source, name, arch, headers, &[], Output::Ptx)?;
+    let mut bytes = compile(source, name, arch, headers, &[], Output::Ptx)?.output;
     if let Some(end) = bytes.iter().position(|&b| b == 0) {
         bytes.truncate(end);
     }

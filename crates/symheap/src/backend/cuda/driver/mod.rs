@@ -42,10 +42,18 @@ pub(crate) fn check(r: CUresult, what: &str) -> Result<()> {
     ))
 }
 
+/// The outcome of the one driver initialisation: the driver's CUDA version or why it failed.
+static INIT: OnceLock<std::result::Result<i32, String>> = OnceLock::new();
+
+/// The driver's CUDA version (e.g. 12040) when this process has initialised the driver, without
+/// initialising it: NVRTC's choice asks it, and must not load libcuda in `symheap kernels`.
+pub(crate) fn initialized_version() -> Option<i32> {
+    INIT.get().and_then(|r| r.as_ref().ok().copied())
+}
+
 /// Loads libcuda and initialises the driver once. Returns the driver's CUDA version
 /// (e.g. 13000).
 pub(crate) fn init() -> Result<i32> {
-    static INIT: OnceLock<std::result::Result<i32, String>> = OnceLock::new();
     INIT.get_or_init(|| {
         // SAFETY: probing the library has no side effect beyond loading it.
         if !unsafe { sys::is_culib_present() } {
