@@ -101,27 +101,40 @@ impl LoadError {
 
     /// Where it looked, said briefly after the library's name: a place the user named (a
     /// variable) or one that failed for a reason other than absence in full, the rest counted
-    /// by kind (`not in 4 Python dirs or loader path`).
+    /// by kind (`not in 4 Python dirs, toolkit, loader path`).
     fn places_brief(&self) -> String {
-        let (mut python, mut loader, mut named) = (0, false, Vec::new());
+        // A Python directory tried for several packages (libnvrtc.so.13 of the cu13 wheel and
+        // .so.12 of the cu12 one) counts once: the site directory before `/nvidia/`.
+        let mut dirs = std::collections::BTreeSet::new();
+        let (mut loader, mut toolkit, mut named) = (false, false, Vec::new());
         for p in &self.places {
             if p.origin.contains("Python package") && absent(&p.why) {
-                python += 1;
+                let site = p
+                    .path
+                    .split_once("/nvidia/")
+                    .map_or(p.path.as_str(), |(d, _)| d);
+                dirs.insert(site);
+            } else if p.origin.contains("CUDA toolkit") && absent(&p.why) {
+                toolkit = true;
             } else if p.origin.contains("loader") && absent(&p.why) {
                 loader = true;
             } else {
                 named.push(format!("{} ({}): {}", p.path, p.origin, p.why));
             }
         }
+        let python = dirs.len();
         let mut kinds = Vec::new();
         if python > 0 {
             let s = if python == 1 { "" } else { "s" };
             kinds.push(format!("{python} Python dir{s}"));
         }
+        if toolkit {
+            kinds.push("toolkit".to_string());
+        }
         if loader {
             kinds.push("loader path".to_string());
         }
-        let counted = (!kinds.is_empty()).then(|| format!("not in {}", kinds.join(" or ")));
+        let counted = (!kinds.is_empty()).then(|| format!("not in {}", kinds.join(", ")));
         match (named.is_empty(), counted) {
             (true, Some(c)) => format!(" {c}"),
             (_, c) => format!(
@@ -152,6 +165,21 @@ fn cut(s: &str, max: usize) -> String {
     out
 }
 
+/// Alternative names of one library said once: `libnvrtc.so.13 or libnvrtc.so.12` is
+/// `libnvrtc.so.13/12` (the line has room for the places and the fix then).
+fn compact_names(file: &str) -> String {
+    let names: Vec<&str> = file.split(" or ").collect();
+    let Some((first, rest)) = names.split_first() else {
+        return file.to_string();
+    };
+    let stem = first.rfind('.').map_or("", |i| &first[..=i]);
+    if stem.is_empty() || rest.is_empty() || !rest.iter().all(|n| n.starts_with(stem)) {
+        return file.to_string();
+    }
+    let tails: Vec<&str> = rest.iter().map(|n| &n[stem.len()..]).collect();
+    format!("{first}/{}", tails.join("/"))
+}
+
 /// `what` (e.g. `NVRTC`) could not be loaded because of `e`: one line of at most `max`
 /// characters (unless a path the user named is longer) naming the library, where it was looked
 /// for and the fix, and pointing at `more` (e.g. `symheap info -v`) for every place.
@@ -159,7 +187,13 @@ pub(crate) fn one_line(what: &str, e: &str, max: usize, more: &str) -> String {
     let Some(le) = LoadError::parse(e) else {
         return cut(&format!("{what} not found: {e}"), max);
     };
-    let head = format!("{what}: {}", le.file);
+    // The library's own name says what it is when it contains `what` (libnvrtc: NVRTC).
+    let file = compact_names(&le.file);
+    let head = if file.contains(&what.to_ascii_lowercase()) {
+        file
+    } else {
+        format!("{what}: {file}")
+    };
     let mut parts = vec![format!("{head}{}", le.places_brief())];
     let hint = le.hint();
     parts.extend(hint.clone());
@@ -196,6 +230,24 @@ pub(crate) fn places(e: &str) -> Vec<String> {
             .chain(le.note)
             .collect(),
         None => vec![e.to_string()],
+    }
+}
+
+#[cfg(test)]
+mod compact_tests {
+    use super::compact_names;
+
+    #[test]
+    fn alternative_names_of_one_library_are_said_once() {
+        assert_eq!(
+            compact_names("libnvrtc.so.13 or libnvrtc.so.12"),
+            "libnvrtc.so.13/12"
+        );
+        assert_eq!(compact_names("libnvrtc.so.13"), "libnvrtc.so.13");
+        assert_eq!(
+            compact_names("liba.so.1 or libb.so.2"),
+            "liba.so.1 or libb.so.2"
+        );
     }
 }
 
