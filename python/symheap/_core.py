@@ -220,10 +220,10 @@ def init(
 
     ``backend`` is ``"host"``, ``"cuda"`` or ``"auto"`` (default ``SYMHEAP_BACKEND``);
     ``device`` the CUDA ordinal (default ``SYMHEAP_DEVICE``, else ``LOCAL_RANK`` mod the GPU
-    count; passed to the runtime, the environment is left as it is); ``capacity``/``chunk_size`` bytes (capacity at most 64 TiB); ``timeout`` seconds for
-    every wait (0.001 to 1e9). An argument of the wrong type or range raises
-    :class:`SymheapValueError`. Runs with the GIL released. Raises :class:`SymheapError` if a
-    context already exists.
+    count; passed to the runtime: the environment is left as it is); ``capacity``/
+    ``chunk_size`` bytes (capacity at most 64 TiB); ``timeout`` seconds for every wait (0.001
+    to 1e9). An argument of the wrong type or range raises :class:`SymheapValueError`. Runs
+    with the GIL released. Raises :class:`SymheapError` if a context already exists.
 
     A context left open at interpreter exit is finalized then (collectively), or, when the
     process dies of an unhandled exception, the job is aborted so the other PEs fail at once.

@@ -553,6 +553,12 @@ class TorchSymmMemProvider(Provider):
             import torch.distributed._symmetric_memory as symm_mem
         except ImportError as e:
             raise SymheapUnsupportedError(f"this torch has no SymmetricMemory: {e}") from None
+        if not (hasattr(symm_mem, "empty") and hasattr(symm_mem, "rendezvous")):
+            # (torch 2.5 has the module without its allocation API.)
+            raise SymheapUnsupportedError(
+                f"torch {torch.__version__} has no SymmetricMemory allocation API (symm_mem.empty, "
+                "symm_mem.rendezvous): the torch SymmetricMemory provider needs torch 2.6 or newer"
+            )
         if not torch.cuda.is_available():
             raise SymheapUnsupportedError("the torch SymmetricMemory provider needs a CUDA device")
         # (torch.distributed, as above.)
