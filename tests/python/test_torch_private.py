@@ -15,7 +15,7 @@ from conftest import ROOT
 
 # (module, attribute, the first torch it is needed from, who uses it).
 PRIVATE = [
-    ("torch._C", "_any_requires_grad", (2, 5), "_library.py: ops refuse inputs that require grad"),
+    ("torch._C", "_any_requires_grad", (2, 8), "_library.py: ops refuse inputs that require grad"),
     ("torch._C", "_increment_version", (2, 5), "_library.py: ops bump mutated tensors' versions"),
     ("torch._C", "_len_torch_dispatch_stack", (2, 5), "_library.py: eager calls skip the dispatcher"),
     ("torch.distributed.distributed_c10d", "_resolve_process_group", (2, 5), "providers.torch_symm_mem(group=name)"),
