@@ -4,9 +4,12 @@
 # the `symheap` command (info, launch -n 4 -- symheap info, selftest, bench), `python -m symheap`,
 # the NumPy front, and the wheel's tag and contents (manylinux_2_28, licenses, prebuilt kernels,
 # the command's executable beside an extension module that links none of its self-test
-# scenarios and benchmarks).
+# scenarios and benchmarks); and, this venv having no torch nor Triton, that the modules needing
+# them raise an ImportError naming `pip install "symheap[torch]"` (or `[triton]`) and that the
+# examples needing them exit 77 ("skipped") saying why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT="$PWD"
 WHEEL="$1"
 case "$(basename "$WHEEL")" in
   *-cp39-abi3-manylinux_2_28_x86_64.whl | *-cp39-abi3-manylinux_2_28_aarch64.whl) ;;
@@ -60,4 +63,33 @@ for marker in (b"selftest-pe", b"bench-pe-gpu", b"coll-nodes-nccl"):
     assert marker in command, marker
     assert marker not in native, f"{so[0]} carries the command's {marker.decode()}"
 PY
+python - <<'PY' || fail "a module needing torch or Triton, imported without them"
+import importlib
+import importlib.util
+
+assert importlib.util.find_spec("torch") is None and importlib.util.find_spec("triton") is None, "torch or Triton here"
+for mod, extra in [
+    ("symheap.torch", "torch"),
+    ("symheap.ops", "torch"),
+    ("symheap.distributed", "torch"),
+    ("symheap.fused", "torch"),
+    ("symheap.gemm", "torch"),
+    ("symheap.moe", "torch"),
+    ("symheap.triton", "triton"),
+]:
+    try:
+        importlib.import_module(mod)
+    except ImportError as e:
+        want = f'pip install "symheap[{extra}]"'
+        assert mod in str(e) and want in str(e), f"import {mod}: {e!r} does not name {want}"
+    else:
+        raise AssertionError(f"import {mod} worked without {extra}")
+PY
+for ex in torch_tensors triton_kernel tp_mlp cuda_kernel nvshmem_ring; do
+  rc=0
+  out="$(SYMHEAP_BACKEND=host python "$ROOT/examples/python/$ex.py" 2>&1)" || rc=$?
+  [ "$rc" = 77 ] || fail "examples/python/$ex.py without torch: exit status $rc, not 77 (skipped): $out"
+  grep -qF 'skipped' <<<"$out" && grep -qF 'pip install "symheap[torch]"' <<<"$out" ||
+    fail "examples/python/$ex.py without torch does not say why it skipped: $out"
+done
 echo "check_wheel.sh: ok ($(basename "$WHEEL"))"

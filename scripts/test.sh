@@ -3,8 +3,9 @@
 #
 # Needs Rust and a python3 (a bare interpreter is enough: nothing is installed into it). Every
 # Python package the tests use (maturin, zig, NVRTC, NumPy, pytest, ruff, torch, Triton) goes into
-# the project-local venv target/venv. Outside target/ it installs one thing, said before it
-# does: Open MPI (apt-get install openmpi-bin, through sudo when not root) when mpirun is
+# the project-local venv target/venv, and the lowest and newest torch and Triton into
+# target/venv-torch-min and target/venv-torch-new (scripts/torch_range.sh). Outside target/ it
+# installs one thing, said before it does: Open MPI (apt-get install openmpi-bin, through sudo when not root) when mpirun is
 # missing; SYMHEAP_NO_APT=1 installs nothing and skips the tests that need mpirun, naming them
 # at the end. Each step says what it runs; a failing step is named with its exit status, so
 # this never ends silently.
@@ -54,5 +55,7 @@ step "install the wheel into the test venv" \
 # From tests/python, so `import symheap` is the installed wheel, not python/ in this checkout.
 pytest_all() { (cd tests/python && python -m pytest -q -p no:cacheprovider -rs .); }
 step "pytest (multi-PE, host backend; torch on CPU)" pytest_all
+step "the lowest supported torch/Triton and the newest on the index (scripts/torch_range.sh)" \
+  scripts/torch_range.sh "$WHEEL"
 echo "test.sh: every step passed in $((SECONDS - T0)) s" >&2
 open_mpi_skipped_note

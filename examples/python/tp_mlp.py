@@ -25,8 +25,8 @@ checked against the reference within bf16 tolerance::
 
 Under either launcher the program makes the torch process group first and then
 ``symheap.init()`` joins through it (its store), so symheap's PEs are torch's ranks.
-Exit status 0 when every PE's checks held, 1 otherwise. ``bench/tp_fused_bench.py`` times the
-same block.
+Exit status 0 when every PE's checks held, 1 otherwise, 77 (skipped) without PyTorch.
+``bench/tp_fused_bench.py`` times the same block.
 """
 
 from __future__ import annotations
@@ -40,10 +40,15 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import symheap
-import symheap.fused as fused
-import symheap.torch as st
-import torch
-import torch.nn.functional as F
+
+try:
+    import symheap.fused as fused
+    import symheap.torch as st
+    import torch
+    import torch.nn.functional as F
+except ImportError as e:  # exit 77 ("skipped") without PyTorch, as without the other requirements
+    print(f"tp_mlp: skipped, {e}")
+    sys.exit(77)
 
 EPS = 1e-5
 # bf16 has an 8-bit significand: 2^-8 relative per rounding. The reference rounds in other

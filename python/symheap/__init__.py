@@ -101,27 +101,6 @@ from ._shmem import (
 from .providers import SymheapProviderError
 
 
-def _nvshmem_env_defaults() -> None:
-    """NVSHMEM reads its settings from the environment when the NVSHMEM provider starts; the
-    Rust side must not change the environment of a running process, so the defaults symheap
-    wants go in here, at import, before any of symheap's threads exist. Never NVLink multicast;
-    on a job of one node, no network transport to probe."""
-    os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
-    env = os.environ
-    pairs = [
-        ("WORLD_SIZE", "LOCAL_WORLD_SIZE"),
-        ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
-    ]
-    several_nodes = (
-        any(w in env and env.get(w) != env.get(loc) for w, loc in pairs) or env.get("SLURM_NNODES", "1") != "1"
-    )
-    if not several_nodes:
-        env.setdefault("NVSHMEM_REMOTE_TRANSPORT", "none")
-
-
-_nvshmem_env_defaults()
-
-
 def get_include() -> str:
     """The directory holding ``symheap.cuh``, symheap's device-side CUDA C++ header, shipped in
     the package: compile kernels with ``-I`` that directory (nvcc, NVRTC, CuPy's

@@ -220,10 +220,10 @@ def init(
 
     ``backend`` is ``"host"``, ``"cuda"`` or ``"auto"`` (default ``SYMHEAP_BACKEND``);
     ``device`` the CUDA ordinal (default ``SYMHEAP_DEVICE``, else ``LOCAL_RANK`` mod the GPU
-    count); ``capacity``/``chunk_size`` bytes (capacity at most 64 TiB); ``timeout`` seconds for
-    every wait (0.001 to 1e9). An argument of the wrong type or range raises
-    :class:`SymheapValueError`. Runs with the GIL released. Raises :class:`SymheapError` if a
-    context already exists.
+    count; passed to the runtime: the environment is left as it is); ``capacity``/
+    ``chunk_size`` bytes (capacity at most 64 TiB); ``timeout`` seconds for every wait (0.001
+    to 1e9). An argument of the wrong type or range raises :class:`SymheapValueError`. Runs
+    with the GIL released. Raises :class:`SymheapError` if a context already exists.
 
     A context left open at interpreter exit is finalized then (collectively), or, when the
     process dies of an unhandled exception, the job is aborted so the other PEs fail at once.
@@ -252,8 +252,9 @@ def init(
         raise SymheapValueError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
     rank = None if rank is None else index_arg(rank, "rank")
     world_size = None if world_size is None else index_arg(world_size, "world_size", 1)
-    if device is not None:
-        os.environ["SYMHEAP_DEVICE"] = str(index_arg(device, "device"))
+    # An argument, never os.environ: the process's environment is the user's (and other
+    # libraries'), and a later init must not inherit this one's device.
+    device = None if device is None else index_arg(device, "device")
     # NVRTC and NVSHMEM come from pip wheels in this interpreter's site-packages.
     _native.set_python_search_path([p for p in sys.path if p])
     try:
@@ -263,6 +264,7 @@ def init(
             rank=rank,
             world_size=world_size,
             backend=backend,
+            device=device,
             capacity=capacity,
             chunk_size=chunk_size,
             timeout=timeout,

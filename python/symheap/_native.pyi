@@ -140,6 +140,7 @@ class Context:
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         backend: Optional[str] = None,
+        device: Optional[int] = None,
         capacity: Optional[int] = None,
         chunk_size: Optional[int] = None,
         timeout: Optional[float] = None,
@@ -291,6 +292,9 @@ class NvshmemProvider:
     def n_pes(self) -> int: ...
     def device(self) -> int:
         """CUDA device ordinal."""
+    def attached(self) -> bool:
+        """Whether NVSHMEM was initialised by another library of this process (left up at
+        finalize)."""
     def lib_path(self) -> str: ...
     def peer_offsets(self) -> List[int]:
         """``peer_bases[r] - addr`` for every PE, the same for every allocation (0 where not

@@ -23,8 +23,13 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import torch as _torch
-import torch.distributed as dist
+try:
+    import torch as _torch
+    import torch.distributed as dist
+except ImportError as _e:  # say which extra installs it
+    from ._requires import reraise
+
+    reraise(_e, "torch", "symheap.distributed")
 
 from . import _core, _shmem, ops
 from ._core import api

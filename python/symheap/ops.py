@@ -49,8 +49,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-import torch as _torch
-from torch.fx.node import has_side_effect
+try:
+    import torch as _torch
+    from torch.fx.node import has_side_effect
+except ImportError as _e:  # say which extra installs it
+    from ._requires import reraise
+
+    reraise(_e, "torch", "symheap.ops")
 
 from . import _core, _library, _shmem, _workspace
 from ._core import api, torch_dtype_name

@@ -40,10 +40,11 @@ is made.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from . import _core, _native, _peers
 from . import _nvshmem_ops as _nv
@@ -80,6 +81,30 @@ def _torch() -> Any:
             "this provider needs PyTorch, which is not installed (pip install torch)"
         ) from None
     return torch
+
+
+def _nvshmem_defaults(environ: Mapping[str, str], single_node: bool) -> Dict[str, str]:
+    """The NVSHMEM settings symheap's NVSHMEM provider wants that ``environ`` leaves unset:
+    ``NVSHMEM_DISABLE_NVLS=1`` (symheap never uses NVLink multicast) and, on a job of one node,
+    ``NVSHMEM_REMOTE_TRANSPORT=none`` (no network transport to probe). What the user set wins."""
+    want = {"NVSHMEM_DISABLE_NVLS": "1"}
+    if single_node:
+        want["NVSHMEM_REMOTE_TRANSPORT"] = "none"
+    return {k: v for k, v in want.items() if k not in environ}
+
+
+@contextlib.contextmanager
+def _environ_while(values: Dict[str, str]) -> Iterator[None]:
+    """``values`` (variables absent from ``os.environ``) set for the ``with`` block only, then
+    removed again: NVSHMEM reads its settings from the environment while it initialises, and
+    nothing else in the process should see symheap's choices."""
+    for k, v in values.items():
+        os.environ[k] = v
+    try:
+        yield
+    finally:
+        for k in values:
+            os.environ.pop(k, None)
 
 
 def _shape(size: Sequence[Any]) -> Tuple[int, ...]:
@@ -303,7 +328,10 @@ class NvshmemProvider(Provider):
                 "init with backend='cuda' or SYMHEAP_BACKEND=cuda)"
             )
         self._torch = torch
-        self._p = cls(ctx, lib)
+        # NVSHMEM's defaults reach only the NVSHMEM this provider initialises (an NVSHMEM already
+        # initialised in the process, which it attaches to, has read its settings already).
+        with _environ_while(_nvshmem_defaults(os.environ, ctx.local_size == ctx.n_pes)):
+            self._p = cls(ctx, lib)
         self._dev = torch.device("cuda", int(self._p.device()))
         self._me = int(self._p.my_pe())
         self._n = int(self._p.n_pes())
@@ -319,6 +347,14 @@ class NvshmemProvider(Provider):
     def lib_path(self) -> str:
         """Path ``libnvshmem_host.so.3`` was loaded from."""
         return str(self._p.lib_path())
+
+    def attached(self) -> bool:
+        """Whether this provider uses an NVSHMEM another library of the process initialised
+        (torch's NVSHMEM backend, DeepEP, nvshmem4py: every PE's NVSHMEM PE number must be its
+        symheap PE, else :func:`nvshmem` raises :class:`SymheapUnsupportedError` saying which PE
+        differs). :meth:`finalize` then frees this provider's allocations and leaves NVSHMEM
+        initialised for that library."""
+        return bool(self._p.attached())
 
     def device_library(self) -> Dict[str, str]:
         """Where NVSHMEM's device library is, beside the host library in use: ``include`` (the
@@ -517,6 +553,12 @@ class TorchSymmMemProvider(Provider):
             import torch.distributed._symmetric_memory as symm_mem
         except ImportError as e:
             raise SymheapUnsupportedError(f"this torch has no SymmetricMemory: {e}") from None
+        if not (hasattr(symm_mem, "empty") and hasattr(symm_mem, "rendezvous")):
+            # (torch 2.5 has the module without its allocation API.)
+            raise SymheapUnsupportedError(
+                f"torch {torch.__version__} has no SymmetricMemory allocation API (symm_mem.empty, "
+                "symm_mem.rendezvous): the torch SymmetricMemory provider needs torch 2.6 or newer"
+            )
         if not torch.cuda.is_available():
             raise SymheapUnsupportedError("the torch SymmetricMemory provider needs a CUDA device")
         # (torch.distributed, as above.)

@@ -11,7 +11,12 @@ from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
-import torch as _torch
+try:
+    import torch as _torch
+except ImportError as _e:  # say which extra installs it
+    from ._requires import reraise
+
+    reraise(_e, "torch", "symheap.torch")
 
 from . import _core, _peers
 from ._core import SymmetricAddressMap, api, torch_dtype_name

@@ -42,7 +42,7 @@ data then a signal: ``put(...)`` by every thread of the program, then ``signal_s
 ``signal_add`` (a CTA barrier, then one release store/add at system scope); the receiver's
 ``signal_wait_until`` (acquire loads at system scope) then sees the data.
 
-``import symheap.triton`` needs Triton (``pip install triton``); ``import symheap`` does not
+``import symheap.triton`` needs Triton (``pip install "symheap[triton]"``); ``import symheap`` does not
 import it.
 """
 
@@ -50,10 +50,10 @@ import it.
 try:
     import triton
     import triton.language as tl
-except ImportError as _e:  # pragma: no cover - exercised only without triton
-    raise ImportError(
-        "symheap.triton needs Triton, which is not installed: pip install triton (the rest of symheap works without it)"
-    ) from _e
+except ImportError as _e:  # say which extra installs it
+    from ._requires import reraise
+
+    reraise(_e, "triton", "symheap.triton")
 
 __all__ = [
     "EQ",

@@ -57,9 +57,11 @@ impl PyContext {
     /// store): the rendezvous runs over it, with `rank` and `world_size` required. `comm` is an
     /// object with `allgather(obj) -> list` (mpi4py's `MPI.COMM_WORLD`), with `rank` and
     /// `world_size` taken from it when not given. `backend` is "host", "cuda" or "auto";
-    /// `capacity`/`chunk_size` are bytes; `timeout` is seconds. Releases the GIL while it waits.
+    /// `device` the CUDA ordinal (instead of `SYMHEAP_DEVICE`; the environment is left as it
+    /// is); `capacity`/`chunk_size` are bytes; `timeout` is seconds. Releases the GIL while it
+    /// waits.
     #[staticmethod]
-    #[pyo3(signature = (*, store = None, comm = None, rank = None, world_size = None, backend = None, capacity = None, chunk_size = None, timeout = None))]
+    #[pyo3(signature = (*, store = None, comm = None, rank = None, world_size = None, backend = None, device = None, capacity = None, chunk_size = None, timeout = None))]
     #[allow(clippy::too_many_arguments)]
     fn init(
         py: Python<'_>,
@@ -68,6 +70,7 @@ impl PyContext {
         rank: Option<usize>,
         world_size: Option<usize>,
         backend: Option<&str>,
+        device: Option<usize>,
         capacity: Option<u64>,
         chunk_size: Option<u64>,
         timeout: Option<f64>,
@@ -85,6 +88,9 @@ impl PyContext {
                 }
             };
             b = b.backend(choice);
+        }
+        if let Some(d) = device {
+            b = b.device(d);
         }
         if let Some(c) = capacity {
             symheap::config::check_capacity(c)

@@ -373,6 +373,12 @@ impl PyNvshmem {
         Ok(self.usable()?.device())
     }
 
+    /// Whether the provider uses an NVSHMEM another library of this process initialised (torch's
+    /// NVSHMEM backend, DeepEP, nvshmem4py), which its finalize leaves initialised.
+    fn attached(&self) -> PyResult<bool> {
+        Ok(self.usable()?.attached())
+    }
+
     /// Path the NVSHMEM host library was loaded from.
     fn lib_path(&self) -> PyResult<String> {
         Ok(self.usable()?.library().path.display().to_string())

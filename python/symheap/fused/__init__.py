@@ -29,7 +29,12 @@ from __future__ import annotations
 import functools
 from typing import Any, Optional, Tuple
 
-import torch as _torch
+try:
+    import torch as _torch
+except ImportError as _e:  # say which extra installs it
+    from .._requires import reraise
+
+    reraise(_e, "torch", "symheap.fused")
 
 from .. import _core, _library, _shmem, _workspace
 from .. import torch as st

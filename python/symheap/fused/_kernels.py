@@ -48,8 +48,14 @@ row; ``num_warps`` is chosen from the hidden size (4 up to 2048, 8 up to 4096, 1
 from __future__ import annotations
 
 import torch as _torch
-import triton
-import triton.language as tl
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError as _e:  # say which extra installs it
+    from .._requires import reraise
+
+    reraise(_e, "triton", "symheap.fused")
 
 from .. import triton as sh
 

@@ -63,7 +63,12 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple, Union
 
-import torch as _torch
+try:
+    import torch as _torch
+except ImportError as _e:  # say which extra installs it
+    from .._requires import reraise
+
+    reraise(_e, "torch", "symheap.gemm")
 
 from .. import _core, _library, _shmem, _workspace
 from .. import torch as st

@@ -72,9 +72,15 @@ import os
 from typing import Any, List, NamedTuple, Optional, Tuple
 
 import torch as _torch
-import triton
-import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
+
+try:
+    import triton
+    import triton.language as tl
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError as _e:  # say which extra installs it
+    from .._requires import reraise
+
+    reraise(_e, "triton", "symheap.gemm")
 
 from .. import triton as sh
 from .._native import SymheapValueError

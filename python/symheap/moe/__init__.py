@@ -66,7 +66,12 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-import torch as _torch
+try:
+    import torch as _torch
+except ImportError as _e:  # say which extra installs it
+    from .._requires import reraise
+
+    reraise(_e, "torch", "symheap.moe")
 
 from .. import _core, _library, _shmem, _workspace
 from .. import torch as st

@@ -36,8 +36,14 @@ Completion: each kernel ends before the stream-ordered barrier that follows it i
 
 # No "from __future__ import annotations": Triton reads the tl.constexpr annotations.
 import torch as _torch
-import triton
-import triton.language as tl
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError as _e:  # say which extra installs it
+    from .._requires import reraise
+
+    reraise(_e, "triton", "symheap.moe")
 
 from .. import triton as sh
 

@@ -59,6 +59,14 @@ impl ContextBuilder {
         self
     }
 
+    /// The CUDA device ordinal this PE runs on (instead of `SYMHEAP_DEVICE`, else LOCAL_RANK
+    /// modulo the device count); `init` refuses one that is not visible. Ignored on the host
+    /// backend.
+    pub fn device(mut self, ordinal: usize) -> Self {
+        self.cfg.device = Some(ordinal);
+        self
+    }
+
     /// Runs on a caller-provided rendezvous (for example one over torch.distributed's store)
     /// instead of reading the launcher environment.
     pub fn bootstrap(mut self, b: Arc<dyn Bootstrap>) -> Self {

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::nvshmem_sys::{self as sys, Session};
+use super::nvshmem_sys::{self as sys, Found, Plan, Session};
 use super::{next_provider_id, table_bytes, table_from_bytes, Allocation, Provider};
 use crate::context::Inner;
 use crate::error::{err, invalid, Error, ErrorKind, Result};
@@ -33,15 +33,22 @@ pub(super) struct State {
 ///   the `nvidia-nvshmem-cu13` wheel under the `python3` on PATH's `sys.path`, else the
 ///   loader's search path. A missing library is an `Unsupported` error naming every place
 ///   searched. The library is never unloaded, and one process initialises NVSHMEM once.
-/// * Initialisation (collective over the world): PE 0 makes a unique id, symheap's bootstrap
-///   hands it to every PE, each calls `nvshmemx_hostlib_init_attr` on the context's CUDA
-///   device (its primary context is made current first). NVSHMEM reads its settings from the
-///   environment, which a running program must not change (another thread may be reading
-///   it), so symheap sets none: `symheap launch` and `import symheap` put
-///   `NVSHMEM_DISABLE_NVLS=1` (symheap never uses NVLink multicast) and, for a single-node
-///   job, `NVSHMEM_REMOTE_TRANSPORT=none` (no network transport to probe) into the
-///   environment before anything runs, unless already set. A Rust program started otherwise
-///   gets NVSHMEM's own defaults for them, and a log line at `info` says so.
+/// * Initialisation (collective over the world): when another library of the process (torch's
+///   NVSHMEM backend, DeepEP, nvshmem4py) initialised NVSHMEM already on every PE, with
+///   NVSHMEM's PE numbering symheap's (`nvshmem_my_pe() == rank`, `nvshmem_n_pes() == world`;
+///   `nvshmemx_init_status` tells), the provider attaches to it ([`attached`](Self::attached));
+///   with another layout, or initialised on some PEs only, every PE fails with an
+///   `Unsupported` error saying which PE found what. An NVSHMEM library already loaded in the
+///   process is the one used. Otherwise PE 0 makes a unique id, symheap's bootstrap hands it to
+///   every PE, each calls `nvshmemx_hostlib_init_attr` on the context's CUDA device (its
+///   primary context is made current first). NVSHMEM reads its settings from the environment,
+///   which a running Rust program must not change (another thread may be reading it), so the
+///   Rust side sets none: `symheap launch` puts `NVSHMEM_DISABLE_NVLS=1` (symheap never uses
+///   NVLink multicast) and, for a single-node job, `NVSHMEM_REMOTE_TRANSPORT=none` (no network
+///   transport to probe) into its PEs' environment, and Python's `symheap.providers.nvshmem()`
+///   sets them (where unset) only while NVSHMEM initialises, removing them after. A Rust
+///   program started otherwise gets NVSHMEM's own defaults for them, and a log line at `info`
+///   says so.
 /// * Allocation: `nvshmem_malloc` of the request rounded up to 16 bytes plus an `int64` table
 ///   per PE, written after the data on this PE's device. `peer_bases[r] = nvshmem_ptr(ptr, r)`
 ///   (NULL becomes 0, not direct). The per-peer offsets are measured once, at initialisation
@@ -60,7 +67,8 @@ pub(super) struct State {
 ///   directly is refused at initialisation.
 /// * Finalisation: [`finalize`](Self::finalize) (collective); dropping the provider finalises
 ///   it too, after a symheap collective point confirms every PE is finalising (when that
-///   fails, NVSHMEM is left initialised rather than risk a hang).
+///   fails, NVSHMEM is left initialised rather than risk a hang). An attached provider frees
+///   its own allocations and leaves NVSHMEM initialised for the library that started it.
 ///
 /// Collective-order rule: `new`, `allocate`, `free`, `barrier` and `finalize` are collective.
 /// Each first passes a ledger-checked symheap collective point (recorded as
@@ -73,6 +81,7 @@ pub struct Nvshmem {
     pub(super) rank: usize,
     pub(super) world: usize,
     device: usize,
+    attached: bool,
     lib: NvshmemLibrary,
     /// `nvshmem_ptr(p, r) - p` for every PE (None: not direct), measured at initialisation.
     pub(super) offsets: Vec<Option<i64>>,
@@ -103,8 +112,8 @@ fn load_api(
 fn note_unset_env(name: &str, value: &str) {
     if std::env::var_os(name).is_none() {
         tracing::info!(
-            "{name} is not set: NVSHMEM uses its own default (symheap launch and `import \
-             symheap` set {name}={value}; export it to get the same here)"
+            "{name} is not set: NVSHMEM uses its own default (symheap launch and Python's \
+             symheap.providers.nvshmem() set {name}={value}; export it to get the same here)"
         );
     }
 }
@@ -157,25 +166,28 @@ impl Nvshmem {
             .with_pe(rank)
         })?;
         cu.bind()?;
-        note_unset_env("NVSHMEM_DISABLE_NVLS", "1");
-        if ctx
-            .node()
-            .node_of
-            .iter()
-            .all(|&n| n == ctx.node().node_index)
-        {
-            note_unset_env("NVSHMEM_REMOTE_TRANSPORT", "none");
+        let (api, plan, uid) = exchange_unique_id(&inner, lib, site_dirs)?;
+        if plan == Plan::Init {
+            note_unset_env("NVSHMEM_DISABLE_NVLS", "1");
+            if ctx
+                .node()
+                .node_of
+                .iter()
+                .all(|&n| n == ctx.node().node_index)
+            {
+                note_unset_env("NVSHMEM_REMOTE_TRANSPORT", "none");
+            }
         }
-        let (api, uid) = exchange_unique_id(&inner, lib, site_dirs)?;
         cu.bind()?;
-        let session = start_session(&inner, api, &uid)?;
+        let session = start_session(&inner, api, plan, &uid)?;
         let (session, offsets) = probe_offsets(&inner, session)?;
-        tracing::debug!(rank, path = %api.path.display(), "NVSHMEM initialised");
+        tracing::debug!(rank, path = %api.path.display(), ?plan, "NVSHMEM ready");
         Ok(Nvshmem {
             id: next_provider_id(),
             rank,
             world,
             device: cu.device_ordinal(),
+            attached: plan == Plan::Attach,
             lib: NvshmemLibrary {
                 path: api.path.clone(),
                 version: api.version,
@@ -192,6 +204,12 @@ impl Nvshmem {
     /// The CUDA device ordinal NVSHMEM runs on.
     pub fn device(&self) -> usize {
         self.device
+    }
+
+    /// Whether the provider uses an NVSHMEM another library of the process initialised (and
+    /// so leaves it initialised at [`finalize`](Self::finalize)), rather than its own.
+    pub fn attached(&self) -> bool {
+        self.attached
     }
 
     /// The library in use.
@@ -288,25 +306,28 @@ fn exchange_unique_id(
     inner: &Arc<Inner>,
     lib: Option<&Path>,
     site_dirs: Option<&[PathBuf]>,
-) -> Result<(&'static sys::Api, [u8; sys::UNIQUEID_BYTES])> {
+) -> Result<(&'static sys::Api, Plan, [u8; sys::UNIQUEID_BYTES])> {
     const CALL: &str = "Nvshmem::new";
     let rank = inner.rank;
-    // Local preparation, then one exchange, so a PE that cannot load NVSHMEM makes every
-    // PE fail instead of leaving the others waiting in NVSHMEM's bootstrap.
+    // Local preparation (load, look at NVSHMEM's state, PE 0 makes an id when NVSHMEM is not
+    // up yet), then one exchange, so a PE that cannot load NVSHMEM makes every PE fail instead
+    // of leaving the others waiting in NVSHMEM's bootstrap, and every PE takes the same
+    // decision to initialise or attach.
     let prepared = load_api(lib, site_dirs).and_then(|api| {
-        let uid = if rank == 0 {
+        let found = Found::probe(api);
+        let uid = if rank == 0 && found.status <= 0 {
             sys::unique_id(api)?
         } else {
             [0u8; sys::UNIQUEID_BYTES]
         };
-        Ok((api, uid))
+        Ok((api, found, uid))
     });
     let payload = match &prepared {
-        Ok((_, uid)) => [&[1u8][..], &uid[..]].concat(),
+        Ok((_, found, uid)) => [&[1u8][..], &found.to_bytes()[..], &uid[..]].concat(),
         Err(m) => [&[0u8][..], m.as_bytes()].concat(),
     };
     let all = inner.collective(CALL, String::new(), &payload)?;
-    let (api, _) = prepared.map_err(|m| unsupported(CALL, m).with_pe(rank))?;
+    let (api, _, _) = prepared.map_err(|m| unsupported(CALL, m).with_pe(rank))?;
     for (r, p) in all.iter().enumerate() {
         if p.first() != Some(&1) {
             return Err(unsupported(
@@ -319,17 +340,24 @@ fn exchange_unique_id(
             .with_pe(rank));
         }
     }
+    let malformed = || {
+        err(
+            CALL,
+            ErrorKind::Bootstrap("a PE sent a malformed NVSHMEM start-up message".into()),
+        )
+        .with_pe(rank)
+    };
+    let found: Vec<Found> = all
+        .iter()
+        .map(|p| p.get(1..).and_then(Found::from_bytes))
+        .collect::<Option<_>>()
+        .ok_or_else(malformed)?;
+    let plan = sys::plan(&found).map_err(|m| unsupported(CALL, m).with_pe(rank))?;
     let uid: [u8; sys::UNIQUEID_BYTES] = all[0]
-        .get(1..)
+        .get(1 + Found::BYTES..)
         .and_then(|b| b.try_into().ok())
-        .ok_or_else(|| {
-            err(
-                CALL,
-                ErrorKind::Bootstrap("PE 0 sent a malformed NVSHMEM unique id".into()),
-            )
-            .with_pe(rank)
-        })?;
-    Ok((api, uid))
+        .ok_or_else(malformed)?;
+    Ok((api, plan, uid))
 }
 
 /// Collective (second step): NVSHMEM's initialisation on every PE, then an exchange so that no
@@ -337,11 +365,15 @@ fn exchange_unique_id(
 fn start_session(
     inner: &Arc<Inner>,
     api: &'static sys::Api,
+    plan: Plan,
     uid: &[u8; sys::UNIQUEID_BYTES],
 ) -> Result<Session> {
     const CALL: &str = "Nvshmem::new";
     let (rank, world) = (inner.rank, inner.world);
-    let started = Session::init(api, rank, world, uid);
+    let started = match plan {
+        Plan::Init => Session::init(api, rank, world, uid),
+        Plan::Attach => Session::attach(api, rank, world),
+    };
     // Every PE learns whether every PE is fully up before anyone allocates (a collective
     // NVSHMEM call with a PE missing would hang).
     let status = match &started {

@@ -20,8 +20,12 @@ use std::sync::Mutex;
 
 use crate::util::libsearch::{self, Candidate, Library};
 
+#[path = "nvshmem_plan.rs"]
+mod plan;
 #[path = "nvshmem_sys_rma.rs"]
 mod rma;
+
+pub(crate) use plan::{plan, Found, Plan};
 
 /// The host library's file name (the loader name of the 3.x ABI).
 pub(crate) const LIB_NAME: &str = "libnvshmem_host.so.3";
@@ -332,6 +336,14 @@ pub(crate) fn load(cands: &[Candidate], note: Option<&str>) -> Result<&'static A
         }
         return Ok(api);
     }
+    if let Some(api) = already_loaded() {
+        // Another library of this process (torch's NVSHMEM backend, DeepEP, nvshmem4py) loaded
+        // NVSHMEM: its copy is the one whose state (initialised or not) matters, and a second
+        // copy would be a second, separate NVSHMEM.
+        let api: &'static Api = Box::leak(Box::new(api));
+        *loaded = Some(api);
+        return Ok(api);
+    }
     let api = NVSHMEM.load_first(cands, note, |c| {
         // SAFETY: loading runs the library's static initialisers, which only set up NVSHMEM's
         // own globals (no NVSHMEM call is made until `Session::init`). The file is what the
@@ -343,6 +355,23 @@ pub(crate) fn load(cands: &[Candidate], note: Option<&str>) -> Result<&'static A
     let api: &'static Api = Box::leak(Box::new(api));
     *loaded = Some(api);
     Ok(api)
+}
+
+/// The NVSHMEM host library another part of this process already loaded, if any (found by its
+/// loader name, without loading anything).
+fn already_loaded() -> Option<Api> {
+    let flags = libc::RTLD_NOW | libc::RTLD_NOLOAD;
+    // SAFETY: RTLD_NOLOAD only looks the name up among the libraries already loaded; no code
+    // of a new library runs. A copy found this way has run its initialisers already.
+    let lib = unsafe { libloading::os::unix::Library::open(Some(LIB_NAME), flags) }.ok()?;
+    let path = PathBuf::from(format!("{LIB_NAME} (already loaded in this process)"));
+    match resolve(lib.into(), &path) {
+        Ok(api) => Some(api),
+        Err(why) => {
+            tracing::debug!("the {LIB_NAME} already loaded is not usable: {why}");
+            None
+        }
+    }
 }
 
 /// Whether this process has an initialised NVSHMEM (NVSHMEM is a per-process singleton).
@@ -377,6 +406,9 @@ pub(crate) struct Session {
     live: BTreeMap<u64, u64>,
     /// NVSHMEM runs in its limited multiple-PEs-per-GPU mode (see [`STATUS_LIMITED_MPG`]).
     limited_mpg: bool,
+    /// Whether this Session initialised NVSHMEM (and so finalises it), or attached to one
+    /// another library initialised (whose finalisation is that library's).
+    owned: bool,
 }
 
 /// Whether `[p, p + len)` lies inside one of `live`'s `(base, size)` ranges.
@@ -455,6 +487,7 @@ impl Session {
             n: nranks,
             live: BTreeMap::new(),
             limited_mpg: false,
+            owned: true,
         };
         // Without a usable current CUDA context, NVSHMEM only bootstraps and defers its GPU
         // setup to the first allocation, which then calls exit() if it fails. Checking here
@@ -475,6 +508,36 @@ impl Session {
             ));
         }
         Ok(s)
+    }
+
+    /// Not collective: a Session on the NVSHMEM another library of this process initialised
+    /// (see [`plan`]), which must be PE `rank` of `nranks` and set up on a GPU. Its
+    /// [`finalize`](Self::finalize) frees this Session's allocations and leaves NVSHMEM up.
+    pub(crate) fn attach(api: &'static Api, rank: usize, nranks: usize) -> Result<Session, String> {
+        if ACTIVE.swap(true, Ordering::AcqRel) {
+            return Err(
+                "symheap's NVSHMEM provider is already open in this process (one per process)"
+                    .into(),
+            );
+        }
+        let found = Found::probe(api);
+        if found.status < STATUS_IS_INITIALIZED
+            || found.my_pe != rank as i64
+            || found.n_pes != nranks as i64
+        {
+            ACTIVE.store(false, Ordering::Release);
+            return Err(format!(
+                "NVSHMEM changed while symheap attached to it: now status {}, PE {} of {} (symheap's PE {rank} of {nranks})",
+                found.status, found.my_pe, found.n_pes
+            ));
+        }
+        Ok(Session {
+            api,
+            n: nranks,
+            live: BTreeMap::new(),
+            limited_mpg: found.status == STATUS_LIMITED_MPG,
+            owned: false,
+        })
     }
 
     /// Whether NVSHMEM runs in its limited multiple-PEs-per-GPU mode.
@@ -571,11 +634,22 @@ impl Session {
         Ok(())
     }
 
-    /// Collective: `nvshmemx_hostlib_finalize()`. Frees every NVSHMEM allocation.
-    pub(crate) fn finalize(self) {
-        // SAFETY: NVSHMEM is initialised (this Session) and is not used after this call (the
-        // Session is consumed); every PE reaches it (the caller's collective check).
-        unsafe { (self.api.hostlib_finalize)() };
+    /// Collective: `nvshmemx_hostlib_finalize()`, which frees every NVSHMEM allocation; on an
+    /// attached Session (see [`attach`](Self::attach)) only `nvshmem_free` of this Session's
+    /// allocations, NVSHMEM staying up for the library that initialised it.
+    pub(crate) fn finalize(mut self) {
+        if self.owned {
+            // SAFETY: NVSHMEM is initialised (this Session) and is not used after this call
+            // (the Session is consumed); every PE reaches it (the caller's collective check).
+            unsafe { (self.api.hostlib_finalize)() };
+        } else {
+            // Every PE frees the same allocations in the same (address) order: NVSHMEM's
+            // symmetric heap gives each allocation the same offset on every PE.
+            let live: Vec<u64> = self.live.keys().copied().collect();
+            for p in live {
+                self.free(p);
+            }
+        }
         ACTIVE.store(false, Ordering::Release);
     }
 }
