@@ -18,6 +18,21 @@ T0=$SECONDS
 VENV="$PWD/target/venv"
 step "project venv ($VENV, from scripts/requirements-test.txt)" scripts/venv.sh "$VENV"
 export PATH="$VENV/bin:$PATH"
+# The lowest and newest torch/Triton venvs download in the background while Rust builds and tests
+# (network, not CPU); the step near the end waits for them (its log is shown if they failed).
+RANGE_LOG="$PWD/target/torch-range-prepare.log"
+echo "test.sh: making target/venv-torch-min and -new in the background (log: $RANGE_LOG)" >&2
+setsid scripts/torch_range.sh prepare >"$RANGE_LOG" 2>&1 &
+RANGE_PID=$!
+# Its own session, so a failing step stops it with pip and everything under it.
+trap 'kill -- "-$RANGE_PID" 2>/dev/null || true' EXIT
+range_tests() {
+  local rc=0
+  wait "$RANGE_PID" || rc=$?
+  cat "$RANGE_LOG" >&2
+  [ "$rc" -eq 0 ] || { echo "test.sh: making the torch range venvs failed (exit status $rc)" >&2; return "$rc"; }
+  scripts/torch_range.sh run "$1"
+}
 step "NVRTC setup on a fresh machine (bare python3, set -euo pipefail)" scripts/check_nvrtc_env.sh
 # NVRTC from the venv, so every CUDA kernel and the device header compile in the tests (no GPU).
 # shellcheck source=nvrtc_env.sh
@@ -56,6 +71,6 @@ step "install the wheel into the test venv" \
 pytest_all() { (cd tests/python && python -m pytest -q -p no:cacheprovider -rs .); }
 step "pytest (multi-PE, host backend; torch on CPU)" pytest_all
 step "the lowest supported torch/Triton and the newest on the index (scripts/torch_range.sh)" \
-  scripts/torch_range.sh "$WHEEL"
+  range_tests "$WHEEL"
 echo "test.sh: every step passed in $((SECONDS - T0)) s" >&2
 open_mpi_skipped_note
