@@ -115,7 +115,8 @@ def register_group(group: Any) -> Team:
     """**Collective** over the world (every PE, in the same order, like ``dist.new_group``,
     including the PEs outside the group, which pass what ``new_group`` gave them): makes the
     symheap team of ProcessGroup ``group`` (any ranks in any order: team PE ``i`` is the
-    group's rank ``i``) and caches it; returns it (an invalid team outside the group). Staging ordinary tensors on a group smaller than the world also needs
+    group's rank ``i``) and caches it; returns it (an invalid team outside the group). Staging
+    ordinary tensors on a group smaller than the world also needs
     :func:`symheap.ops.reserve_workspace` on every PE."""
 
     n = _core.native().n_pes

@@ -152,6 +152,7 @@ impl Context {
     /// cannot be split further. The host backend's teams across nodes use Open MPI's split,
     /// which every PE of the job must enter: refused there (split the world with
     /// [`team_split_ranks`](Self::team_split_ranks) instead).
+    #[allow(clippy::type_complexity)]
     pub fn team_from_world_ranks(
         &self,
         ranks: &[usize],
