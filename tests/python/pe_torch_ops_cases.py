@@ -410,7 +410,10 @@ def _dist_any_group(dist, me: int, n: int) -> None:
     ranks = dist.get_process_group_ranks(pg) if me in (0, 2, 3) else [0, 2, 3]
     team = sd.register_group(pg)
     assert team.is_valid == (me in ranks), (me, team)
-    so.reserve_workspace(1 << 16, team)  # collective over the world
+    # Collective over the world. Larger than the even group's: the staging of a PE outside
+    # both groups is filed under one key for every team it is not in, and a size it already
+    # holds would allocate on the members only (a known limit of _workspace's keys).
+    so.reserve_workspace(1 << 17, team)
     if me in ranks:
         assert team.members == list(ranks) and team.my_pe() == ranks.index(me), (team.members, ranks)
         x = _data("dist-any", n, (5,), torch.float32)
