@@ -5,7 +5,7 @@ arguments. Local pointers passed to ``*_from_host`` / ``*_to_host`` / ``*_on_str
 the ``symheap`` package takes them from live arrays; symmetric addresses are checked.
 """
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 __version__: str
 DTYPES: List[str]
@@ -248,6 +248,11 @@ class Context:
     def world_team(self) -> Team: ...
     def team_split_strided(self, parent: Team, start: int, stride: int, size: int) -> Team:
         """Collective over the parent team."""
+    def team_split_ranks(self, parent: Team, ranks: Sequence[int]) -> Team:
+        """Collective over the parent team: team PE i is member ``ranks[i]`` of the parent."""
+    def team_from_ranks(self, ranks: Sequence[int], exchange: Callable[[bytes], List[bytes]]) -> Team:
+        """Collective over the world PEs ``ranks`` only (team PE i is ``ranks[i]``); ``exchange``
+        is their all-gather of bytes, in the order of ``ranks``."""
     def team_destroy(self, team: Team) -> None:
         """Collective over the team."""
     def collective(

@@ -425,6 +425,42 @@ def team_split_strided(parent: Optional[Team], start: int, stride: int, size: in
     return native().team_split_strided(parent if parent is not None else team_world(), start, stride, size)
 
 
+def _rank_list(ranks: Any, what: str) -> List[int]:
+    """``ranks`` (any iterable of integers) as a list of ints, or :class:`SymheapValueError`."""
+    if isinstance(ranks, (str, bytes)) or not hasattr(ranks, "__iter__"):
+        raise SymheapValueError(f"{what} must be a list of ranks, not {type(ranks).__name__}")
+    return [index_arg(r, f"a rank of {what}") for r in ranks]
+
+
+@api
+def team_split_ranks(parent: Optional[Team], ranks: Sequence[int]) -> Team:
+    """**Collective** over ``parent`` (the world when None; every member passes the same
+    list): a new team of the members ``ranks`` of ``parent`` (member indices of ``parent``,
+    in any order, each at most once), whose member ``i`` is ``ranks[i]``. Other members of
+    ``parent`` get an invalid team. A member passing another list raises
+    :class:`SymheapMismatchError` on every member. At most 32 teams exist at once."""
+    parent = check_team(parent, "parent team")
+    ranks = _rank_list(ranks, "ranks")
+    return native().team_split_ranks(parent if parent is not None else team_world(), ranks)
+
+
+@api
+def team_from_ranks(ranks: Sequence[int], exchange: Any) -> Team:
+    """**Collective** over the world PEs ``ranks`` only (the other PEs never call it): a new
+    team whose member ``i`` is world PE ``ranks[i]``, as ``torch.distributed`` makes a process
+    group's backend. ``exchange(data: bytes) -> list[bytes]`` is the members' all-gather,
+    supplied by the caller (e.g. over the group's store): it returns every member's ``data``
+    in the order of ``ranks``. Every member passes the same list (else
+    :class:`SymheapMismatchError` on every member, naming the lists); an exception
+    ``exchange`` raises becomes a :class:`SymheapError` of this call with it as the cause.
+    The team's creation is in no other team's ledger; its own calls are checked among its
+    members like a split team's. At most 32 teams exist at once."""
+    ranks = _rank_list(ranks, "ranks")
+    if not callable(exchange):
+        raise SymheapValueError(f"exchange must be callable (bytes -> list of bytes), not {type(exchange).__name__}")
+    return native().team_from_ranks(ranks, exchange)
+
+
 @api
 def team_destroy(team: Team) -> None:
     """**Collective** over ``team``: destroys it (a no-op on an invalid team)."""

@@ -7,12 +7,12 @@ without graph breaks and capture in CUDA graphs, and they run on the current tor
 Tensors may be symmetric (zero-copy) or ordinary (staged, see ``docs/torch-integration.md``).
 
 ``group`` is None (the world), a ``torch.distributed`` ProcessGroup or a :class:`symheap.Team`.
-A ProcessGroup is mapped to a symheap team once, by its ranks (``get_process_group_ranks``),
-and cached: a group of every rank is the world team; a smaller group must be registered on
-every PE with :func:`register_group` right after ``dist.new_group`` (like ``new_group``, the
-split is collective over the world), and its ranks must be evenly strided
-(``start, start + stride, ...``), else :class:`GroupNotStridedError`. symheap PEs are the
-ranks of torch's default group (``symheap.init()`` after ``dist.init_process_group``).
+A ProcessGroup is mapped to a symheap team once, by its ranks (``get_process_group_ranks``,
+any ranks in any order: team PE ``i`` is the group's rank ``i``), and cached: a group of every
+rank in rank order is the world team; any other group must be registered on every PE with
+:func:`register_group` right after ``dist.new_group`` (like ``new_group``, the split is
+collective over the world). symheap PEs are the ranks of torch's default group
+(``symheap.init()`` after ``dist.init_process_group``).
 
 Collective-order rule: every PE of the group makes the same calls in the same order with the
 same arguments; a mismatch raises :class:`symheap.SymheapMismatchError` on every PE.
@@ -21,7 +21,7 @@ same arguments; a mismatch raises :class:`symheap.SymheapMismatchError` on every
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 try:
     import torch as _torch
@@ -36,7 +36,6 @@ from ._core import api
 from ._native import SymheapMismatchError, SymheapUnsupportedError, SymheapValueError, Team
 
 __all__ = [
-    "GroupNotStridedError",
     "ReduceOp",
     "Work",
     "all_gather_into_tensor",
@@ -47,11 +46,6 @@ __all__ = [
     "reduce_scatter_tensor",
     "register_group",
 ]
-
-
-class GroupNotStridedError(SymheapUnsupportedError):
-    """A process group whose ranks are not ``start, start + stride, ...``: symheap teams are
-    strided splits of the world."""
 
 
 class ReduceOp:
@@ -115,17 +109,6 @@ def _ranks(group: Any) -> Tuple[int, ...]:
     return tuple(int(r) for r in dist.get_process_group_ranks(group))
 
 
-def _strided(ranks: Sequence[int]) -> Tuple[int, int, int]:
-    start = ranks[0]
-    stride = ranks[1] - ranks[0] if len(ranks) > 1 else 1
-    if stride < 1 or any(r != start + i * stride for i, r in enumerate(ranks)):
-        raise GroupNotStridedError(
-            f"process group ranks {list(ranks)} are not start, start + stride, ...; symheap teams are "
-            "strided subsets of the world in increasing order"
-        )
-    return start, stride, len(ranks)
-
-
 def _non_member(group: Any) -> bool:
     """Whether ``group`` is what ``dist.new_group`` gives ranks outside the group."""
     sentinel = dist.GroupMember.NON_GROUP_MEMBER
@@ -136,9 +119,9 @@ def _non_member(group: Any) -> bool:
 def register_group(group: Any) -> Team:
     """**Collective** over the world (every PE, in the same order, like ``dist.new_group``,
     including the PEs outside the group, which pass what ``new_group`` gave them): makes the
-    symheap team of ProcessGroup ``group`` (its ranks evenly strided and increasing, else
-    :class:`GroupNotStridedError`) and caches it; returns it (an invalid team outside the
-    group). Staging ordinary tensors on a group smaller than the world also needs
+    symheap team of ProcessGroup ``group`` (any ranks in any order: team PE ``i`` is the
+    group's rank ``i``) and caches it; returns it (an invalid team outside the group). Staging
+    ordinary tensors on a group smaller than the world also needs
     :func:`symheap.ops.reserve_workspace` on every PE."""
 
     n = _core.native().n_pes
@@ -156,11 +139,10 @@ def register_group(group: Any) -> Team:
     key = (id(_core.context()), ranks)
     if key in _groups:
         return _groups[key]
-    start, stride, size = _strided(ranks)
     if ranks == tuple(range(n)):
         team = _core.native().world_team()
     else:
-        team = _shmem.team_split_strided(None, start, stride, size)
+        team = _shmem.team_split_ranks(None, list(ranks))
     _groups[key] = team
     return team
 

@@ -22,6 +22,7 @@ import pe_fused_cases  # noqa: E402, F401 (registers its cases)
 import pe_gemm_cases  # noqa: E402, F401 (registers its cases)
 import pe_host_cases  # noqa: E402, F401 (registers its cases)
 import pe_moe_cases  # noqa: E402, F401 (registers its cases)
+import pe_team_cases  # noqa: E402, F401 (registers its cases)
 import pe_torch_cases  # noqa: E402, F401 (registers its cases)
 import pe_torch_ops_cases  # noqa: E402, F401 (registers its cases)
 import symheap  # noqa: E402

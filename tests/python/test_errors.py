@@ -102,6 +102,8 @@ def test_wrong_argument_types_become_value_errors(no_launcher) -> None:
             ("barrier", lambda: symheap.barrier(3), "team must be a symheap.Team or None, not int"),
             ("all_reduce", lambda: symheap.all_reduce(x, team="world"), "team must be a symheap.Team or None"),
             ("team_split_strided", lambda: symheap.team_split_strided(None, -1, 1, 1), "team start -1 is out of"),
+            ("team_split_ranks", lambda: symheap.team_split_ranks(None, [0, -1]), "a rank of ranks -1 is out of"),
+            ("team_from_ranks", lambda: symheap.team_from_ranks([True], list), "a rank of ranks must be an integer"),
             ("team_destroy", lambda: symheap.team_destroy(None), "team must be a symheap.Team, not NoneType"),
             ("put_signal", lambda: symheap.put_signal(x, src, x, 2**64, 0), "signal value (an unsigned 64-bit"),
             ("signal_wait_until", lambda: symheap.signal_wait_until(x, "ge", -1), "signal value (an unsigned"),

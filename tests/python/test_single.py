@@ -123,6 +123,8 @@ def test_public_names_are_documented(ctx) -> None:
         "all_reduce",
         "alltoall",
         "team_split_strided",
+        "team_split_ranks",
+        "team_from_ranks",
         "team_destroy",
         "barrier",
         "sync_all",

@@ -316,6 +316,31 @@ fn teams_split_translate_collectives_destroy() {
 }
 
 #[test]
+fn teams_of_any_ranks_in_any_order() {
+    selftest("teams-any");
+}
+
+#[test]
+fn a_split_by_different_lists_is_named_on_every_pe() {
+    selftest_at("team-ranks-mismatch", "2,4,8");
+}
+
+#[test]
+fn teams_made_by_their_members_alone() {
+    selftest("team-from-ranks");
+}
+
+#[test]
+fn teams_made_by_their_members_alone_refuse_bad_lists_and_exchanges() {
+    selftest_at("team-from-ranks-errors", "2,4,8");
+}
+
+#[test]
+fn a_deadlock_on_a_team_of_any_order_names_its_members() {
+    selftest_at("team-from-ranks-deadlock", "2,4,8");
+}
+
+#[test]
 fn collective_argument_errors_and_divergence() {
     selftest("coll-errors");
 }

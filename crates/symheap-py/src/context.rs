@@ -16,7 +16,7 @@ use crate::convert::{
 };
 use crate::errors::{to_py, value_error, IntoPyResult};
 use crate::store::{PyBootstrap, Source, Watcher};
-use crate::team::PyTeam;
+use crate::team::{py_exchange, ranks_arg, PyTeam};
 
 /// This PE's handle on the job. Made by `Context.init` (collective); `finalize()` (collective)
 /// leaves the job.
@@ -739,6 +739,50 @@ impl PyContext {
             .detach(move || ctx.team_split_strided(&p, start, stride, size))
             .py()?;
         Ok(PyTeam { team })
+    }
+
+    /// Collective over `parent`: the team of members `ranks` of `parent` (member indices, any
+    /// order, team PE i = ranks[i]); other members get an invalid team.
+    fn team_split_ranks(
+        &self,
+        py: Python<'_>,
+        parent: &PyTeam,
+        ranks: &Bound<'_, PyAny>,
+    ) -> PyResult<PyTeam> {
+        let ranks = ranks_arg(ranks, "ranks")?;
+        let (ctx, p) = (self.ctx.clone(), parent.team.clone());
+        let team = py.detach(move || ctx.team_split_ranks(&p, &ranks)).py()?;
+        Ok(PyTeam { team })
+    }
+
+    /// Collective over the world PEs `ranks` only (team PE i = ranks[i]; the other PEs never
+    /// call it): `exchange(bytes) -> list[bytes]` is the members' all-gather, in the order of
+    /// `ranks`, called with the GIL; an exception it raises becomes a `SymheapError` of this
+    /// call, with the exception as its cause.
+    fn team_from_ranks(
+        &self,
+        py: Python<'_>,
+        ranks: &Bound<'_, PyAny>,
+        exchange: Py<PyAny>,
+    ) -> PyResult<PyTeam> {
+        const CALL: &str = "team_from_ranks";
+        let ranks = ranks_arg(ranks, "ranks")?;
+        let (ctx, mut raised) = (self.ctx.clone(), None);
+        let r = py.detach(|| {
+            let mut xchg = py_exchange(&exchange, CALL, ctx.my_pe(), &mut raised);
+            ctx.team_from_world_ranks(&ranks, &mut xchg)
+                .map_err(|e| symheap::Error::new(e.pe(), CALL, e.kind().clone()))
+        });
+        match r {
+            Ok(team) => Ok(PyTeam { team }),
+            Err(e) => {
+                let err = to_py(e);
+                if let Some(cause) = raised {
+                    err.set_cause(py, Some(cause));
+                }
+                Err(err)
+            }
+        }
     }
 
     /// Collective over `team`: destroys it (a no-op on an invalid team).

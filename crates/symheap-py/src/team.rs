@@ -64,3 +64,50 @@ impl PyTeam {
         format!("Team({}, members={:?})", self.team, self.team.members())
     }
 }
+
+/// A list of ranks from Python (any iterable of non-negative ints), `what` naming it in the
+/// error.
+pub(crate) fn ranks_arg(v: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<usize>> {
+    let items = v.try_iter().map_err(|_| {
+        crate::errors::value_error(format!("{what} must be a list of ranks, not {v}"))
+    })?;
+    items
+        .map(|item| index_arg(&item?, &format!("a rank of {what}")))
+        .collect()
+}
+
+/// The exchange of `Context::team_from_world_ranks` through a Python callable
+/// `exchange(bytes) -> list[bytes]`, called with the GIL. An exception it raises (or a result
+/// that is not a list of bytes) fails the call as a symheap error naming `call`, and the
+/// exception is kept in `raised` to become the cause of the one Python sees.
+pub(crate) fn py_exchange<'a>(
+    exchange: &'a Py<PyAny>,
+    call: &'static str,
+    rank: usize,
+    raised: &'a mut Option<PyErr>,
+) -> impl FnMut(&[u8]) -> symheap::Result<Vec<Vec<u8>>> + 'a {
+    move |mine: &[u8]| {
+        Python::attach(|py| -> PyResult<Vec<Vec<u8>>> {
+            let got = exchange.call1(py, (pyo3::types::PyBytes::new(py, mine),))?;
+            let got = got.bind(py);
+            let mut parts = Vec::new();
+            for item in got.try_iter()? {
+                let item = item?;
+                let bytes: std::borrow::Cow<'_, [u8]> = item.extract()?;
+                parts.push(bytes.into_owned());
+            }
+            Ok(parts)
+        })
+        .map_err(|e| {
+            let why = Python::attach(|py| {
+                let name = e
+                    .get_type(py)
+                    .name()
+                    .map_or_else(|_| "an exception".to_string(), |n| n.to_string());
+                format!("exchange raised {name}: {}", e.value(py))
+            });
+            *raised = Some(e);
+            symheap::Error::new(Some(rank), call, symheap::ErrorKind::Bootstrap(why))
+        })
+    }
+}

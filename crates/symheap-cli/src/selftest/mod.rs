@@ -26,6 +26,7 @@ mod safety_scenarios;
 mod scenarios;
 mod sound_scenarios;
 mod stream_scenarios;
+mod team_ranks_scenarios;
 mod team_scenarios;
 
 use std::io::Read;
@@ -255,6 +256,56 @@ pub const SCENARIOS: &[Scenario] = &[
         victims: false,
         gpu: false,
         run: team_scenarios::teams,
+    },
+    Scenario {
+        name: "teams-any",
+        about: "splits by lists of ranks in any order: membership, translate_pe, every collective, nested, errors, slot reuse",
+        min_pes: 1,
+        env: &[],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: false,
+        run: team_ranks_scenarios::teams_any,
+    },
+    Scenario {
+        name: "team-ranks-mismatch",
+        about: "a split by a list that one PE passes in another order is named on every PE",
+        min_pes: 2,
+        env: &[("SYMHEAP_TIMEOUT", "30")],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: false,
+        run: team_ranks_scenarios::team_ranks_mismatch,
+    },
+    Scenario {
+        name: "team-from-ranks",
+        about: "teams made by their members alone (two groups at once, any order): every collective, nested, slots",
+        min_pes: 1,
+        env: &[("SYMHEAP_TIMEOUT", "60")],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: false,
+        run: team_ranks_scenarios::team_from_ranks,
+    },
+    Scenario {
+        name: "team-from-ranks-errors",
+        about: "teams made by their members alone: different lists named on every member, bad lists, bad exchanges",
+        min_pes: 2,
+        env: &[("SYMHEAP_TIMEOUT", "60")],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: false,
+        run: team_ranks_scenarios::team_from_ranks_errors,
+    },
+    Scenario {
+        name: "team-from-ranks-deadlock",
+        about: "a deadlock between a team made by its members and the world, named with the team's members in order",
+        min_pes: 2,
+        env: &[("SYMHEAP_TIMEOUT", "30")],
+        expect: Expect::AllPass,
+        victims: false,
+        gpu: false,
+        run: team_ranks_scenarios::team_from_ranks_deadlock,
     },
     Scenario {
         name: "coll-errors",

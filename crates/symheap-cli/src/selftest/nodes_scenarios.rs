@@ -13,6 +13,7 @@ use symheap::tools::Graph;
 use super::coll_scenarios::{graph_replays, sum_case, team_cases, world_cases};
 use super::ops_scenarios::with_roundings;
 use super::scenarios::{e2s, Outcome, PeArgs};
+use super::team_ranks_scenarios;
 
 /// The path this job's layout and settings must take: NCCL over the world when asked for or
 /// when the nodes hold different numbers of PEs, else hierarchical.
@@ -92,7 +93,40 @@ fn node_teams(ctx: &Context, a: PeArgs, s: &symheap::Stream) -> Outcome {
     }
     ctx.barrier(&mine).map_err(e2s)?;
     ctx.team_destroy(mine).map_err(e2s)?;
+    members_alone(ctx, a)?;
     ctx.barrier_all().map_err(e2s)
+}
+
+/// Teams made by their members alone: this node's PEs in reverse order (every collective
+/// exact); on the host backend, the whole world (across nodes) refused on every PE before
+/// any exchange, since Open MPI's split needs every PE of the job.
+fn members_alone(ctx: &Context, a: PeArgs) -> Outcome {
+    let me = ctx.my_pe();
+    if ctx.cuda().is_none() {
+        let all: Vec<usize> = (0..ctx.n_pes()).collect();
+        let mut never = |_: &[u8]| -> symheap::Result<Vec<Vec<u8>>> {
+            panic!("exchange called for a refused team")
+        };
+        refused_split(ctx.team_from_world_ranks(&all, &mut never), "Open MPI")?;
+    }
+    let b = team_ranks_scenarios::bufs(ctx)?;
+    let dir = team_ranks_scenarios::exchange_dir(ctx, "nodes-members")?;
+    let node = ctx.node().clone();
+    let mut peers: Vec<usize> = node.local_peers.clone();
+    peers.reverse();
+    let group = format!("node{}", node.node_index);
+    let mut x = team_ranks_scenarios::FileExchange::new(&dir, &group, me);
+    let t = ctx
+        .team_from_world_ranks(&peers, &mut |m| x.all_gather(&peers, m))
+        .map_err(e2s)?;
+    ensure!(
+        t.members() == peers,
+        "node team {:?}, expected {peers:?}",
+        t.members()
+    );
+    team_ranks_scenarios::collectives(ctx, &t, &peers, &b, a.seed, 300)?;
+    ctx.team_destroy(t).map_err(e2s)?;
+    team_ranks_scenarios::done_dir(ctx, &dir)
 }
 
 /// Splits of the world across nodes, through their own communicators (NCCL on CUDA, Open MPI
@@ -117,6 +151,17 @@ fn spanning_teams(ctx: &Context, a: PeArgs, s: &symheap::Stream) -> Outcome {
     with_roundings(n as u32 - 1, || team_cases(ctx, &all, s, a))?;
     ctx.barrier(&all).map_err(e2s)?;
     ctx.team_destroy(all).map_err(e2s)?;
+    // The world in reverse order: its communicator ranks the members in team order.
+    let reversed: Vec<usize> = (0..n).rev().collect();
+    let back = ctx.team_split_ranks(&world, &reversed).map_err(e2s)?;
+    ensure!(
+        back.members() == reversed && back.my_pe() == Some(n - 1 - ctx.my_pe()),
+        "the world reversed as a team: {:?}, PE {:?}",
+        back.members(),
+        back.my_pe()
+    );
+    with_roundings(n as u32 - 1, || team_cases(ctx, &back, s, a))?;
+    ctx.team_destroy(back).map_err(e2s)?;
     let ppn = node.local_peers.len();
     let nodes = node.node_count;
     if !even_nodes(ctx) || (0..n).any(|r| node.node_of[r] != r / ppn) {

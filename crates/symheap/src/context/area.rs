@@ -20,7 +20,10 @@
 //! ...    the watch (see `context/watch.rs`): the wait this PE is blocked in (WAIT_WORDS words),
 //!        per team slot a ring of RING recent calls (ENTRY_WORDS words each), and a verdict
 //!        (VERDICT_WORDS words; only PE 0's is used: the first PE to name a divergence
-//!        writes its message there, so every PE reports the same text)
+//!        writes its message there, so every PE reports the same text), then per team slot
+//!        the record of the team this PE holds there ([`SyncArea::team_record_words`] words:
+//!        team id, size, the members' world ranks two per word), so that any team, whatever
+//!        its members, can be named and checked by PEs that are not in it
 //! ...    per target PE of the world, {signals, last}: how many put_signal calls this PE made
 //!        to that PE and the heap offset the last one updated (`context/signals.rs`)
 //! ...    per team slot, payload[2] of PAYLOAD bytes (double-buffered by barrier parity, like
@@ -85,6 +88,7 @@ pub struct SyncArea {
     /// collective asks, and working them out took an eager broadcast's publishing a fifth of
     /// its instructions.
     watch_at: u64,
+    records_at: u64,
     tally_at: u64,
     payload_at: u64,
 }
@@ -100,10 +104,28 @@ impl SyncArea {
         end.div_ceil(64) * 64
     }
 
-    /// Where the signal tallies start, after the watch.
+    /// Where the signal tallies start, after the watch and the team records.
     fn tally_at(world: usize) -> u64 {
+        Self::records_at(world) + 8 * MAX_TEAMS as u64 * Self::team_record_words(world)
+    }
+
+    /// Where the team records start, after the verdict.
+    fn records_at(world: usize) -> u64 {
         Self::watch_at(world)
             + 8 * (WAIT_WORDS + MAX_TEAMS as u64 * RING * ENTRY_WORDS + VERDICT_WORDS)
+    }
+
+    /// Words of one team record for a world of `world` PEs: the team id (0 while being
+    /// written), the member count, then the members' world ranks as `u32`, two per word.
+    pub fn team_record_words(world: usize) -> u64 {
+        2 + (world as u64).div_ceil(2)
+    }
+
+    /// Word `w` of PE `pe`'s record of the team it holds in `slot`.
+    pub fn team_word(&self, pe: usize, slot: usize, w: u64) -> u64 {
+        let n = Self::team_record_words(self.world);
+        debug_assert!(slot < MAX_TEAMS && w < n);
+        self.bases[pe] + self.records_at + 8 * (slot as u64 * n + w)
     }
 
     /// Word `w` (0: count, 1: last heap offset) of PE `pe`'s signal tally towards PE `to`.
@@ -183,6 +205,7 @@ impl SyncArea {
             slot_stride: Self::stride(world),
             eager_slots: Self::eager_slots_for(world),
             watch_at: Self::watch_at(world),
+            records_at: Self::records_at(world),
             tally_at: Self::tally_at(world),
             payload_at: Self::payload_at(world),
         }
@@ -345,6 +368,16 @@ mod tests {
         }
         for w in 0..VERDICT_WORDS {
             words.push(a.verdict_word(0, w));
+        }
+        for slot in 0..MAX_TEAMS {
+            for w in 0..SyncArea::team_record_words(world) {
+                words.push(a.team_word(0, slot, w));
+            }
+        }
+        for to in 0..world {
+            for w in 0..2 {
+                words.push(a.tally_word(0, to, w));
+            }
         }
         let mut sorted = words.clone();
         sorted.sort();

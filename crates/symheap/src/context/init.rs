@@ -141,6 +141,7 @@ impl ContextBuilder {
             dsync: std::sync::OnceLock::new(),
             dteams: std::sync::OnceLock::new(),
             slots_used: Mutex::new(1),
+            team_create: Mutex::new(()),
             teams: Mutex::new(Vec::new()),
             watchdog: Mutex::new(None),
             watchdog_stop: AtomicBool::new(false),

@@ -90,6 +90,9 @@ pub(crate) struct Inner {
     pub(crate) dsync: std::sync::OnceLock<device_state::DeviceSync>,
     /// Team slots in use on this PE (bit 0: the world).
     pub(crate) slots_used: Mutex<u64>,
+    /// Held by a team creation on this PE from reading the free slots to claiming one
+    /// (`ops/team.rs`), so two threads never agree on the same slot for two teams.
+    pub(crate) team_create: Mutex<()>,
     /// The teams this PE belongs to (the world and live splits), for the watchdog.
     pub(crate) teams: Mutex<Vec<std::sync::Weak<TeamInner>>>,
     /// The watchdog thread (CUDA, 2 PEs or more), joined when the context is dropped.

@@ -165,11 +165,54 @@ impl Team {
     }
 }
 
+/// World ranks (or member indices) as text for names and messages: ascending runs of three or
+/// more as ranges, at most 16 items before an ellipsis with the total ("0-3, 9, 5, 6").
+pub(crate) fn ranks_text(ranks: &[usize]) -> String {
+    const MAX_ITEMS: usize = 16;
+    let mut items: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ranks.len() && items.len() < MAX_ITEMS {
+        let mut j = i;
+        while j + 1 < ranks.len() && ranks[j + 1] == ranks[j] + 1 {
+            j += 1;
+        }
+        if j >= i + 2 {
+            items.push(format!("{}-{}", ranks[i], ranks[j]));
+            i = j + 1;
+        } else {
+            items.push(ranks[i].to_string());
+            i += 1;
+        }
+    }
+    let mut s = items.join(", ");
+    if i < ranks.len() {
+        s.push_str(&format!(", ... ({} in all)", ranks.len()));
+    }
+    s
+}
+
 impl std::fmt::Display for Team {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.0 {
             Some(t) => f.write_str(&t.name),
             None => f.write_str("INVALID"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ranks_text;
+
+    #[test]
+    fn ranks_text_folds_ascending_runs_and_keeps_order() {
+        assert_eq!(ranks_text(&[2, 0, 3]), "2, 0, 3");
+        assert_eq!(ranks_text(&[0, 1, 2, 3, 9, 5, 6]), "0-3, 9, 5, 6");
+        assert_eq!(ranks_text(&[]), "");
+        let many: Vec<usize> = (0..40).map(|k| 2 * k).collect();
+        assert_eq!(
+            ranks_text(&many),
+            "0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, ... (40 in all)"
+        );
     }
 }

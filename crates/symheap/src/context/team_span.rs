@@ -3,8 +3,11 @@
 //! a team has no shared memory to meet in, so its collectives and barriers run through a
 //! communicator of its own, made at the split (collective over the world, so every PE is there
 //! to make it): NCCL's on the CUDA backend (`ops/coll/engine/nccl_team.rs`), Open MPI's on the host
-//! backend (`ops/coll/engine/mpi.rs`). symheap moves no byte between nodes itself. A team that spans
-//! nodes cannot be split further: refused on every PE of the split.
+//! backend (`ops/coll/engine/mpi.rs`), either ranked in team order (any members in any order).
+//! symheap moves no byte between nodes itself. A team that spans nodes cannot be split further:
+//! refused on every PE of the split. A team made by its members alone (`ops/team_members.rs`)
+//! may span nodes on the CUDA backend (its NCCL id travels in the members' exchange); Open
+//! MPI's split needs every PE of the job, so the host backend refuses it.
 
 use std::collections::HashMap;
 use std::sync::MutexGuard;
@@ -70,12 +73,16 @@ impl Inner {
     /// Refuses a split of a team that spans nodes (only the world may be split across nodes; a
     /// team inside one node cannot hold members of several). Decided from the parent, which
     /// every PE of the parent has, so all of them fail alike.
-    pub(crate) fn check_spanning_split(&self, parent: &TeamInner, what: &str) -> Result<()> {
-        const CALL: &str = "team_split_strided";
+    pub(crate) fn check_spanning_split(
+        &self,
+        call: &'static str,
+        parent: &TeamInner,
+        what: &str,
+    ) -> Result<()> {
         if parent.slot != 0 {
             return Err(unsupported(
                 self.rank,
-                CALL,
+                call,
                 format!(
                     "{} spans nodes, and only the world may be split across nodes: split the \
                      world instead (asked for {what})",
@@ -124,10 +131,10 @@ impl Inner {
     /// (else the same error on every PE of the split), and (CUDA) the team's NCCL id.
     pub(crate) fn spanning_id(
         &self,
+        call: &'static str,
         members: &[usize],
         all: &[SplitHello],
     ) -> Result<Option<[u8; UNIQUE_ID_BYTES]>> {
-        const CALL: &str = "team_split_strided";
         let engine = if self.backend.as_cuda().is_some() {
             "NCCL"
         } else {
@@ -139,7 +146,7 @@ impl Inner {
         {
             return Err(unsupported(
                 self.rank,
-                CALL,
+                call,
                 format!(
                     "a team across nodes runs its collectives through {engine}, which PE {m} \
                      cannot use: {why}"
@@ -152,7 +159,7 @@ impl Inner {
         all[members[0]].id.map(Some).ok_or_else(|| {
             Error::new(
                 Some(self.rank),
-                CALL,
+                call,
                 ErrorKind::Bootstrap(format!("PE {} sent no NCCL id", members[0])),
             )
         })
@@ -160,15 +167,19 @@ impl Inner {
 
     /// Makes this member's NCCL communicator of the new team `t` (collective over its members,
     /// who are all in the split), aborted when the job fails.
-    pub(crate) fn make_team_comm(&self, t: &TeamInner, id: &[u8; UNIQUE_ID_BYTES]) -> Result<()> {
-        const CALL: &str = "team_split_strided";
-        let api = nccl::load().map_err(|e| unsupported(self.rank, CALL, e))?;
+    pub(crate) fn make_team_comm(
+        &self,
+        call: &'static str,
+        t: &TeamInner,
+        id: &[u8; UNIQUE_ID_BYTES],
+    ) -> Result<()> {
+        let api = nccl::load().map_err(|e| unsupported(self.rank, call, e))?;
         self.backend.as_cuda().expect("CUDA only").bind()?;
         let comm = Comm::init(api, t.members.len(), t.me, id).map_err(|e| {
             let kind = ErrorKind::Backend(format!("setting up NCCL for {}: {e}", t.name));
             // A member whose communicator failed leaves the others waiting in theirs.
             self.boot.fail_all(kind.clone());
-            Error::new(Some(self.rank), CALL, kind)
+            Error::new(Some(self.rank), call, kind)
         })?;
         let aborter = comm.aborter();
         self.health.on_fail(Box::new(move || {
@@ -184,13 +195,17 @@ impl Inner {
     /// Host backend, every PE of a split of the world that spans nodes: Open MPI's split of
     /// its world (collective over it), this PE's communicator for the team when a member
     /// (`key`: its index in the team).
-    pub(crate) fn split_mpi(&self, member: bool, key: usize) -> Result<Option<MpiComm>> {
-        const CALL: &str = "team_split_strided";
+    pub(crate) fn split_mpi(
+        &self,
+        call: &'static str,
+        member: bool,
+        key: usize,
+    ) -> Result<Option<MpiComm>> {
         let mpi = self
             .mpi()
-            .map_err(|e| unsupported(self.rank, CALL, e.clone()))?;
+            .map_err(|e| unsupported(self.rank, call, e.clone()))?;
         mpi.split(member, key)
-            .map_err(|e| Error::new(Some(self.rank), CALL, ErrorKind::Backend(e)))
+            .map_err(|e| Error::new(Some(self.rank), call, ErrorKind::Backend(e)))
     }
 
     /// A device word of this PE's own for `t`'s barrier (the first of its slot's device flags,

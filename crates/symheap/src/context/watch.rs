@@ -30,58 +30,32 @@ use std::time::{Duration, Instant};
 
 use super::area::{RING, TEXT_WORDS, VERDICT_WORDS, WAIT_WORDS};
 use super::recent::{call_words, Recorded, RECENT_CALLS};
-use super::team::{TeamInner, TeamState};
+use super::team::{ranks_text, TeamInner, TeamState};
 use crate::context::Inner;
 use crate::error::ErrorKind;
 
 // ops/ names the key through this module.
 pub(crate) use super::recent::CallKey;
 
-const _: () = assert!(WAIT_WORDS >= 8, "the wait record has 8 words");
+const _: () = assert!(WAIT_WORDS >= 5, "the wait record has 5 words");
 
 /// Words of text in the verdict (after owner, ready, length).
 const VERDICT_TEXT: u64 = VERDICT_WORDS - 3;
 /// How long a PE that lost the race to write the verdict waits for the winner's text.
 const VERDICT_WAIT: Duration = Duration::from_millis(500);
 
-/// A team as world ranks: every team is a strided subset of the world (a strided split of a
-/// strided set is strided), so three numbers describe any team to a PE that is not in it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Shape {
-    start: u64,
-    stride: u64,
-    size: u64,
-}
-
-impl Shape {
-    /// The shape of `members` (world ranks, in team order).
-    pub(crate) fn of(members: &[usize]) -> Shape {
-        let start = members.first().copied().unwrap_or(0) as u64;
-        let stride = match members {
-            [a, b, ..] => (*b as u64).saturating_sub(*a as u64).max(1),
-            _ => 1,
-        };
-        Shape {
-            start,
-            stride,
-            size: members.len() as u64,
-        }
-    }
-
-    fn members(self) -> impl Iterator<Item = usize> {
-        (0..self.size).map(move |k| (self.start + k * self.stride) as usize)
-    }
-
-    fn name(self, slot: u64, world: usize) -> String {
-        if slot == 0 {
-            return "the world team".into();
-        }
-        let pes: Vec<usize> = self.members().collect();
-        if self.size as usize == world {
+/// A team as PEs outside it see it: its members (world ranks, in team order) as the PE holding
+/// it published them in its team record for the slot (see [`Inner::publish_team`]), or None
+/// when that record holds another team by now.
+fn team_name(slot: u64, members: Option<&[usize]>, world: usize) -> String {
+    match members {
+        _ if slot == 0 => "the world team".into(),
+        // Every PE in world order; in another order the list says which.
+        Some(m) if m.len() == world && world > 1 && m.iter().enumerate().all(|(i, &p)| i == p) => {
             format!("team slot {slot} (every PE)")
-        } else {
-            format!("team slot {slot} (PEs {})", list(&pes))
         }
+        Some(m) => format!("team slot {slot} (PEs {})", ranks_text(m)),
+        None => format!("team slot {slot}"),
     }
 }
 
@@ -92,7 +66,8 @@ struct Entry {
     text: String,
 }
 
-/// What a PE publishes while it is blocked in a collective wait.
+/// What a PE publishes while it is blocked in a collective wait (the team's members are in the
+/// PE's team record for the slot).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Wait {
     seq: u64,
@@ -100,7 +75,6 @@ struct Wait {
     pos: u64,
     hash: u64,
     team: u64,
-    shape: Shape,
 }
 
 /// The wait a waiting PE is in, for [`Inner::watch_scan`].
@@ -326,6 +300,45 @@ impl Inner {
             .unwrap_or(0)
     }
 
+    /// Publishes `team` (its id and members) in this PE's team record for its slot, where PEs
+    /// outside the team read whom it waits for when this PE is blocked on it. Written before
+    /// the team's first call is published; the id goes last, so a reader that finds it
+    /// unchanged around the members read them whole (a slot's ids never repeat).
+    pub(crate) fn publish_team(&self, team: &TeamInner) {
+        if !self.area.is_direct(self.rank) {
+            return;
+        }
+        let a = &self.area;
+        let at = |w: u64| a.team_word(self.rank, team.slot, w);
+        self.control.store64(at(0), 0);
+        self.control.store64(at(1), team.members.len() as u64);
+        for (k, pair) in team.members.chunks(2).enumerate() {
+            let lo = pair[0] as u64 & 0xffff_ffff;
+            let hi = pair.get(1).map_or(0, |&m| m as u64 & 0xffff_ffff);
+            self.control.store64(at(2 + k as u64), lo | hi << 32);
+        }
+        self.control.store64(at(0), team.id);
+    }
+
+    /// The members of team `team` as PE `pe` published them for `slot`; None when its record
+    /// holds another team (or is being rewritten).
+    fn team_of(&self, pe: usize, slot: usize, team: u64) -> Option<Vec<usize>> {
+        if slot == 0 {
+            // The world (id 0, which the record's "being written" mark cannot tell apart).
+            return Some((0..self.world).collect());
+        }
+        let a = &self.area;
+        let at = |w: u64| self.control.load64(a.team_word(pe, slot, w));
+        if at(0) != team {
+            return None;
+        }
+        let n = (at(1) as usize).min(self.world);
+        let members = (0..n)
+            .map(|k| (at(2 + k as u64 / 2) >> (32 * (k % 2))) as u32 as usize)
+            .collect();
+        (at(0) == team).then_some(members)
+    }
+
     /// Publishes that this PE is blocked at `w` (until [`end_wait`](Self::end_wait)).
     pub(crate) fn begin_wait(&self, w: &Watching<'_>) {
         if !self.area.is_direct(self.rank) {
@@ -334,19 +347,10 @@ impl Inner {
         let a = &self.area;
         let at = |k: u64| a.wait_word(self.rank, k);
         let seq = self.control.load64(at(0));
-        let shape = Shape::of(&w.team.members);
         let seq = if seq % 2 == 0 { seq + 1 } else { seq + 2 };
-        for (k, v) in [
-            w.team.slot as u64,
-            w.pos,
-            w.hash,
-            w.team.id,
-            shape.start,
-            shape.stride,
-            shape.size,
-        ]
-        .into_iter()
-        .enumerate()
+        for (k, v) in [w.team.slot as u64, w.pos, w.hash, w.team.id]
+            .into_iter()
+            .enumerate()
         {
             self.control.store64(at(1 + k as u64), v);
         }
@@ -378,11 +382,6 @@ impl Inner {
             pos: at(2),
             hash: at(3),
             team: at(4),
-            shape: Shape {
-                start: at(5),
-                stride: at(6).max(1),
-                size: at(7),
-            },
         };
         (at(0) == seq && (w.slot as usize) < super::area::MAX_TEAMS).then_some(w)
     }
@@ -427,7 +426,6 @@ impl Inner {
             if hashes.all(|h| h == h0) {
                 continue;
             }
-            let shape = Shape::of(&team.members);
             let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
             let mut behind = Vec::new();
             for (k, e) in at.iter().enumerate() {
@@ -442,7 +440,7 @@ impl Inner {
             }
             let mut msg = format!(
                 "collective call #{p} on {} differs between PEs: ",
-                shape.name(team.slot as u64, self.world)
+                team_name(team.slot as u64, Some(&team.members), self.world)
             );
             let parts: Vec<String> = groups
                 .iter()
@@ -465,9 +463,18 @@ impl Inner {
         if !stuck[self.rank] {
             return None;
         }
+        // Each blocked PE's team as it published it; a record already holding another team
+        // (the PE moved on) names no one, so that PE is taken as not stuck.
+        let members: Vec<Option<Vec<usize>>> = stable
+            .iter()
+            .enumerate()
+            .map(|(pe, w)| w.and_then(|w| self.team_of(pe, w.slot as usize, w.team)))
+            .collect();
         let lagging = |w: &Wait, pe: usize| -> Vec<usize> {
-            w.shape
-                .members()
+            members[pe]
+                .iter()
+                .flatten()
+                .copied()
                 .filter(|&m| m != pe && m < self.world)
                 .filter(|&m| self.latest(m, w.slot as usize, w.team) < w.pos)
                 .collect()
@@ -501,7 +508,7 @@ impl Inner {
             let what = format!(
                 "{call} (call #{} on {}) for {}",
                 w.pos,
-                w.shape.name(w.slot, self.world),
+                team_name(w.slot, members[pe].as_deref(), self.world),
                 pes_named(&lagging(&w, pe))
             );
             match groups.iter_mut().find(|(t, _)| *t == what) {
@@ -576,8 +583,10 @@ impl Inner {
             .collect()
     }
 
-    /// Adds `team` to the teams the watchdog looks at.
+    /// Adds `team` to the teams the watchdog looks at, and publishes its members for PEs
+    /// outside it (before any call of it is published).
     pub(crate) fn register_team(&self, team: &Arc<TeamInner>) {
+        self.publish_team(team);
         let mut t = self.teams.lock().unwrap_or_else(|p| p.into_inner());
         t.retain(|w| w.strong_count() > 0);
         t.push(Arc::downgrade(team));
@@ -677,12 +686,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn shapes_describe_strided_teams() {
-        let s = Shape::of(&[1, 3, 5]);
-        assert_eq!(s.members().collect::<Vec<_>>(), vec![1, 3, 5]);
-        assert_eq!(Shape::of(&[4]).members().collect::<Vec<_>>(), vec![4]);
-        assert_eq!(s.name(2, 8), "team slot 2 (PEs 1, 3, 5)");
-        assert_eq!(Shape::of(&[0, 1]).name(0, 2), "the world team");
+    fn team_names_list_members_in_team_order() {
+        assert_eq!(
+            team_name(2, Some(&[1, 3, 5]), 8),
+            "team slot 2 (PEs 1, 3, 5)"
+        );
+        assert_eq!(
+            team_name(4, Some(&[2, 0, 3]), 4),
+            "team slot 4 (PEs 2, 0, 3)"
+        );
+        assert_eq!(
+            team_name(1, Some(&[3, 1, 0, 2]), 4),
+            "team slot 1 (PEs 3, 1, 0, 2)"
+        );
+        assert_eq!(
+            team_name(1, Some(&[0, 1, 2, 3]), 4),
+            "team slot 1 (every PE)"
+        );
+        assert_eq!(team_name(0, Some(&[0, 1]), 2), "the world team");
+        assert_eq!(team_name(3, None, 4), "team slot 3");
     }
 
     #[test]

@@ -8,6 +8,8 @@ pub mod coll;
 pub mod rma;
 pub mod stream;
 pub(crate) mod sync;
+mod team;
+mod team_members;
 
 pub use crate::context::team::Team;
 pub use atomics::{AtomicBitwise, AtomicElement, AtomicInt};
