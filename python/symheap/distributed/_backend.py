@@ -63,6 +63,8 @@ class SymheapProcessGroup(dist.ProcessGroup):
     ) -> None:
         super().__init__(rank, size)
         self._default = default
+        self._name = ""
+        self._desc = "undefined"
         self._ranks = tuple(ranks)
         self._tid = team
         self._others = others
@@ -72,6 +74,22 @@ class SymheapProcessGroup(dist.ProcessGroup):
 
     def getBackendName(self) -> str:
         return NAME
+
+    # torch's C++ ProcessGroup reads its name from its first registered backend, and this group
+    # registers none: it keeps the name torch gives it (functional collectives find groups by it).
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def group_name(self) -> str:
+        return self._name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return self._desc
 
     def __repr__(self) -> str:
         return f"SymheapProcessGroup(rank={self.rank()}, size={self.size()}, ranks={list(self._ranks)})"
@@ -438,8 +456,8 @@ def _device_backends() -> Dict[str, str]:
     """device type -> backend name of the group torch is making, from the caller's frame
     (``_new_process_group_helper``'s ``backend_config``; torch passes the creator only its own
     device's options). Empty when torch's layout differs: then every device is symheap's."""
-    f = sys._getframe(2)
-    for _ in range(4):
+    f = sys._getframe(1)
+    for _ in range(8):
         if f is None:
             break
         cfg = f.f_locals.get("backend_config")
