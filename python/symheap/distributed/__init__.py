@@ -31,6 +31,9 @@ from ._api import (
     reduce_scatter_tensor,
     register_group,
 )
+from ._api import (
+    _op as _op,  # the reduction names, used by tests and older callers
+)
 from ._backend import NAME, SymheapProcessGroup, register
 from ._errors import twin as dist_error_class
 
