@@ -27,13 +27,13 @@ try:
     import torch as _torch
     import torch.distributed as dist
 except ImportError as _e:  # say which extra installs it
-    from ._requires import reraise
+    from .._requires import reraise
 
     reraise(_e, "torch", "symheap.distributed")
 
-from . import _core, _shmem, ops
-from ._core import api
-from ._native import SymheapMismatchError, SymheapUnsupportedError, SymheapValueError, Team
+from .. import _core, _shmem, ops
+from .._core import api
+from .._native import SymheapMismatchError, SymheapUnsupportedError, SymheapValueError, Team
 
 __all__ = [
     "ReduceOp",
