@@ -26,9 +26,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch as _torch
 import torch.distributed as dist
 
-from . import _core, _shmem, ops
-from ._core import api
-from ._native import SymheapMismatchError, SymheapUnsupportedError, SymheapValueError, Team
+from .. import _core, _shmem, ops
+from .._core import api
+from .._native import SymheapMismatchError, SymheapUnsupportedError, SymheapValueError, Team
 
 __all__ = [
     "GroupNotStridedError",

@@ -1,0 +1,508 @@
+"""The ``symheap`` backend of torch.distributed: torch's collectives on symheap.
+
+``import symheap.distributed`` registers it (``dist.Backend.register_backend("symheap", ...,
+devices=["cpu", "cuda"])``); then ``dist.init_process_group("symheap")`` (or
+``"cuda:symheap,cpu:gloo"``, ``init_device_mesh``, ``new_group``) runs every collective torch
+code makes (``dist.*``, DTensor, FSDP2, DDP, functional collectives) through symheap.
+
+Class design: torch 2.11 has no Backend base class a Python class can construct, so the backend
+is a ``torch.distributed.ProcessGroup`` subclass (torch's trampoline sends every virtual call,
+from Python or C++, to its methods), as torch's own Python process groups are. torch then uses
+it as the group itself; devices given another backend in the backend string (``cpu:gloo``) get
+that backend, made here with the group's store, and their tensors go to it.
+
+The context: the default group's creator makes symheap's context over the group's store
+(``symheap.init(store=...)``, symheap PE == global rank; an existing context of the same ranks
+is used as it is), so ``symheap.*`` calls in the same program share it. A group of a subset of
+ranks becomes a symheap team through ``Context.team_from_ranks``, its members exchanging over
+the group's store (see :mod:`._groups`).
+
+Every method returns a completed Work (see :mod:`._work`); an operation the backend cannot do
+raises :class:`symheap.SymheapUnsupportedError` naming it (never another library silently);
+errors are torch's ``DistBackendError`` and symheap's error class at once (:mod:`._errors`).
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import timedelta
+from typing import Any, Dict, List, Sequence
+
+import torch as _torch
+import torch.distributed as dist
+
+from .. import _core, _shmem, _workspace, ops
+from .._native import SymheapUnsupportedError, SymheapValueError
+from . import _groups, _p2p, _reduce, _work
+from ._errors import dist_errors
+
+NAME = "symheap"
+
+
+def _flat(t: _torch.Tensor) -> _torch.Tensor:
+    """``t`` as a flat view when contiguous, else a contiguous flat copy."""
+    return t.reshape(-1)
+
+
+class SymheapProcessGroup(dist.ProcessGroup):
+    """A torch.distributed process group whose collectives run on symheap (see the module).
+
+    ``ranks``: the world ranks of the group in group order; ``team``: its symheap team id (0:
+    the world); ``others``: device type -> torch backend for devices the user gave another
+    backend."""
+
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        ranks: Sequence[int],
+        team: int,
+        others: Dict[str, Any],
+        timeout: timedelta,
+        default: bool = False,
+    ) -> None:
+        super().__init__(rank, size)
+        self._default = default
+        self._name = ""
+        self._desc = "undefined"
+        self._ranks = tuple(ranks)
+        self._tid = team
+        self._others = others
+        self._timeout = timeout
+
+    # ---- identity ------------------------------------------------------------------------
+
+    def getBackendName(self) -> str:
+        return NAME
+
+    # torch's C++ ProcessGroup reads its name from its first registered backend, and this group
+    # registers none: it keeps the name torch gives it (functional collectives find groups by it).
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def group_name(self) -> str:
+        return self._name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return self._desc
+
+    def __repr__(self) -> str:
+        return f"SymheapProcessGroup(rank={self.rank()}, size={self.size()}, ranks={list(self._ranks)})"
+
+    def _other(self, tensors: Sequence[_torch.Tensor]) -> Any:
+        """The other backend the tensors' device was given, or None (symheap)."""
+        if not self._others or not tensors:
+            return None
+        return self._others.get(tensors[0].device.type)
+
+    def _n(self) -> int:
+        return self.size()
+
+    # ---- reductions ----------------------------------------------------------------------
+
+    def _all_reduce(self, t: _torch.Tensor, op: Any, what: str) -> None:
+        kind, factor = _reduce.reduce_op(op, what)
+        view, sop = _reduce.for_reduction(t, kind, what)
+        if factor is not None:
+            t.mul_(factor)
+        ops.all_reduce_(view, sop, self._tid)
+
+    @dist_errors("all_reduce")
+    def allreduce(self, tensors: List[_torch.Tensor], opts: Any = None) -> Any:
+        other = self._other(tensors)
+        if other is not None:
+            return other.allreduce(tensors, opts)
+        for t in tensors:
+            self._all_reduce(t, _opt(opts, "reduceOp"), "all_reduce")
+        return _work.done(tensors)
+
+    @dist_errors("all_reduce_coalesced")
+    def allreduce_coalesced(self, tensors: List[_torch.Tensor], opts: Any = None) -> Any:
+        other = self._other(tensors)
+        if other is not None:
+            return other.allreduce_coalesced(tensors, opts)
+        for t in tensors:
+            self._all_reduce(t, _opt(opts, "reduceOp"), "all_reduce_coalesced")
+        return _work.done(tensors)
+
+    def _reduce_scatter(self, out: _torch.Tensor, inp: _torch.Tensor, op: Any, what: str) -> None:
+        kind, factor = _reduce.reduce_op(op, what)
+        if out.dtype != inp.dtype:
+            raise SymheapValueError(f"{what}: dtypes differ (output {out.dtype}, input {inp.dtype})")
+        if factor is not None:
+            inp = inp * factor
+        sv, sop = _reduce.for_reduction(inp, kind, what)
+        dv, _ = _reduce.for_reduction(out, kind, what)
+        ops.reduce_scatter(_flat(sv), sop, self._tid, out=_flat_out(dv))
+
+    @dist_errors("reduce_scatter_tensor")
+    def _reduce_scatter_base(self, output: _torch.Tensor, input: _torch.Tensor, opts: Any = None) -> Any:
+        other = self._other([input])
+        if other is not None:
+            return other._reduce_scatter_base(output, input, opts)
+        self._reduce_scatter(output, input, _opt(opts, "reduceOp"), "reduce_scatter_tensor")
+        return _work.done([output])
+
+    @dist_errors("reduce_scatter_tensor_coalesced")
+    def reduce_scatter_tensor_coalesced(
+        self, outputs: List[_torch.Tensor], inputs: List[_torch.Tensor], opts: Any = None
+    ) -> Any:
+        other = self._other(inputs)
+        if other is not None:
+            return other.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
+        for o, i in zip(outputs, inputs):
+            self._reduce_scatter(o, i, _opt(opts, "reduceOp"), "reduce_scatter_tensor_coalesced")
+        return _work.done(outputs)
+
+    @dist_errors("reduce_scatter")
+    def reduce_scatter(
+        self, outputs: List[_torch.Tensor], input_lists: List[List[_torch.Tensor]], opts: Any = None
+    ) -> Any:
+        other = self._other(outputs)
+        if other is not None:
+            return other.reduce_scatter(outputs, input_lists, opts)
+        for out, ins in zip(outputs, input_lists):
+            _check_list(ins, self._n(), out, "reduce_scatter input_list")
+            cat = _torch.cat([_flat(i) for i in ins])
+            self._reduce_scatter(out, cat, _opt(opts, "reduceOp"), "reduce_scatter")
+        return _work.done(outputs)
+
+    @dist_errors("reduce")
+    def reduce(self, tensors: List[_torch.Tensor], opts: Any = None) -> Any:
+        other = self._other(tensors)
+        if other is not None:
+            return other.reduce(tensors, opts)
+        root = _root(opts, self._n(), "reduce")
+        for t in tensors:
+            # Every member reduces (symheap has no rooted reduction); only the root keeps it.
+            target = t if self.rank() == root else t.clone()
+            self._all_reduce(target, _opt(opts, "reduceOp"), "reduce")
+        return _work.done(tensors)
+
+    # ---- byte movers ---------------------------------------------------------------------
+
+    def _gather(self, out: _torch.Tensor, inp: _torch.Tensor) -> None:
+        if out.dtype != inp.dtype:
+            raise SymheapValueError(f"all_gather: dtypes differ (output {out.dtype}, input {inp.dtype})")
+        ops.all_gather(_reduce.bytes_view(inp), self._tid, out=_reduce.bytes_view(out))
+
+    @dist_errors("all_gather_into_tensor")
+    def _allgather_base(self, output: _torch.Tensor, input: _torch.Tensor, opts: Any = None) -> Any:
+        other = self._other([input])
+        if other is not None:
+            return other._allgather_base(output, input, opts)
+        self._gather(output, input)
+        return _work.done([output])
+
+    @dist_errors("all_gather_into_tensor_coalesced")
+    def allgather_into_tensor_coalesced(
+        self, outputs: List[_torch.Tensor], inputs: List[_torch.Tensor], opts: Any = None
+    ) -> Any:
+        other = self._other(inputs)
+        if other is not None:
+            return other.allgather_into_tensor_coalesced(outputs, inputs, opts)
+        for o, i in zip(outputs, inputs):
+            self._gather(o, i)
+        return _work.done(outputs)
+
+    def _gather_list(self, outs: List[_torch.Tensor], inp: _torch.Tensor, what: str) -> None:
+        _check_list(outs, self._n(), inp, what)
+        flat = inp.new_empty((self._n() * inp.numel(),))
+        self._gather(flat, _flat(inp))
+        for j, o in enumerate(outs):
+            o.copy_(flat[j * inp.numel() : (j + 1) * inp.numel()].view(o.shape))
+
+    @dist_errors("all_gather")
+    def allgather(self, output_lists: List[List[_torch.Tensor]], inputs: List[_torch.Tensor], opts: Any = None) -> Any:
+        other = self._other(inputs)
+        if other is not None:
+            return other.allgather(output_lists, inputs, opts)
+        for outs, inp in zip(output_lists, inputs):
+            self._gather_list(outs, inp, "all_gather tensor_list")
+        return _work.done([o for outs in output_lists for o in outs])
+
+    @dist_errors("all_gather_coalesced")
+    def allgather_coalesced(
+        self, output_lists: List[List[_torch.Tensor]], inputs: List[_torch.Tensor], opts: Any = None
+    ) -> Any:
+        return self.allgather(output_lists, inputs, opts)
+
+    @dist_errors("broadcast")
+    def broadcast(self, tensors: List[_torch.Tensor], opts: Any = None) -> Any:
+        other = self._other(tensors)
+        if other is not None:
+            return other.broadcast(tensors, opts)
+        root = _root(opts, self._n(), "broadcast")
+        for t in tensors:
+            ops.broadcast_(_reduce.bytes_view(t), root, self._tid)
+        return _work.done(tensors)
+
+    def _alltoallv(self, out: _torch.Tensor, inp: _torch.Tensor, osplit: List[int], isplit: List[int]) -> None:
+        """Uneven all_to_all of rows of the first dimension, through the staging workspace: the
+        destination region at the same offset on every member (the largest output), then the
+        source (symheap's uneven alltoall wants both symmetric)."""
+        n = self._n()
+        o, i = _reduce.bytes_view(out), _reduce.bytes_view(inp)
+        if o.dim() == 0 or i.dim() == 0:
+            raise SymheapValueError("all_to_all_single: split sizes need tensors of at least one dimension")
+        sizes = _torch.tensor([o.numel() * o.element_size(), i.numel() * i.element_size()], dtype=_torch.int64)
+        sizes = sizes.to(_symheap_device())
+        ops.all_reduce_(sizes, "max", self._tid)
+        top_out, top_in = (int(v) for v in sizes.tolist())
+        team = ops._team(self._tid)
+        off = _workspace.aligned(max(top_out, 1))
+        buf = _workspace.staging(team, off + _workspace.aligned(max(top_in, 1)))
+        d = _workspace.region(buf, 0, o)
+        s = _workspace.region(buf, off, i)
+        s.copy_(i)
+        _shmem.alltoall(d, s, team, output_split_sizes=osplit, input_split_sizes=isplit)
+        o.copy_(d)
+        del n
+
+    @dist_errors("all_to_all_single")
+    def alltoall_base(
+        self,
+        output: _torch.Tensor,
+        input: _torch.Tensor,
+        output_split_sizes: List[int],
+        input_split_sizes: List[int],
+        opts: Any = None,
+    ) -> Any:
+        other = self._other([input])
+        if other is not None:
+            return other.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+        if output.dtype != input.dtype:
+            raise SymheapValueError(f"all_to_all_single: dtypes differ (output {output.dtype}, input {input.dtype})")
+        if not output_split_sizes and not input_split_sizes:
+            ops.alltoall(_reduce.bytes_view(input), self._tid, out=_reduce.bytes_view(output))
+        else:
+            n = self._n()
+            osplit = list(output_split_sizes) or _even(output, n, "output")
+            isplit = list(input_split_sizes) or _even(input, n, "input")
+            self._alltoallv(output, input, osplit, isplit)
+        return _work.done([output])
+
+    @dist_errors("all_to_all")
+    def alltoall(self, outputs: List[_torch.Tensor], inputs: List[_torch.Tensor], opts: Any = None) -> Any:
+        other = self._other(inputs)
+        if other is not None:
+            return other.alltoall(outputs, inputs, opts)
+        n = self._n()
+        if len(outputs) != n or len(inputs) != n:
+            raise SymheapValueError(f"all_to_all: give {n} output and {n} input tensors")
+        dt = inputs[0].dtype
+        if any(t.dtype != dt for t in (*inputs, *outputs)):
+            raise SymheapValueError("all_to_all: every tensor must have the same dtype")
+        inp = _torch.cat([_flat(t) for t in inputs])
+        out = inp.new_empty((sum(t.numel() for t in outputs),))
+        self._alltoallv(out, inp, [t.numel() for t in outputs], [t.numel() for t in inputs])
+        at = 0
+        for t in outputs:
+            t.copy_(out[at : at + t.numel()].view(t.shape))
+            at += t.numel()
+        return _work.done(outputs)
+
+    @dist_errors("gather")
+    def gather(self, output_lists: List[List[_torch.Tensor]], inputs: List[_torch.Tensor], opts: Any = None) -> Any:
+        other = self._other(inputs)
+        if other is not None:
+            return other.gather(output_lists, inputs, opts)
+        root, n = _root(opts, self._n(), "gather"), self._n()
+        inp = _flat(inputs[0])
+        k = inp.numel()
+        out = inp.new_empty((n * k if self.rank() == root else 0,))
+        # Only the root receives: member j sends its k elements to the root, nothing elsewhere.
+        self._alltoallv(
+            out, inp, [k] * n if self.rank() == root else [0] * n, [k if r == root else 0 for r in range(n)]
+        )
+        if self.rank() == root:
+            outs = output_lists[0]
+            _check_list(outs, n, inputs[0], "gather gather_list")
+            for j, o in enumerate(outs):
+                o.copy_(out[j * k : (j + 1) * k].view(o.shape))
+        return _work.done(output_lists[0] if output_lists else [])
+
+    @dist_errors("scatter")
+    def scatter(self, outputs: List[_torch.Tensor], input_lists: List[List[_torch.Tensor]], opts: Any = None) -> Any:
+        other = self._other(outputs)
+        if other is not None:
+            return other.scatter(outputs, input_lists, opts)
+        root, n = _root(opts, self._n(), "scatter"), self._n()
+        out = outputs[0]
+        k = out.numel()
+        if self.rank() == root:
+            _check_list(input_lists[0], n, out, "scatter scatter_list")
+            inp = _torch.cat([_flat(t) for t in input_lists[0]])
+        else:
+            inp = out.new_empty((0,))
+        flat = out.new_empty((k,))
+        self._alltoallv(
+            flat, inp, [k if r == root else 0 for r in range(n)], [k] * n if self.rank() == root else [0] * n
+        )
+        out.copy_(flat.view(out.shape))
+        return _work.done(outputs)
+
+    # ---- synchronisation and point to point ----------------------------------------------
+
+    @dist_errors("barrier")
+    def barrier(self, opts: Any = None) -> Any:
+        # torch's barrier blocks the host (ProcessGroupNCCL's work synchronises its stream).
+        if _core.native().backend == "cuda" and _torch.cuda.is_available():
+            _torch.cuda.current_stream().synchronize()
+        team = ops._team(self._tid)
+        if team is None:
+            _shmem.host_barrier()
+        else:
+            _shmem.barrier(team)
+        return _work.done([])
+
+    @dist_errors("monitored_barrier")
+    def monitored_barrier(self, opts: Any = None, wait_all_ranks: bool = False) -> None:
+        # symheap's barrier already names the members that did not arrive within the timeout.
+        self.barrier(opts).wait()
+
+    @dist_errors("send")
+    def send(self, tensors: List[_torch.Tensor], dst: int, tag: int = 0) -> Any:
+        other = self._other(tensors)
+        if other is not None:
+            return other.send(tensors, dst, tag)
+        return _p2p.engine().send(tensors[0], self._world(dst, "send"))
+
+    @dist_errors("recv")
+    def recv(self, tensors: List[_torch.Tensor], src: int, tag: int = 0) -> Any:
+        other = self._other(tensors)
+        if other is not None:
+            return other.recv(tensors, src, tag)
+        return _p2p.engine().recv(tensors[0], self._world(src, "recv"))
+
+    @dist_errors("recv")
+    def recv_anysource(self, tensors: List[_torch.Tensor], tag: int = 0) -> Any:
+        raise SymheapUnsupportedError(
+            "recv without a source (recv_anysource) is not supported by the symheap backend; give src"
+        )
+
+    def _world(self, peer: int, what: str) -> int:
+        if not 0 <= peer < self._n():
+            raise SymheapValueError(f"{what}: peer {peer} is not a member of a group of {self._n()}")
+        if peer == self.rank():
+            raise SymheapValueError(f"{what}: a rank cannot send to or receive from itself")
+        return self._ranks[peer]
+
+    # ---- lifetime ------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        _groups.release(self)
+
+    def abort(self) -> None:
+        if _core.is_initialized():
+            _core.native().abort(f"torch.distributed group aborted on rank {dist.get_rank()}")
+
+
+# ---- helpers -------------------------------------------------------------------------------
+
+
+def _opt(opts: Any, name: str) -> Any:
+    if opts is None:
+        return dist.ReduceOp.SUM if name == "reduceOp" else 0
+    return getattr(opts, name)
+
+
+def _root(opts: Any, n: int, what: str) -> int:
+    root = int(_opt(opts, "rootRank"))
+    if not 0 <= root < n:
+        raise SymheapValueError(f"{what}: root {root} is not a member of a group of {n}")
+    return root
+
+
+def _check_list(ts: Sequence[_torch.Tensor], n: int, like: _torch.Tensor, what: str) -> None:
+    if len(ts) != n:
+        raise SymheapValueError(f"{what} must hold {n} tensors (one per member), it holds {len(ts)}")
+    for t in ts:
+        if t.numel() != like.numel() or t.dtype != like.dtype:
+            raise SymheapValueError(
+                f"{what}: every tensor must have {like.numel()} elements of {like.dtype}, one has "
+                f"{t.numel()} of {t.dtype}"
+            )
+
+
+def _flat_out(t: _torch.Tensor) -> _torch.Tensor:
+    return t.view(-1) if t.is_contiguous() else t
+
+
+def _even(t: _torch.Tensor, n: int, what: str) -> List[int]:
+    rows = t.shape[0] if t.dim() else 1
+    if rows % n:
+        raise SymheapValueError(f"all_to_all_single: the {what} has {rows} rows, not a multiple of {n}")
+    return [rows // n] * n
+
+
+def _symheap_device() -> _torch.device:
+    return (
+        _torch.device("cuda", _core.native().device_ordinal)
+        if _core.native().backend == "cuda"
+        else _torch.device("cpu")
+    )
+
+
+# ---- the creator ---------------------------------------------------------------------------
+
+
+def _device_backends() -> Dict[str, str]:
+    """device type -> backend name of the group torch is making, from the caller's frame
+    (``_new_process_group_helper``'s ``backend_config``; torch passes the creator only its own
+    device's options). Empty when torch's layout differs: then every device is symheap's."""
+    f = sys._getframe(1)
+    for _ in range(8):
+        if f is None:
+            break
+        cfg = f.f_locals.get("backend_config")
+        if cfg is not None and hasattr(cfg, "get_device_backend_map"):
+            return {str(d): str(b) for d, b in cfg.get_device_backend_map().items()}
+        f = f.f_back
+    return {}
+
+
+def _others(store: Any, rank: int, size: int, timeout: timedelta) -> Dict[str, Any]:
+    """The backends of the devices the user gave another backend (``cpu:gloo``)."""
+    out: Dict[str, Any] = {}
+    for device, name in _device_backends().items():
+        if name == NAME:
+            continue
+        if name != "gloo":
+            raise SymheapUnsupportedError(
+                f"init_process_group: the symheap backend can share a group with gloo only, not {name!r} "
+                f"(for device {device!r})"
+            )
+        sub = dist.PrefixStore(f"symheap-{device}/", store)
+        out[device] = dist.ProcessGroupGloo(sub, rank, size, timeout=timeout)
+    return out
+
+
+def create(opts: Any, backend_options: Any = None) -> SymheapProcessGroup:
+    """torch's creator of a ``symheap`` group (``extended_api``): runs on the group's members
+    only, in the same order on each."""
+    return _create(opts)
+
+
+@dist_errors("init_process_group")
+def _create(opts: Any) -> SymheapProcessGroup:
+    store, rank, size = opts.store, int(opts.group_rank), int(opts.group_size)
+    timeout: timedelta = opts.timeout
+    ranks = [int(r) for r in opts.global_ranks_in_group] or list(range(size))
+    tid = _groups.team_for(store, rank, size, ranks, timeout)
+    if not opts.global_ranks_in_group:
+        _p2p.setup()
+    others = _others(store, rank, size, timeout)
+    return SymheapProcessGroup(rank, size, ranks, tid, others, timeout, default=not opts.global_ranks_in_group)
+
+
+def register() -> None:
+    """Registers the backend with torch (once per process)."""
+    if NAME.upper() in getattr(dist.Backend, "_plugins", {}):
+        return
+    dist.Backend.register_backend(NAME, create, extended_api=True, devices=["cpu", "cuda"])

@@ -1,0 +1,93 @@
+"""Process groups as symheap teams, and the context under them.
+
+The default group's creator makes symheap's context over the group's store (its PEs are the
+global ranks), unless a context of the same ranks exists already (``symheap.init()`` called
+first), which is then used as it is. A group of every rank is the world team (id 0). A group
+of a subset, in any order (``new_group``, ``new_subgroups``, a DeviceMesh dimension), becomes the
+team ``Context.team_from_ranks(ranks, exchange)`` makes: torch runs the creator on the members
+only, so the members agree among themselves, ``exchange`` being an all-gather of bytes over the
+group's store in group order.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any, Callable, List, Sequence
+
+from .. import _core, ops
+from .._native import SymheapMismatchError, SymheapUnsupportedError
+
+# Whether this module made the context (then it finalizes it when the default group goes).
+_owns_context = False
+
+
+def _context(store: Any, rank: int, size: int, timeout: timedelta) -> None:
+    """symheap's context for the default group (global ``rank`` of ``size``)."""
+    global _owns_context
+    if _core.is_initialized():
+        n = _core.native()
+        if (n.my_pe, n.n_pes) != (rank, size):
+            raise SymheapMismatchError(
+                f"init_process_group: symheap is already initialised as PE {n.my_pe} of {n.n_pes}, but this "
+                f"process is rank {rank} of {size}; finalize symheap first or initialise it after the group"
+            )
+        return
+    import torch.distributed as dist  # deferred: torch.distributed is heavy (this module needs it anyway)
+
+    secs = timeout.total_seconds()
+    env = os.environ.get("SYMHEAP_TIMEOUT", "").strip()
+    _core.init(
+        store=dist.PrefixStore("symheap/", store),
+        rank=rank,
+        world_size=size,
+        timeout=float(env) if env else secs,
+    )
+    _owns_context = True
+
+
+def exchange_over(store: Any, rank: int, size: int, timeout: timedelta) -> Callable[[bytes], List[bytes]]:
+    """An all-gather of bytes among a group's members over its store, in group order: call
+    ``k`` sets ``symheap-x/{k}/{rank}`` and reads every member's key."""
+    count = [0]
+
+    def exchange(data: bytes) -> List[bytes]:
+        k = count[0]
+        count[0] += 1
+        store.set(f"symheap-x/{k}/{rank}", bytes(data))
+        keys = [f"symheap-x/{k}/{r}" for r in range(size)]
+        store.wait(keys, timeout)
+        return [bytes(store.get(key)) for key in keys]
+
+    return exchange
+
+
+def team_for(store: Any, rank: int, size: int, ranks: Sequence[int], timeout: timedelta) -> int:
+    """The symheap team id of the group of world ``ranks`` (this member is ``rank`` of
+    ``size``); makes the context for the default group."""
+    if not _core.is_initialized():
+        if list(ranks) != list(range(size)):
+            raise SymheapUnsupportedError(
+                "new_group: symheap has no context; the default group must use the symheap backend "
+                "(init_process_group('symheap')) or symheap.init() must run first"
+            )
+        _context(store, rank, size, timeout)
+    n = _core.native()
+    if list(ranks) == list(range(n.n_pes)):
+        return 0
+    make = getattr(n, "team_from_ranks", None)
+    if make is None:
+        raise SymheapUnsupportedError(
+            f"new_group: a symheap group of ranks {list(ranks)} (not the whole world of {n.n_pes}) needs "
+            "Context.team_from_ranks, which this build of symheap lacks"
+        )
+    team = make(list(ranks), exchange_over(store, rank, size, timeout))
+    return ops.team_id(team)
+
+
+def release(pg: Any) -> None:
+    """At ``destroy_process_group``: the default group's end finalizes a context it made."""
+    global _owns_context
+    if getattr(pg, "_default", False) and _owns_context and _core.is_initialized():
+        _owns_context = False
+        _core.finalize()

@@ -1,0 +1,59 @@
+"""The ``symheap`` backend of torch.distributed across real processes (host backend, CPU
+tensors, ``init_process_group("cpu:symheap")``): every collective torch offers through
+``dist.*`` on random data of every dtype, exact (pe_tdist.py); a divergence and a dead rank
+reported on the other ranks through ``dist.*`` as both a ``DistBackendError`` and a
+``SymheapError``; ``cpu:gloo,cuda:symheap`` giving CPU tensors to gloo."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import launch
+
+PE = str(Path(__file__).with_name("pe_tdist.py"))
+# A small mailbox slot, so send/recv of a few KiB moves in several chunks.
+ENV = {"SYMHEAP_P2P_SLOT": "4096"}
+
+
+def run(n: int, mode: str, timeout: float = 300):
+    return launch(n, [sys.executable, PE, mode], env=ENV, timeout=timeout)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_every_collective(torch_module, n: int) -> None:
+    p = run(n, "all")
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    for r in range(n):
+        assert f"[PE {r}] PASS tdist" in p.stdout, out
+
+
+def test_gloo_beside_symheap(torch_module) -> None:
+    p = run(2, "gloo")
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    for r in range(2):
+        assert f"[PE {r}] PASS tdist" in p.stdout, out
+
+
+def test_divergence_named_on_every_rank(torch_module) -> None:
+    p = run(2, "diverge")
+    out = p.stdout + p.stderr
+    for r in range(2):
+        line = re.search(rf"\[PE {r}\] DIVERGE (.*)", p.stdout)
+        assert line, out
+        assert "all_reduce" in line.group(1) and "all_gather" in line.group(1), line.group(1)
+
+
+def test_dead_rank_named(torch_module) -> None:
+    p = launch(3, [sys.executable, PE, "dead"], env={**ENV, "SYMHEAP_TIMEOUT": "30"}, timeout=120)
+    out = p.stdout + p.stderr
+    for r in range(2):
+        m = re.search(rf"\[PE {r}\] DEAD after ([0-9.]+)s: (.*)", p.stdout)
+        assert m, out
+        assert float(m.group(1)) < 2.0, m.group(0)
+        assert "PE 2" in m.group(2) or "rank 2" in m.group(2), m.group(0)
