@@ -30,6 +30,9 @@ EXACT = ("dtensor", "tp_mlp", "fsdp_int", "ddp", "compile_funcol")
 # Checks on float data: equal within float tolerance (the order of a sum may differ).
 FLOAT = ("sp_mlp", "fsdp_transformer")
 CHECKS = EXACT + FLOAT
+# FSDP on the transformer is the slowest check (tens of collectives a step, 4 processes on CI's
+# 2 cores): it runs at 2 and 3 ranks; DTensor and the rest at 2, 3 and 4.
+AT = {n: tuple(c for c in CHECKS if not (n == 4 and c == "fsdp_transformer")) for n in RANKS}
 TIMEOUT = 300
 
 
@@ -41,9 +44,11 @@ class Jobs:
         self.root = root
         self.done: Dict[Tuple[int, str, Tuple[str, ...]], Tuple[List[dict], str]] = {}
 
-    def get(self, n: int, spec: str, checks: Tuple[str, ...] = CHECKS) -> Tuple[List[dict], str]:
+    def get(self, n: int, spec: str, checks: Tuple[str, ...] = ()) -> Tuple[List[dict], str]:
         """What every rank saved (None where a rank saved nothing) from torch_programs.py run
-        at ``n`` ranks over ``spec`` (``cpu:gloo``...), and the job's output for messages."""
+        at ``n`` ranks over ``spec`` (``cpu:gloo``...) with ``checks`` (default: ``AT[n]``),
+        and the job's output for messages."""
+        checks = checks or AT[n]
         key = (n, spec, checks)
         if key not in self.done:
             self.done[key] = self._run(n, spec, checks)
@@ -56,7 +61,10 @@ class Jobs:
         out.mkdir()
         t0 = time.monotonic()
         argv = [sys.executable, str(PROGRAM), spec, str(out), *checks]
-        env = {"SYMHEAP_BACKEND": "cuda"} if spec.startswith("cuda") else None
+        env = {"SYMHEAP_BACKEND": "cuda"} if spec.startswith("cuda") else {}
+        if checks == ("kill",):
+            # Short: a survivor that is not told of the exit must fail the test soon.
+            env["SYMHEAP_TIMEOUT"] = "10"
         p = launch(n, argv, env=env, timeout=TIMEOUT, launcher_args=("--grace", "30"))
         text = f"{spec} at {n} ranks: exit status {p.returncode} after {time.monotonic() - t0:.1f} s\n"
         text += (p.stdout + p.stderr)[-8000:]
@@ -68,7 +76,8 @@ class Jobs:
 
 
 @pytest.fixture(scope="module")
-def jobs(tmp_path_factory, torch_module) -> Jobs:
+def jobs(tmp_path_factory) -> Jobs:
+    pytest.importorskip("torch")
     return Jobs(tmp_path_factory.mktemp("torch_programs"))
 
 
@@ -95,8 +104,7 @@ def same_values(ours: List[dict], theirs: List[dict], check: str, who: str) -> N
                 torch.testing.assert_close(got[name], w, rtol=1e-5, atol=1e-6, msg=lambda m, w=what: f"{w}: {m}")
 
 
-@pytest.mark.parametrize("n", RANKS)
-@pytest.mark.parametrize("check", CHECKS)
+@pytest.mark.parametrize("check, n", [(c, n) for n in RANKS for c in AT[n]])
 def test_program_matches_gloo(jobs: Jobs, check: str, n: int) -> None:
     gloo, gtext = jobs.get(n, "cpu:gloo")
     passed(gloo, gtext, check, range(n))
@@ -111,11 +119,11 @@ def test_cuda_program_matches_nccl(jobs: Jobs, cuda_gpus: int, n: int) -> None:
     graphs). With a GPU per rank they are compared with cuda:nccl; with fewer GPUs the ranks
     share them (symheap allows it, NCCL does not) and the checks' single-process references
     are what they are held to."""
-    ours, stext = jobs.get(n, "cuda:symheap")
+    ours, stext = jobs.get(n, "cuda:symheap", CHECKS)
     for check in CHECKS:
         passed(ours, stext, check, range(n))
     if cuda_gpus >= n:
-        nccl, ntext = jobs.get(n, "cuda:nccl")
+        nccl, ntext = jobs.get(n, "cuda:nccl", CHECKS)
         for check in CHECKS:
             passed(nccl, ntext, check, range(n))
             same_values(ours, nccl, check, "nccl")
