@@ -100,9 +100,11 @@ def check_all_reduce(r: int, n: int) -> None:
             t = xs[r].clone()
             dist.all_reduce(t, op=op)
             want = expect(op, xs)
-            if op == R.AVG and not dt.is_complex:
-                # Sum (exact: small integers), then one division in the dtype.
-                want = (fold(xs, lambda a, b: a + b) / n).to(dt)
+            if op == R.AVG:
+                # Sum (exact: small integers), then one division in the dtype (complex: of
+                # each part, as the backend reduces the real pairs).
+                total = fold(xs, lambda a, b: a + b)
+                want = torch.view_as_complex(torch.view_as_real(total) / n) if dt.is_complex else (total / n).to(dt)
             same(t, want.to(dt), f"all_reduce {op} {dt}")
     # float64 is reduced in float64: sums that float32 would round are exact.
     xs = [torch.full((9,), 1.0 + (q + 1) * 2.0**-40, dtype=torch.float64) for q in range(n)]

@@ -32,6 +32,7 @@ import torch as _torch
 import torch.distributed as dist
 
 from .. import _core, _shmem, _workspace, ops
+from .._core import torch_dtype_name
 from .._native import SymheapUnsupportedError, SymheapValueError
 from . import _groups, _p2p, _reduce, _work
 from ._errors import dist_errors
@@ -245,24 +246,40 @@ class SymheapProcessGroup(dist.ProcessGroup):
     def _alltoallv(self, out: _torch.Tensor, inp: _torch.Tensor, osplit: List[int], isplit: List[int]) -> None:
         """Uneven all_to_all of rows of the first dimension, through the staging workspace: the
         destination region at the same offset on every member (the largest output), then the
-        source (symheap's uneven alltoall wants both symmetric)."""
-        n = self._n()
+        source (symheap's uneven alltoall wants both symmetric). The native call gets the
+        addresses itself: a region of no rows (a gather's non-root) is still a place in the
+        heap, where torch reports an empty tensor's address as 0."""
         o, i = _reduce.bytes_view(out), _reduce.bytes_view(inp)
         if o.dim() == 0 or i.dim() == 0:
             raise SymheapValueError("all_to_all_single: split sizes need tensors of at least one dimension")
-        sizes = _torch.tensor([o.numel() * o.element_size(), i.numel() * i.element_size()], dtype=_torch.int64)
-        sizes = sizes.to(_symheap_device())
+        row = o[0].numel() if o.shape[0] else int(_prod(o.shape[1:]))
+        if i.shape[1:] != o.shape[1:]:
+            raise SymheapValueError(f"all_to_all_single: rows differ (input {list(i.shape)}, output {list(o.shape)})")
+        n = self._n()
+        for name, sizes, rows in (("input", isplit, i.shape[0]), ("output", osplit, o.shape[0])):
+            if len(sizes) != n or sum(sizes) != rows or min(sizes, default=0) < 0:
+                raise SymheapValueError(
+                    f"all_to_all_single: {name}_split_sizes {list(sizes)} must give one size per member ({n}) "
+                    f"summing to the {name}'s {rows} rows"
+                )
+        es = o.element_size()
+        sizes = _torch.tensor([o.numel() * es, i.numel() * es], dtype=_torch.int64, device=_symheap_device())
         ops.all_reduce_(sizes, "max", self._tid)
         top_out, top_in = (int(v) for v in sizes.tolist())
         team = ops._team(self._tid)
         off = _workspace.aligned(max(top_out, 1))
         buf = _workspace.staging(team, off + _workspace.aligned(max(top_in, 1)))
-        d = _workspace.region(buf, 0, o)
-        s = _workspace.region(buf, off, i)
-        s.copy_(i)
-        _shmem.alltoall(d, s, team, output_split_sizes=osplit, input_split_sizes=isplit)
-        o.copy_(d)
-        del n
+        if i.numel():
+            _workspace.region(buf, off, i).copy_(i)
+        nat = _core.native()
+        stream = _core.device_stream(buf.get_device() if buf.is_cuda else None, None)
+        dtype = torch_dtype_name(o.dtype)
+        base = buf.data_ptr()
+        nat.collective(
+            "alltoall", team, base, base + off, row, dtype, stream, send_counts=list(isplit), recv_counts=list(osplit)
+        )
+        if o.numel():
+            o.copy_(_workspace.region(buf, 0, o))
 
     @dist_errors("all_to_all_single")
     def alltoall_base(
@@ -439,6 +456,13 @@ def _even(t: _torch.Tensor, n: int, what: str) -> List[int]:
     if rows % n:
         raise SymheapValueError(f"all_to_all_single: the {what} has {rows} rows, not a multiple of {n}")
     return [rows // n] * n
+
+
+def _prod(xs: Sequence[int]) -> int:
+    p = 1
+    for x in xs:
+        p *= int(x)
+    return p
 
 
 def _symheap_device() -> _torch.device:

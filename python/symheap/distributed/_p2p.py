@@ -133,6 +133,14 @@ class _Engine:
             time.sleep(pause)
             pause = min(pause * 2 or 1e-5, 1e-3)
 
+    def send(self, t: _torch.Tensor, peer: int) -> Any:
+        """Queues ``t`` for world PE ``peer``; returns its Work."""
+        return self.post(True, t, peer)
+
+    def recv(self, t: _torch.Tensor, peer: int) -> Any:
+        """Queues a receive into ``t`` from world PE ``peer``; returns its Work."""
+        return self.post(False, t, peer)
+
     def post(self, send: bool, t: _torch.Tensor, peer: int) -> Any:
         m = _Msg(send, t, peer)
         (self.sends if send else self.recvs).setdefault(peer, deque()).append(m)
