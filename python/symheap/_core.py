@@ -643,13 +643,10 @@ def _describe(x: Any, what: str) -> Arr:
         dtype = torch_dtype_name(x.dtype)
         numel = x.numel()
         cuda = x.is_cuda
-        # torch reports address 0 for an empty tensor, even a view into the heap (an empty
-        # block of an uneven alltoall): its storage address says where it is.
-        ptr = x.data_ptr() if numel else x.untyped_storage().data_ptr() + x.storage_offset() * x.element_size()
         return Arr(
             obj=x,
             kind="torch",
-            ptr=ptr,
+            ptr=x.data_ptr(),
             nbytes=numel * x.element_size(),
             numel=numel,
             dtype=dtype,
