@@ -256,7 +256,7 @@ run)
     # Triton. GPU_ONLY=0 runs every test of those files here.
     GO="--gpu-only"
     [ "${GPU_ONLY:-1}" = 0 ] && GO=""
-    [ "${SKIP_TORCH:-0}" = 1 ] || step python-torch "${PYTEST_LIMIT:-600}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs $GO ${TORCH_TESTS:-test_torch.py test_fused.py test_torch_ops_gpu.py test_nodes_gpu.py test_gemm.py test_moe.py}"
+    [ "${SKIP_TORCH:-0}" = 1 ] || step python-torch "${PYTEST_LIMIT:-600}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs $GO ${TORCH_TESTS:-test_torch.py test_fused.py test_torch_ops_gpu.py test_nodes_gpu.py test_gemm.py test_moe.py test_torch_programs.py}"
     # Providers (native heap, NVSHMEM, torch SymmetricMemory) under one Triton and one CUDA C++
     # kernel, and the Triton device library's compile and hint checks.
     [ "${SKIP_PROVIDERS:-0}" = 1 ] || step python-providers "${PROVIDERS_LIMIT:-300}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs $GO test_providers_gpu.py test_nvshmem_coexist_gpu.py test_providers.py test_triton_compile.py"
