@@ -18,7 +18,7 @@ use super::engine::nccl::{SpanCall, BYTES};
 use super::plan::{exchange_kernel, grid_for, stays_local, StreamColl};
 use super::request::{Collective, Plan, Request};
 use super::table::Params;
-use crate::backend::cuda::driver::Arg;
+use crate::backend::cuda::coll_args::{ByteKernel, CollArgs, CollKernel};
 use crate::backend::cuda::nccl::Comm;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::host::mpi::{Mpi, MpiComm};
@@ -152,11 +152,13 @@ impl Collective for AllGather {
             return l.exchange(k, r.src, r.dest, bytes, XCHG_ALL_GATHER, 0);
         }
         let grid = grid_for(l.cu, bytes * p.n() as u64, 16 << 10, 1, 2);
-        l.run(
-            "symheap_allgather",
-            grid,
-            &[Arg::U64(r.src), Arg::U64(r.dest), Arg::U64(bytes)],
-        )
+        let args = CollArgs {
+            src: r.src,
+            dst: r.dest,
+            count: bytes,
+            ..CollArgs::default()
+        };
+        l.run(CollKernel::Bytes(ByteKernel::AllGather), grid, args)
     }
 }
 

@@ -12,7 +12,7 @@
 //! count, dtype and op; symheap checks it at the entry barrier (the stream form: at the next
 //! host collective point).
 
-use super::engine::device::{dtype_suffix, op_code, DevicePlan, Launch};
+use super::engine::device::{op_code, DevicePlan, Launch};
 use super::engine::host::{one_pass, with_sources, Coll, INLINE_MEMBERS};
 use super::engine::mpi::mpi_error;
 use super::engine::nccl::{nccl_code, SpanCall};
@@ -20,7 +20,8 @@ use super::plan::{ar_one_shot, grid_for, stays_local, StreamColl};
 use super::request::{Collective, Plan, Request};
 use super::table::Params;
 use super::{AllReduceAlgo, NODES_ALL_REDUCE_SMALL as SMALL, ONE_SHOT_MAX_BYTES};
-use crate::backend::cuda::driver::{self, Arg};
+use crate::backend::cuda::coll_args::{CollArgs, CollDType, CollKernel, ReduceKernel};
+use crate::backend::cuda::driver;
 use crate::backend::cuda::nccl::Comm;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::host::mpi::{Mpi, MpiComm};
@@ -212,22 +213,20 @@ impl Collective for AllReduce {
         p: &Plan<'_>,
         dp: &DevicePlan,
     ) -> Result<()> {
-        let sfx = dtype_suffix(r.dtype).expect("accepted for the kernels' dtypes only");
-        let (count, es) = (r.count as u64, r.dtype.size() as u64);
+        let dt = CollDType::of(r.dtype).expect("accepted for the kernels' dtypes only");
+        let count = r.count as u64;
         if dp.one_shot {
-            return l.oneshot(sfx, r.src, r.dest, count, 0, es, self.op);
+            return l.oneshot(dt, r.src, r.dest, count, 0, self.op);
         }
         let grid = grid_for(l.cu, p.bytes as u64, 64 << 10, 16, 2);
-        l.run(
-            &format!("symheap_ar_twoshot_{sfx}"),
-            grid,
-            &[
-                Arg::U64(r.src),
-                Arg::U64(r.dest),
-                Arg::U64(count),
-                Arg::I32(op_code(self.op)),
-            ],
-        )
+        let args = CollArgs {
+            src: r.src,
+            dst: r.dest,
+            count,
+            op: op_code(self.op),
+            ..CollArgs::default()
+        };
+        l.run(CollKernel::Reduce(ReduceKernel::ArTwoshot, dt), grid, args)
     }
 }
 

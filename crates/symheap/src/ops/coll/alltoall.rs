@@ -41,7 +41,7 @@ use super::engine::nccl::SpanCall;
 use super::plan::{exchange_kernel, grid_for, stays_local, StreamColl};
 use super::request::{Collective, Plan, Request};
 use super::table::{CollParam, Params};
-use crate::backend::cuda::driver::Arg;
+use crate::backend::cuda::coll_args::{ByteKernel, CollArgs, CollKernel};
 use crate::backend::cuda::nccl::Comm;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::host::mpi::{Mpi, MpiComm};
@@ -309,7 +309,11 @@ impl AllToAll {
         let m = Self::agreed(cx, call, &all, r.count)?;
         let (me, unit) = (t.me, p.bytes as u64);
         if n > 1 {
-            l.run("symheap_team_barrier", 1, &[])?;
+            l.run(
+                CollKernel::Bytes(ByteKernel::TeamBarrier),
+                1,
+                CollArgs::default(),
+            )?;
         }
         let own = cx.inner.own_base;
         for j in 0..n {
@@ -321,7 +325,11 @@ impl AllToAll {
             l.cu.copy_on_stream(to, from, len * unit, l.stream, e)?;
         }
         if n > 1 {
-            l.run("symheap_team_barrier", 1, &[])?;
+            l.run(
+                CollKernel::Bytes(ByteKernel::TeamBarrier),
+                1,
+                CollArgs::default(),
+            )?;
         }
         Ok(())
     }
@@ -634,11 +642,13 @@ impl Collective for AllToAll {
                     return l.exchange(k, r.src, r.dest, bytes, XCHG_ALLTOALL, 0);
                 }
                 let grid = grid_for(l.cu, p.dest_len as u64, 16 << 10, 1, 2);
-                l.run(
-                    "symheap_alltoall",
-                    grid,
-                    &[Arg::U64(r.src), Arg::U64(r.dest), Arg::U64(bytes)],
-                )
+                let args = CollArgs {
+                    src: r.src,
+                    dst: r.dest,
+                    count: bytes,
+                    ..CollArgs::default()
+                };
+                l.run(CollKernel::Bytes(ByteKernel::Alltoall), grid, args)
             }
             Splits::Host { send, recv } => Self::device_host_splits(cx, l, r, p, send, recv),
             Splits::Device(d) => {
@@ -647,19 +657,17 @@ impl Collective for AllToAll {
                 cx.check_range(r.call(), d.in_splits, 8 * n, s)?;
                 cx.check_range(r.call(), d.out, 16 * n, s)?;
                 let grid = grid_for(l.cu, p.dest_len.max(p.src_len) as u64, 16 << 10, 1, 2);
-                l.run(
-                    "symheap_alltoallv",
-                    grid,
-                    &[
-                        Arg::U64(r.src),
-                        Arg::U64(r.dest),
-                        Arg::U64(d.in_splits),
-                        Arg::U64(d.out),
-                        Arg::U64(p.bytes as u64),
-                        Arg::U64(d.src_rows as u64),
-                        Arg::U64(d.dst_rows as u64),
-                    ],
-                )
+                let args = CollArgs {
+                    src: r.src,
+                    dst: r.dest,
+                    splits: d.in_splits,
+                    out: d.out,
+                    count: p.bytes as u64,
+                    src_rows: d.src_rows as u64,
+                    dst_rows: d.dst_rows as u64,
+                    ..CollArgs::default()
+                };
+                l.run(CollKernel::Bytes(ByteKernel::Alltoallv), grid, args)
             }
         }
     }

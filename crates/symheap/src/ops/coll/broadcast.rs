@@ -20,7 +20,7 @@ use super::engine::nccl::{SpanCall, BYTES};
 use super::plan::{exchange_kernel, grid_for, stays_local, StreamColl};
 use super::request::{Collective, Plan, Request};
 use super::table::Params;
-use crate::backend::cuda::driver::Arg;
+use crate::backend::cuda::coll_args::{ByteKernel, CollArgs, CollKernel};
 use crate::backend::cuda::nccl::Comm;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::host::mpi::{Mpi, MpiComm};
@@ -202,16 +202,14 @@ impl Collective for Broadcast {
             return l.exchange(k, r.src, r.dest, bytes, XCHG_BROADCAST, root);
         }
         let grid = grid_for(l.cu, bytes, 16 << 10, 1, 2);
-        l.run(
-            "symheap_broadcast",
-            grid,
-            &[
-                Arg::U64(r.src),
-                Arg::U64(r.dest),
-                Arg::U64(bytes),
-                Arg::I32(root),
-            ],
-        )
+        let args = CollArgs {
+            src: r.src,
+            dst: r.dest,
+            count: bytes,
+            root,
+            ..CollArgs::default()
+        };
+        l.run(CollKernel::Bytes(ByteKernel::Broadcast), grid, args)
     }
 }
 

@@ -15,28 +15,22 @@
 
 use super::super::request::{Collective, Plan, Request};
 use super::Engine;
-use crate::backend::cuda::driver::Arg;
-use crate::backend::cuda::{CudaBackend, COLL_DTYPES};
+use crate::backend::cuda::coll_args::{
+    ByteKernel, CollArgs, CollDType, CollKernel, CollTeam, ReduceKernel,
+};
+use crate::backend::cuda::CudaBackend;
 use crate::backend::ReduceOp;
 use crate::context::device_state::{DeviceTeams, LL128_PART, MAX_BLOCKS, ONE_SHOT_SLOT};
 use crate::context::team::TeamInner;
 use crate::context::Context;
-use crate::element::DType;
 use crate::error::{err, ErrorKind, Result};
-use crate::ops::coll::plan::{
-    ll128_grid, ll_grid, oneshot_kernel, LL128_KERNEL, XCHG_LL128_KERNEL,
-};
+use crate::ops::coll::plan::{ll128_grid, ll_grid, oneshot_kernel};
 use crate::stream::Stream;
 
 /// `symheap_exchange_ll` modes (coll.cu).
 pub(in crate::ops::coll) const XCHG_ALL_GATHER: i32 = 0;
 pub(in crate::ops::coll) const XCHG_ALLTOALL: i32 = 1;
 pub(in crate::ops::coll) const XCHG_BROADCAST: i32 = 2;
-
-/// The kernels' name suffix for `d`, if they have the dtype.
-pub(in crate::ops::coll) fn dtype_suffix(d: DType) -> Option<&'static str> {
-    COLL_DTYPES.iter().find(|(t, _)| *t == d).map(|(_, s)| *s)
-}
 
 /// The kernels' code for `op`.
 pub(in crate::ops::coll) fn op_code(op: ReduceOp) -> i32 {
@@ -68,7 +62,7 @@ impl Engine for DeviceEngine {
     fn accepts<K: Collective>(&self, cx: &Context, r: &Request<'_, K>, p: &Plan<'_>) -> bool {
         p.cuda.is_some()
             && !cx.inner.spans_nodes(p.t)
-            && (!r.kind.reduces() || dtype_suffix(r.dtype).is_some())
+            && (!r.kind.reduces() || CollDType::of(r.dtype).is_some())
     }
 
     fn run<K: Collective>(&self, cx: &Context, r: &Request<'_, K>, p: &Plan<'_>) -> Result<()> {
@@ -131,7 +125,8 @@ impl Engine for DeviceEngine {
     }
 }
 
-/// One collective launch on CUDA: the team's trailing kernel arguments, and the stream.
+/// One collective launch on CUDA: the team's part of every kernel's argument block, and the
+/// stream.
 pub(in crate::ops::coll) struct Launch<'a> {
     pub(in crate::ops::coll) cu: &'a CudaBackend,
     pub(in crate::ops::coll) team: &'a TeamInner,
@@ -142,73 +137,73 @@ pub(in crate::ops::coll) struct Launch<'a> {
 }
 
 impl Launch<'_> {
-    fn team_args(&self) -> [Arg; 8] {
+    /// The team's part of the argument block (coll.cu's `coll::Team`).
+    fn team_part(&self) -> CollTeam {
         let s = self.team.slot;
-        [
-            Arg::U64(self.own + self.dt.bases(s)),
-            Arg::U64(self.own + self.dt.flags(s)),
-            Arg::U64(self.own + self.dt.peer_flags(s)),
-            Arg::U64(self.own + self.dt.ctl(s)),
-            Arg::I32(self.team.me as i32),
-            Arg::I32(self.team.members.len() as i32),
-            Arg::U64(self.cu.wait_bound_ns()),
-            Arg::U64(self.cu.coll_error_word()),
-        ]
+        CollTeam {
+            bases: self.own + self.dt.bases(s),
+            flags: self.own + self.dt.flags(s),
+            peer_flags: self.own + self.dt.peer_flags(s),
+            ctl: self.own + self.dt.ctl(s),
+            me: self.team.me as i32,
+            n: self.team.members.len() as i32,
+            timeout_ns: self.cu.wait_bound_ns(),
+            error: self.cu.coll_error_word(),
+        }
     }
 
-    /// The one-shot kernel (all_reduce: stride 0; reduce_scatter: stride = count) through the
-    /// world's scratch.
-    #[allow(clippy::too_many_arguments)]
+    /// The one-shot kernel for `dtype` (all_reduce: stride 0; reduce_scatter: stride = count)
+    /// through the world's scratch.
     pub(in crate::ops::coll) fn oneshot(
         &self,
-        sfx: &str,
+        dtype: CollDType,
         src: u64,
         dest: u64,
         count: u64,
         stride: u64,
-        esize: u64,
         op: ReduceOp,
     ) -> Result<()> {
         let n = self.team.members.len() as u64;
         let cu = self.cu;
         let sms = cu.sm_count().max(1) as u64;
+        let esize = dtype.dtype().size() as u64;
         let aligned = src % 16 == 0 && dest % 16 == 0 && (stride * esize) % 16 == 0;
         let (kernel, grid) =
             oneshot_kernel(count * esize, n, sms, aligned, |k, d| cu.coll_tuning(k, d));
-        let mut args = vec![
-            Arg::U64(src),
-            Arg::U64(dest),
-            Arg::U64(count),
-            Arg::U64(stride),
-            Arg::I32(op_code(op)),
-        ];
-        args.extend(self.scratch_args(kernel == LL128_KERNEL));
-        self.run(&format!("{kernel}_{sfx}"), grid, &args)
+        let args = CollArgs {
+            src,
+            dst: dest,
+            count,
+            stride,
+            op: op_code(op),
+            ..self.scratch(kernel == ReduceKernel::ArLl128)
+        };
+        self.run(CollKernel::Reduce(kernel, dtype), grid, args)
     }
 
-    /// The arguments that end the one-shot and exchange kernels' own: the table of the team
+    /// The scratch fields of the one-shot and exchange kernels' blocks: the table of the team
     /// members' scratch addresses and my scratch, then the LL128 region's offset and parity
     /// size (`ll128`), or the scratch slot size.
-    fn scratch_args(&self, ll128: bool) -> Vec<Arg> {
-        let mut args = vec![
-            Arg::U64(self.own + self.dt.scratch_table(self.team.slot)),
-            Arg::U64(self.own + self.dt.scratch()),
-        ];
+    fn scratch(&self, ll128: bool) -> CollArgs {
+        let mut a = CollArgs {
+            peer_scratch: self.own + self.dt.scratch_table(self.team.slot),
+            scratch: self.own + self.dt.scratch(),
+            ..CollArgs::default()
+        };
         if ll128 {
-            args.extend([Arg::U64(self.dt.ll128()), Arg::U64(LL128_PART)]);
+            (a.ll_off, a.part) = (self.dt.ll128(), LL128_PART);
         } else {
-            args.push(Arg::U64(ONE_SHOT_SLOT));
+            a.slot_bytes = ONE_SHOT_SLOT;
         }
-        args
+        a
     }
 
     /// Runs exchange `kernel` (from `plan::exchange_kernel`: small and mid-size all_gather,
     /// alltoall, broadcast); grids as the one-shot's LL and LL128 paths, over the bytes per
     /// member.
-    #[allow(clippy::too_many_arguments)]
     pub(in crate::ops::coll) fn exchange(
         &self,
-        kernel: &str,
+        kernel: ByteKernel,
         src: u64,
         dest: u64,
         bytes: u64,
@@ -218,21 +213,21 @@ impl Launch<'_> {
         let cu = self.cu;
         let sms = cu.sm_count().max(1) as u64;
         let tune = |k: &str, d| cu.coll_tuning(k, d);
-        let mut args = vec![
-            Arg::U64(src),
-            Arg::U64(dest),
-            Arg::U64(bytes),
-            Arg::I32(mode),
-            Arg::I32(root),
-        ];
-        let ll128 = kernel == XCHG_LL128_KERNEL;
-        args.extend(self.scratch_args(ll128));
+        let ll128 = kernel == ByteKernel::ExchangeLl128;
+        let args = CollArgs {
+            src,
+            dst: dest,
+            count: bytes,
+            mode,
+            root,
+            ..self.scratch(ll128)
+        };
         let grid = if ll128 {
             ll128_grid(bytes, sms, mode != XCHG_BROADCAST, tune)
         } else {
             ll_grid(bytes, sms, tune)
         };
-        self.run(kernel, grid, &args)
+        self.run(CollKernel::Bytes(kernel), grid, args)
     }
 
     /// A copy of `bytes` from `src` to `dest` (nothing in place) by the copy engine, with no
@@ -250,12 +245,20 @@ impl Launch<'_> {
         )
     }
 
-    /// Launches kernel `name` with `grid` blocks: its own arguments `head`, then the team's.
-    pub(in crate::ops::coll) fn run(&self, name: &str, grid: u64, head: &[Arg]) -> Result<()> {
-        let mut args: Vec<Arg> = head.to_vec();
-        args.extend_from_slice(&self.team_args());
-        self.cu
-            .launch_coll(name, grid.clamp(1, MAX_BLOCKS) as u32, self.stream, &args)
+    /// Launches `kernel` with `grid` blocks and `args`, whose team part this fills in (the
+    /// kernel reads the fields its family uses; see `CollKernel`).
+    pub(in crate::ops::coll) fn run(
+        &self,
+        kernel: CollKernel,
+        grid: u64,
+        args: CollArgs,
+    ) -> Result<()> {
+        let args = CollArgs {
+            team: self.team_part(),
+            ..args
+        };
+        let grid = grid.clamp(1, MAX_BLOCKS) as u32;
+        self.cu.launch_coll_kernel(kernel, grid, self.stream, &args)
     }
 }
 
