@@ -11,13 +11,12 @@
 //! it as in place, the same on every PE (each passes its own block). Collective-order rule:
 //! every member of the team calls it in the same order with the same count and dtype.
 
-use super::engine::device::{DevicePlan, Launch, XCHG_ALL_GATHER};
-use super::engine::host::Coll;
-use super::engine::mpi::mpi_error;
-use super::engine::nccl::{SpanCall, BYTES};
+use super::params::Params;
 use super::plan::{exchange_kernel, grid_for, stays_local, StreamColl};
-use super::request::{Collective, Plan, Request};
-use super::table::Params;
+use super::request::{mpi_error, Collective, Plan, Request};
+use super::transport::device::{DevicePlan, Launch, XCHG_ALL_GATHER};
+use super::transport::host::Coll;
+use super::transport::nccl::{SpanCall, BYTES};
 use crate::backend::cuda::coll_args::{ByteKernel, CollArgs, CollKernel};
 use crate::backend::cuda::nccl::Comm;
 use crate::backend::cuda::CudaBackend;

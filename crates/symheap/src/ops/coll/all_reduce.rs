@@ -12,13 +12,12 @@
 //! count, dtype and op; symheap checks it at the entry barrier (the stream form: at the next
 //! host collective point).
 
-use super::engine::device::{op_code, DevicePlan, Launch};
-use super::engine::host::{one_pass, with_sources, Coll, INLINE_MEMBERS};
-use super::engine::mpi::mpi_error;
-use super::engine::nccl::{nccl_code, SpanCall};
+use super::params::Params;
 use super::plan::{ar_one_shot, grid_for, stays_local, StreamColl};
-use super::request::{Collective, Plan, Request};
-use super::table::Params;
+use super::request::{mpi_error, Collective, Plan, Request};
+use super::transport::device::{op_code, DevicePlan, Launch};
+use super::transport::host::{one_pass, with_sources, Coll, INLINE_MEMBERS};
+use super::transport::nccl::{nccl_code, SpanCall};
 use super::{AllReduceAlgo, NODES_ALL_REDUCE_SMALL as SMALL, ONE_SHOT_MAX_BYTES};
 use crate::backend::cuda::coll_args::{CollArgs, CollDType, CollKernel, ReduceKernel};
 use crate::backend::cuda::driver;

@@ -34,13 +34,12 @@
 //! Collective-order rule: every member of the team calls it in the same order with the same
 //! dtype, unit and buffers (and, for equal blocks, count).
 
-use super::engine::device::{DevicePlan, Launch, XCHG_ALLTOALL};
-use super::engine::host::Coll;
-use super::engine::mpi::mpi_error;
-use super::engine::nccl::SpanCall;
+use super::params::{CollParam, Params};
 use super::plan::{exchange_kernel, grid_for, stays_local, StreamColl};
-use super::request::{Collective, Plan, Request};
-use super::table::{CollParam, Params};
+use super::request::{mpi_error, Collective, Plan, Request};
+use super::transport::device::{DevicePlan, Launch, XCHG_ALLTOALL};
+use super::transport::host::Coll;
+use super::transport::nccl::SpanCall;
 use crate::backend::cuda::coll_args::{ByteKernel, CollArgs, CollKernel};
 use crate::backend::cuda::nccl::Comm;
 use crate::backend::cuda::CudaBackend;

@@ -13,13 +13,12 @@
 //! root, count and dtype; symheap checks it at the entry barrier (the root of an eager
 //! broadcast: at its next call that waits, or at finalize).
 
-use super::engine::device::{DevicePlan, Launch, XCHG_BROADCAST};
-use super::engine::host::{one_pass, Coll};
-use super::engine::mpi::mpi_error;
-use super::engine::nccl::{SpanCall, BYTES};
+use super::params::Params;
 use super::plan::{exchange_kernel, grid_for, stays_local, StreamColl};
-use super::request::{Collective, Plan, Request};
-use super::table::Params;
+use super::request::{mpi_error, Collective, Plan, Request};
+use super::transport::device::{DevicePlan, Launch, XCHG_BROADCAST};
+use super::transport::host::{one_pass, Coll};
+use super::transport::nccl::{SpanCall, BYTES};
 use crate::backend::cuda::coll_args::{ByteKernel, CollArgs, CollKernel};
 use crate::backend::cuda::nccl::Comm;
 use crate::backend::cuda::CudaBackend;

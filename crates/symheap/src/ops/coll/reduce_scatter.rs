@@ -12,13 +12,12 @@
 //! it as in place. Collective-order rule: every member of the team calls it in the same order
 //! with the same count, dtype and op.
 
-use super::engine::device::{op_code, DevicePlan, Launch};
-use super::engine::host::Coll;
-use super::engine::mpi::mpi_error;
-use super::engine::nccl::{nccl_code, SpanCall};
+use super::params::Params;
 use super::plan::{grid_for, rs_one_shot, stays_local, StreamColl};
-use super::request::{Collective, Plan, Request};
-use super::table::Params;
+use super::request::{mpi_error, Collective, Plan, Request};
+use super::transport::device::{op_code, DevicePlan, Launch};
+use super::transport::host::Coll;
+use super::transport::nccl::{nccl_code, SpanCall};
 use crate::backend::cuda::coll_args::{CollArgs, CollDType, CollKernel, ReduceKernel};
 use crate::backend::cuda::nccl::Comm;
 use crate::backend::cuda::CudaBackend;

@@ -10,16 +10,16 @@
 
 use std::sync::Arc;
 
-use super::engine::device::{DevicePlan, Launch};
-use super::engine::nccl::SpanCall;
-use super::table::Params;
+use super::params::Params;
+use super::transport::device::{DevicePlan, Launch};
+use super::transport::nccl::SpanCall;
 use crate::backend::cuda::nccl::Comm;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::host::mpi::{Mpi, MpiComm};
 use crate::context::team::{Team, TeamInner};
 use crate::context::Context;
 use crate::element::DType;
-use crate::error::{invalid, Error, Result};
+use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::ops::alias::{self, ByteRange, CollBuffers, CollKind, Placement};
 use crate::stream::Stream;
 
@@ -369,4 +369,9 @@ pub(crate) fn host_form(kind: CollKind, placed: Placement, dest: u64, src: u64) 
         (Placement::InPlace, _) => (dest, dest),
         (Placement::Apart, _) => (dest, src),
     }
+}
+
+/// An Open MPI call's failure as `call`'s error.
+pub(in crate::ops::coll) fn mpi_error(cx: &Context, call: &'static str, why: String) -> Error {
+    Error::new(Some(cx.my_pe()), call, ErrorKind::Backend(why))
 }

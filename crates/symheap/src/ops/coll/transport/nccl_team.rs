@@ -19,7 +19,7 @@ impl Context {
     /// Runs `op` on the communicator of `t` (a split of the world that spans nodes) on
     /// `stream` (handle `raw`, buffers checked), ordered after the team's previous collective
     /// and, unless `args` is None (the call met already), recorded in its ledger.
-    pub(super) fn team_span_run(
+    pub(in crate::ops::coll) fn team_span_run(
         &self,
         t: &TeamInner,
         call: &'static str,
