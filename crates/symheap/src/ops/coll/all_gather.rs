@@ -13,14 +13,12 @@
 
 use super::params::Params;
 use super::plan::{exchange_kernel, grid_for, stays_local, StreamColl};
-use super::request::{mpi_error, Collective, Plan, Request};
+use super::request::{Collective, OneCall, Plan, Request};
 use super::transport::device::{DevicePlan, Launch, XCHG_ALL_GATHER};
 use super::transport::host::Coll;
 use super::transport::nccl::{SpanCall, BYTES};
 use crate::backend::cuda::coll_args::{ByteKernel, CollArgs, CollKernel};
-use crate::backend::cuda::nccl::Comm;
 use crate::backend::cuda::CudaBackend;
-use crate::backend::host::mpi::{Mpi, MpiComm};
 use crate::context::team::Team;
 use crate::context::Context;
 use crate::element::{DType, Element};
@@ -66,27 +64,8 @@ impl Collective for AllGather {
         c.end()
     }
 
-    fn mpi(
-        &self,
-        cx: &Context,
-        mpi: &Mpi,
-        comm: MpiComm,
-        _: &Request<'_, Self>,
-        p: &Plan<'_>,
-    ) -> Result<()> {
-        mpi.all_gather(comm, p.hd, p.hs, p.bytes)
-            .map_err(|why| mpi_error(cx, Self::NAME, why))
-    }
-
-    fn nccl_team(
-        &self,
-        _cx: &Context,
-        comm: &Comm,
-        r: &Request<'_, Self>,
-        p: &Plan<'_>,
-        stream: u64,
-    ) -> std::result::Result<(), String> {
-        comm.all_gather(r.dest, r.src, p.bytes, BYTES, stream)
+    fn one_call(&self) -> OneCall {
+        OneCall::AllGather
     }
 
     /// Node-major layouts: between nodes into the workspace, in the node, then a strided

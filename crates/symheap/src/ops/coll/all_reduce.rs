@@ -14,16 +14,14 @@
 
 use super::params::Params;
 use super::plan::{ar_one_shot, grid_for, stays_local, StreamColl};
-use super::request::{mpi_error, Collective, Plan, Request};
+use super::request::{Collective, OneCall, Plan, Request};
 use super::transport::device::{op_code, DevicePlan, Launch};
 use super::transport::host::{one_pass, with_sources, Coll, INLINE_MEMBERS};
 use super::transport::nccl::{nccl_code, SpanCall};
 use super::{AllReduceAlgo, NODES_ALL_REDUCE_SMALL as SMALL, ONE_SHOT_MAX_BYTES};
 use crate::backend::cuda::coll_args::{CollArgs, CollDType, CollKernel, ReduceKernel};
 use crate::backend::cuda::driver;
-use crate::backend::cuda::nccl::Comm;
 use crate::backend::cuda::CudaBackend;
-use crate::backend::host::mpi::{Mpi, MpiComm};
 use crate::backend::ReduceOp;
 use crate::context::area::INLINE;
 use crate::context::team::Team;
@@ -123,29 +121,8 @@ impl Collective for AllReduce {
         c.end()
     }
 
-    fn mpi(
-        &self,
-        cx: &Context,
-        mpi: &Mpi,
-        comm: MpiComm,
-        r: &Request<'_, Self>,
-        p: &Plan<'_>,
-    ) -> Result<()> {
-        mpi.all_reduce(comm, p.hd, p.hs, r.count, r.dtype, self.op)
-            .map_err(|why| mpi_error(cx, Self::NAME, why))
-    }
-
-    fn nccl_team(
-        &self,
-        _cx: &Context,
-        comm: &Comm,
-        r: &Request<'_, Self>,
-        _: &Plan<'_>,
-        stream: u64,
-    ) -> std::result::Result<(), String> {
-        let code = crate::backend::cuda::nccl::dtype(r.dtype)
-            .ok_or_else(|| format!("NCCL has no {}", r.dtype))?;
-        comm.all_reduce(r.dest, r.src, r.count, code, self.op, stream)
+    fn one_call(&self) -> OneCall {
+        OneCall::AllReduce(self.op)
     }
 
     fn nccl_world(&self, c: &mut SpanCall<'_>, r: &Request<'_, Self>, _: &Plan<'_>) -> Result<()> {

@@ -15,14 +15,12 @@
 
 use super::params::Params;
 use super::plan::{exchange_kernel, grid_for, stays_local, StreamColl};
-use super::request::{mpi_error, Collective, Plan, Request};
+use super::request::{Collective, OneCall, Plan, Request};
 use super::transport::device::{DevicePlan, Launch, XCHG_BROADCAST};
 use super::transport::host::{one_pass, Coll};
 use super::transport::nccl::{SpanCall, BYTES};
 use crate::backend::cuda::coll_args::{ByteKernel, CollArgs, CollKernel};
-use crate::backend::cuda::nccl::Comm;
 use crate::backend::cuda::CudaBackend;
-use crate::backend::host::mpi::{Mpi, MpiComm};
 use crate::context::area::INLINE;
 use crate::context::team::Team;
 use crate::context::Context;
@@ -129,27 +127,8 @@ impl Collective for Broadcast {
         c.end()
     }
 
-    fn mpi(
-        &self,
-        cx: &Context,
-        mpi: &Mpi,
-        comm: MpiComm,
-        _: &Request<'_, Self>,
-        p: &Plan<'_>,
-    ) -> Result<()> {
-        mpi.broadcast(comm, p.hd, p.hs, p.bytes, self.root, p.t.me)
-            .map_err(|why| mpi_error(cx, Self::NAME, why))
-    }
-
-    fn nccl_team(
-        &self,
-        _cx: &Context,
-        comm: &Comm,
-        r: &Request<'_, Self>,
-        p: &Plan<'_>,
-        stream: u64,
-    ) -> std::result::Result<(), String> {
-        comm.broadcast(r.dest, r.src, p.bytes, BYTES, self.root, stream)
+    fn one_call(&self) -> OneCall {
+        OneCall::Broadcast { root: self.root }
     }
 
     /// Between nodes among the PEs with the root's node index, then in each node.

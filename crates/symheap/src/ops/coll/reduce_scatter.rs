@@ -14,14 +14,12 @@
 
 use super::params::Params;
 use super::plan::{grid_for, rs_one_shot, stays_local, StreamColl};
-use super::request::{mpi_error, Collective, Plan, Request};
+use super::request::{Collective, OneCall, Plan, Request};
 use super::transport::device::{op_code, DevicePlan, Launch};
 use super::transport::host::Coll;
 use super::transport::nccl::{nccl_code, SpanCall};
 use crate::backend::cuda::coll_args::{CollArgs, CollDType, CollKernel, ReduceKernel};
-use crate::backend::cuda::nccl::Comm;
 use crate::backend::cuda::CudaBackend;
-use crate::backend::host::mpi::{Mpi, MpiComm};
 use crate::backend::ReduceOp;
 use crate::context::team::Team;
 use crate::context::Context;
@@ -76,29 +74,8 @@ impl Collective for ReduceScatter {
         c.end()
     }
 
-    fn mpi(
-        &self,
-        cx: &Context,
-        mpi: &Mpi,
-        comm: MpiComm,
-        r: &Request<'_, Self>,
-        p: &Plan<'_>,
-    ) -> Result<()> {
-        mpi.reduce_scatter(comm, p.hd, p.hs, r.count, r.dtype, self.op, p.t.me)
-            .map_err(|why| mpi_error(cx, Self::NAME, why))
-    }
-
-    fn nccl_team(
-        &self,
-        _cx: &Context,
-        comm: &Comm,
-        r: &Request<'_, Self>,
-        _: &Plan<'_>,
-        stream: u64,
-    ) -> std::result::Result<(), String> {
-        let code = crate::backend::cuda::nccl::dtype(r.dtype)
-            .ok_or_else(|| format!("NCCL has no {}", r.dtype))?;
-        comm.reduce_scatter(r.dest, r.src, r.count, code, self.op, stream)
+    fn one_call(&self) -> OneCall {
+        OneCall::ReduceScatter(self.op)
     }
 
     /// Node-major layouts: the blocks reordered into the workspace, reduce-scattered in the

@@ -59,7 +59,7 @@ impl Engine for NcclEngine {
         };
         if p.t.spans {
             cx.team_span_run(p.t, call, args, s, raw, |comm, raw| {
-                r.kind.nccl_team(cx, comm, r, p, raw)
+                r.kind.nccl_team(comm, r, p, raw)
             })?;
         } else {
             let mut c = cx.span_begin(p.t, call, args, s, raw)?;
