@@ -4,6 +4,7 @@
 
 use crate::backend::cuda::coll_args::{ByteKernel, ReduceKernel};
 use crate::backend::cuda::CudaBackend;
+use crate::backend::AnyBackend;
 use crate::context::device_state::{LL128_PART, MAX_BLOCKS, ONE_SHOT_SLOT};
 use crate::context::team::{Team, TeamInner};
 use crate::context::Context;
@@ -109,7 +110,7 @@ impl Context {
     /// size and the tuning variables only). Always false on the host backend, whose
     /// collectives read peers' copies.
     pub fn coll_takes_local_buffers(&self, coll: StreamColl, team: &Team, bytes: u64) -> bool {
-        let Some(cu) = self.inner.backend.as_cuda() else {
+        let AnyBackend::Cuda(cu) = &self.inner.backend else {
             return false;
         };
         stays_local(cu, coll, team, bytes)

@@ -16,7 +16,7 @@ use super::transport::nccl::{SpanCall, BYTES};
 use crate::backend::cuda::nccl::{self, Comm};
 use crate::backend::cuda::CudaBackend;
 use crate::backend::host::mpi::{Mpi, MpiComm};
-use crate::backend::ReduceOp;
+use crate::backend::{AnyBackend, ReduceOp};
 use crate::context::team::{Team, TeamInner};
 use crate::context::Context;
 use crate::element::DType;
@@ -378,7 +378,10 @@ impl Context {
             hd,
             hs,
             raw,
-            cuda: self.inner.backend.as_cuda(),
+            cuda: match &self.inner.backend {
+                AnyBackend::Cuda(cu) => Some(cu),
+                AnyBackend::Host(_) => None,
+            },
         }))
     }
 

@@ -17,6 +17,7 @@ use super::super::request::{Collective, Plan, Request};
 use super::super::transport::device::{order_team, Launch};
 use super::Engine;
 use crate::backend::cuda::coll_args::CollDType;
+use crate::backend::cuda::CudaBackend;
 use crate::context::Context;
 use crate::error::{err, ErrorKind, Result};
 use crate::stream::Stream;
@@ -44,7 +45,7 @@ impl Engine for DeviceEngine {
         };
         let dp = r.kind.device_plan(cu, r, p);
         p.check_ranges(r, false, |_, addr, len| {
-            cx.check_buf(call, addr, len as u64, s, dp.local)
+            cx.check_buf(cu, call, addr, len as u64, s, dp.local)
         })?;
         if let Some(&m) = t
             .members
@@ -90,17 +91,18 @@ impl Context {
     /// outside every heap, which the caller keeps alive until the stream has run the kernel.
     fn check_buf(
         &self,
+        cu: &CudaBackend,
         call: &'static str,
         addr: u64,
         bytes: u64,
         stream: &Stream,
         local: bool,
     ) -> Result<()> {
-        match self.inner.backend.as_cuda() {
-            Some(cu) if local && !self.inner.in_any_heap(addr) => cu
-                .check_local_range(addr, bytes, call)
-                .map_err(|e| e.with_pe(self.my_pe())),
-            _ => self.check_range(call, addr, bytes, stream),
+        if local && !self.inner.in_any_heap(addr) {
+            cu.check_local_range(addr, bytes, call)
+                .map_err(|e| e.with_pe(self.my_pe()))
+        } else {
+            self.check_range(call, addr, bytes, stream)
         }
     }
 }

@@ -58,11 +58,11 @@ impl Engine for NcclEngine {
             Some(r.text(cx, p, Some("across nodes"), false))
         };
         if p.t.spans {
-            cx.team_span_run(p.t, call, args, s, raw, |comm, raw| {
+            cx.team_span_run(cu, p.t, call, args, s, raw, |comm, raw| {
                 r.kind.nccl_team(comm, r, p, raw)
             })?;
         } else {
-            let mut c = cx.span_begin(p.t, call, args, s, raw)?;
+            let mut c = cx.span_begin(cu, p.t, call, args, s, raw)?;
             r.kind.nccl_world(&mut c, r, p)?;
         }
         if host_form {

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use crate::backend::ReduceOp;
+use crate::backend::{AnyBackend, ReduceOp};
 use crate::context::area::{INLINE, NARROW, PAYLOAD};
 use crate::context::team::{Team, TeamGuard, TeamInner};
 use crate::context::watch::CallKey;
@@ -245,7 +245,7 @@ impl<'a> Coll<'a> {
 /// the heap are both host memory the CPU copies between (on CUDA the heap is device memory and
 /// the payloads are not, so the backend's copy and reduce cannot join them).
 pub(in crate::ops::coll) fn one_pass(cx: &Context, bytes: usize) -> bool {
-    bytes as u64 <= PAYLOAD && cx.inner.backend.as_cuda().is_none()
+    bytes as u64 <= PAYLOAD && matches!(cx.inner.backend, AnyBackend::Host(_))
 }
 
 /// Checks that `[addr, addr + bytes)` is a symmetric range of this PE's heap, as `call`'s

@@ -7,8 +7,8 @@
 
 use std::sync::MutexGuard;
 
-use crate::backend::cuda::driver;
 use crate::backend::cuda::nccl::{self, Comm};
+use crate::backend::cuda::{driver, CudaBackend};
 use crate::backend::ReduceOp;
 use crate::context::span::Span;
 use crate::context::team::{Team, TeamInner};
@@ -127,13 +127,13 @@ impl Context {
     /// the first call.
     pub(in crate::ops::coll) fn span_begin<'a>(
         &'a self,
+        cu: &CudaBackend,
         t: &TeamInner,
         call: &'static str,
         args: Option<String>,
         stream: &'a Stream,
         raw: u64,
     ) -> Result<SpanCall<'a>> {
-        let cu = self.inner.backend.as_cuda().expect("CUDA only");
         cu.bind()?;
         super::device::order_team(t, stream, raw)?;
         if let Some(args) = args {
@@ -151,11 +151,11 @@ impl Context {
 
     /// barrier_all_on_stream across nodes: a one-element all_reduce (in the node, then between
     /// nodes; or NCCL over the world).
-    pub(in crate::ops) fn barrier_span(&self, stream: &Stream) -> Result<()> {
+    pub(in crate::ops) fn barrier_span(&self, cu: &CudaBackend, stream: &Stream) -> Result<()> {
         const CALL: &str = "barrier_all_on_stream";
         let t = self.inner.world_team.clone();
         let raw = self.inner.stream_handle(stream, CALL)?;
-        let mut c = self.span_begin(&t, CALL, Some(String::new()), stream, raw)?;
+        let mut c = self.span_begin(cu, &t, CALL, Some(String::new()), stream, raw)?;
         let w = c.work(256)?;
         let (i32c, sum) = (
             nccl::dtype(DType::I32).expect("NCCL has i32"),
