@@ -146,3 +146,104 @@ fn collectives_by_name_take_their_parameters_and_refuse_others() {
     }
     ctx.finalize().unwrap();
 }
+
+/// alltoall by name: split sizes (`send_counts`, `recv_counts`) and counts in symmetric memory
+/// (`in_splits`, `out_splits_offsets`, `src_rows`, `dst_rows`) run; a list of the wrong type,
+/// a negative size, a count for every member but the team's, and any other combination of
+/// them are invalid arguments naming what is wrong.
+#[test]
+fn alltoall_by_name_takes_split_sizes_or_device_counts_and_refuses_the_rest() {
+    use symheap::{CollParam, CollParams};
+    let ctx = host_pe();
+    let w = ctx.world_team();
+    let (src, dst) = (ctx.malloc(64).unwrap(), ctx.malloc(64).unwrap());
+    let (ins, out) = (ctx.malloc(8).unwrap(), ctx.malloc(16).unwrap());
+    let data: Vec<i32> = (0..16).map(|i| 3 - i * 5).collect();
+    src.write(0, &data).unwrap();
+    let (s, d, t) = (src.addr(), dst.addr(), DType::I32);
+    let p = |kv: &[(&str, CollParam)]| {
+        let mut p = CollParams::new();
+        for (k, v) in kv {
+            p.set(k, v.clone());
+        }
+        p
+    };
+    let sizes = p(&[
+        ("send_counts", CollParam::Ints(vec![16])),
+        ("recv_counts", CollParam::Ints(vec![16])),
+    ]);
+    ctx.collective("alltoall", &w, d, s, 1, t, None, &sizes)
+        .unwrap();
+    let mut got = [0i32; 16];
+    dst.read(0, &mut got).unwrap();
+    assert_eq!(got.as_slice(), data.as_slice());
+    dst.write(0, &[0i32; 16]).unwrap();
+    ins.write(0, &[4i64]).unwrap();
+    out.write(0, &[-1i64, -1]).unwrap();
+    let counts = p(&[
+        ("in_splits", CollParam::Int(ins.addr() as i64)),
+        ("out_splits_offsets", CollParam::Int(out.addr() as i64)),
+        ("src_rows", CollParam::Int(4)),
+        ("dst_rows", CollParam::Int(4)),
+    ]);
+    // Rows of 4 elements: the 4 rows this PE sends itself land at row 0.
+    ctx.collective("alltoall", &w, d, s, 4, t, None, &counts)
+        .unwrap();
+    dst.read(0, &mut got).unwrap();
+    assert_eq!(got.as_slice(), data.as_slice());
+    let mut rows = [0i64; 2];
+    out.read(0, &mut rows).unwrap();
+    assert_eq!(rows, [4, 0]);
+    let both = "alltoall takes send_counts with recv_counts, or in_splits with";
+    let bad: [(CollParams, &str); 7] = [
+        (p(&[("send_counts", CollParam::Ints(vec![16]))]), both),
+        (
+            p(&[
+                ("send_counts", CollParam::Ints(vec![16])),
+                ("recv_counts", CollParam::Ints(vec![16])),
+                ("in_splits", CollParam::Int(ins.addr() as i64)),
+            ]),
+            both,
+        ),
+        (
+            p(&[("in_splits", CollParam::Int(ins.addr() as i64))]),
+            "in_splits needs out_splits_offsets",
+        ),
+        (
+            p(&[
+                ("send_counts", CollParam::Ints(vec![-1])),
+                ("recv_counts", CollParam::Ints(vec![16])),
+            ]),
+            "send_counts has a negative size, -1",
+        ),
+        (
+            p(&[
+                ("send_counts", CollParam::Int(16)),
+                ("recv_counts", CollParam::Ints(vec![16])),
+            ]),
+            "send_counts must be a list of integers",
+        ),
+        (
+            p(&[("in_splits", CollParam::Int(-8))]),
+            "in_splits must not be negative, it is -8",
+        ),
+        (
+            p(&[
+                ("send_counts", CollParam::Ints(vec![8, 8])),
+                ("recv_counts", CollParam::Ints(vec![8, 8])),
+            ]),
+            "2 send sizes and 2 receive sizes for a team of 1",
+        ),
+    ];
+    for (params, want) in bad {
+        let e = ctx
+            .collective("alltoall", &w, d, s, 1, t, None, &params)
+            .unwrap_err();
+        assert!(e.to_string().contains(want), "{want}: {e}");
+        assert!(
+            matches!(e.kind(), symheap::ErrorKind::InvalidArgument(_)),
+            "{want}: {e}"
+        );
+    }
+    ctx.finalize().unwrap();
+}

@@ -167,13 +167,46 @@ pub trait Backend: Send + Sync {
     fn poll_interval(&self) -> Option<Duration> {
         None
     }
-    /// The CUDA backend's stream operations, when this is the CUDA backend.
-    fn as_cuda(&self) -> Option<&cuda::CudaBackend> {
-        None
+}
+
+/// A context's backend: one of the two. What both do is [`Backend`] (through `Deref`); code that
+/// needs what only one has (the CUDA backend's streams and kernels, the host backend's copies
+/// as static calls on hot paths) matches on the variant, which is as static as a call.
+// One per context, made once at init: the variants' sizes do not matter, an indirection would.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum AnyBackend {
+    /// Shared host memory between CPU processes.
+    Host(host::HostBackend),
+    /// CUDA VMM device memory.
+    Cuda(cuda::CudaBackend),
+}
+
+impl AnyBackend {
+    /// The CUDA backend, when it is this one.
+    pub(crate) fn as_cuda(&self) -> Option<&cuda::CudaBackend> {
+        match self {
+            Self::Cuda(cu) => Some(cu),
+            Self::Host(_) => None,
+        }
     }
-    /// The host backend itself, when this is it: its byte copies are then static calls, which
-    /// the eager broadcast's few words take inline instead of through this trait.
-    fn as_host(&self) -> Option<&host::HostBackend> {
-        None
+
+    /// The host backend, when it is this one: its byte copies are then static calls, which the
+    /// eager broadcast's few words take inline instead of through [`Backend`].
+    pub(crate) fn as_host(&self) -> Option<&host::HostBackend> {
+        match self {
+            Self::Host(h) => Some(h),
+            Self::Cuda(_) => None,
+        }
+    }
+}
+
+impl std::ops::Deref for AnyBackend {
+    type Target = dyn Backend;
+
+    fn deref(&self) -> &(dyn Backend + 'static) {
+        match self {
+            Self::Host(h) => h,
+            Self::Cuda(cu) => cu,
+        }
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::{Context, Inner};
 use crate::backend::host::HostBackend;
 use crate::backend::shared::SharedArea;
-use crate::backend::Backend;
+use crate::backend::{AnyBackend, Backend};
 use crate::bootstrap::{
     Bootstrap, LaunchEnv, Launcher, NodeChannel, NodeInfo, SingleBootstrap, TcpBootstrap,
 };
@@ -104,7 +104,7 @@ impl ContextBuilder {
         let backend =
             open_backend(&met.boot, &node, channel, &cfg, &mut phases).map_err(with_pe)?;
         phases.mark("backend");
-        agree_on_backend(boot, backend.as_ref()).map_err(with_pe)?;
+        agree_on_backend(boot, &*backend).map_err(with_pe)?;
         if let Some(cu) = backend.as_cuda() {
             cu.agree_protocols(cfg.topology).map_err(with_pe)?;
         }
@@ -212,7 +212,7 @@ fn open_backend(
     channel: NodeChannel,
     cfg: &Config,
     phases: &mut crate::util::Phases,
-) -> Result<Arc<dyn Backend>> {
+) -> Result<AnyBackend> {
     let use_cuda = match cfg.backend {
         BackendChoice::Host => false,
         BackendChoice::Cuda => true,
@@ -221,7 +221,7 @@ fn open_backend(
     phases.mark("probe");
     if !use_cuda {
         let be = HostBackend::new(boot.clone(), node.clone(), channel, cfg.capacity)?;
-        return Ok(Arc::new(be));
+        return Ok(AnyBackend::Host(be));
     }
     // LOCAL_RANK as the launcher numbers it, else our own node-local rank.
     let local = std::env::var("LOCAL_RANK")
@@ -231,7 +231,7 @@ fn open_backend(
     let device = crate::backend::cuda::choose_device(cfg.device, local)?;
     let be =
         crate::backend::cuda::CudaBackend::new(boot.clone(), node.clone(), channel, device, cfg)?;
-    Ok(Arc::new(be))
+    Ok(AnyBackend::Cuda(be))
 }
 
 /// The rest of init, collective: the heap's first chunk, the device state, a first barrier,

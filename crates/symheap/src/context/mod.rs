@@ -24,7 +24,7 @@ pub use buffer::{PeerView, SymmetricBuffer};
 pub use init::ContextBuilder;
 
 use crate::backend::shared::SharedArea;
-use crate::backend::{Backend, BackendKind};
+use crate::backend::{AnyBackend, BackendKind};
 use crate::bootstrap::{Bootstrap, Launcher, NodeInfo};
 use crate::config::{Config, DEFAULT_ALIGNMENT};
 use crate::element::{DType, Element};
@@ -68,7 +68,7 @@ pub(crate) struct Inner {
     /// `boot`'s failure state, held here for the check at every call's entry.
     pub(crate) health: Arc<crate::bootstrap::Health>,
     pub(crate) node: NodeInfo,
-    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) backend: AnyBackend,
     /// Every PE's heap slot base as the backend maps it (None: on another node), fixed for the
     /// context's life: the hot paths (every put, get and collective) read it here instead of
     /// through a dynamic call.

@@ -2,7 +2,7 @@
 //! such as the PEs with one node index (the data-parallel group of a tensor-parallel job). Such
 //! a team has no shared memory to meet in, so its collectives and barriers run through a
 //! communicator of its own, made at the split (collective over the world, so every PE is there
-//! to make it): NCCL's on the CUDA backend (`ops/coll/engine/nccl_team.rs`), Open MPI's on the host
+//! to make it): NCCL's on the CUDA backend (`ops/coll/transport/nccl_team.rs`), Open MPI's on the host
 //! backend (`ops/coll/engine/mpi.rs`), either ranked in team order (any members in any order).
 //! symheap moves no byte between nodes itself. A team that spans nodes cannot be split further:
 //! refused on every PE of the split. A team made by its members alone (`ops/team_members.rs`)

@@ -10,6 +10,7 @@
 //! host, and the barrier's epoch lives in device memory so a replayed graph stays in step.
 
 use crate::backend::cuda::Engine;
+use crate::backend::{AnyBackend, Backend};
 use crate::context::Context;
 use crate::element::DType;
 use crate::error::{err, ErrorKind, Result};
@@ -59,10 +60,10 @@ impl Context {
         self.inner.local_range(src, bytes, false, CALL)?;
         self.inner.note_stream_addr(dest, stream);
         self.inner.note_stream_addr(src, stream);
-        match self.inner.backend.as_cuda() {
-            Some(cu) => cu.copy_on_stream(remote, src, bytes, raw, engine),
-            None => {
-                self.inner.backend.copy(remote, src, bytes as usize)?;
+        match &self.inner.backend {
+            AnyBackend::Cuda(cu) => cu.copy_on_stream(remote, src, bytes, raw, engine),
+            AnyBackend::Host(host) => {
+                host.copy(remote, src, bytes as usize)?;
                 self.inner.ring_data(pe);
                 Ok(())
             }
@@ -99,9 +100,9 @@ impl Context {
         self.inner.local_range(dest, bytes, true, CALL)?;
         self.inner.note_stream_addr(src, stream);
         self.inner.note_stream_addr(dest, stream);
-        match self.inner.backend.as_cuda() {
-            Some(cu) => cu.copy_on_stream(dest, remote, bytes, raw, engine),
-            None => self.inner.backend.copy(dest, remote, bytes as usize),
+        match &self.inner.backend {
+            AnyBackend::Cuda(cu) => cu.copy_on_stream(dest, remote, bytes, raw, engine),
+            AnyBackend::Host(host) => host.copy(dest, remote, bytes as usize),
         }
     }
 
@@ -129,8 +130,8 @@ impl Context {
         }
         // Counted when enqueued: a timed-out wait on PE `pe` then names PEs that never asked.
         self.inner.tally_signal(pe, sig - self.inner.own_base);
-        match self.inner.backend.as_cuda() {
-            Some(cu) => {
+        match &self.inner.backend {
+            AnyBackend::Cuda(cu) => {
                 let remote = self.inner.remote(dest, bytes, pe, CALL)?;
                 self.inner.local_range(src, bytes, false, CALL)?;
                 cu.put_signal_on_stream(
@@ -143,14 +144,14 @@ impl Context {
                     raw,
                 )
             }
-            None => {
+            AnyBackend::Host(host) => {
                 self.put_on_stream(dest, src, bytes, pe, stream)?;
-                self.inner.backend.fence();
+                host.fence();
                 let aop = match op {
                     SignalOp::Set => crate::AtomicOp::Store,
                     SignalOp::Add => crate::AtomicOp::Add,
                 };
-                self.inner.backend.atomic(remote_sig, 8, aop, value, 0)?;
+                host.atomic(remote_sig, 8, aop, value, 0)?;
                 self.inner.ring_data(pe);
                 Ok(())
             }
@@ -174,9 +175,9 @@ impl Context {
         let off = self.inner.own_offset(sig, 8, CALL)?;
         self.inner.note_stream(off, stream);
         let stream = raw;
-        match self.inner.backend.as_cuda() {
-            Some(cu) => cu.wait_on_stream(sig, cmp_code(cmp), value, stream),
-            None => self.signal_wait_until_addr(sig, cmp, value).map(drop),
+        match &self.inner.backend {
+            AnyBackend::Cuda(cu) => cu.wait_on_stream(sig, cmp_code(cmp), value, stream),
+            AnyBackend::Host(_) => self.signal_wait_until_addr(sig, cmp, value).map(drop),
         }
     }
 
@@ -185,11 +186,11 @@ impl Context {
     pub fn barrier_all_on_stream(&self, stream: &Stream) -> Result<()> {
         const CALL: &str = "barrier_all_on_stream";
         self.inner.check(CALL)?;
-        let Some(cu) = self.inner.backend.as_cuda() else {
+        let AnyBackend::Cuda(cu) = &self.inner.backend else {
             return self.barrier_all();
         };
         if self.inner.spans_nodes(&self.inner.world_team) {
-            return self.barrier_span(stream);
+            return self.barrier_span(cu, stream);
         }
         let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
         if !self.direct_peers().iter().eq(0..self.n_pes()) {
@@ -240,12 +241,12 @@ impl Context {
     pub fn sync_stream(&self, stream: &Stream) -> Result<()> {
         const CALL: &str = "sync_stream";
         self.inner.check(CALL)?;
-        match self.inner.backend.as_cuda() {
-            Some(cu) => {
+        match &self.inner.backend {
+            AnyBackend::Cuda(cu) => {
                 let stream = self.inner.stream_handle(stream, CALL)?;
                 cu.sync_stream(stream).map_err(|e| e.with_pe(self.my_pe()))
             }
-            None => Ok(()),
+            AnyBackend::Host(_) => Ok(()),
         }
     }
 
@@ -255,9 +256,9 @@ impl Context {
     pub fn create_stream(&self) -> Result<Stream> {
         const CALL: &str = "create_stream";
         self.inner.check(CALL)?;
-        match self.inner.backend.as_cuda() {
-            Some(cu) => cu.new_stream().map_err(|e| e.with_pe(self.my_pe())),
-            None => Ok(Stream::legacy_default()),
+        match &self.inner.backend {
+            AnyBackend::Cuda(cu) => cu.new_stream().map_err(|e| e.with_pe(self.my_pe())),
+            AnyBackend::Host(_) => Ok(Stream::legacy_default()),
         }
     }
 }

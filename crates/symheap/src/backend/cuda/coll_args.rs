@@ -5,7 +5,7 @@
 //! kernels indexed by key.
 
 use super::arg_block::{arg_block, layout, BlockLayout, Kernel};
-use super::driver::{Arg, Module};
+use super::driver::Module;
 use crate::element::DType;
 use crate::error::{backend, Result};
 
@@ -248,141 +248,6 @@ impl CollKernel {
             Self::Bytes(k) => k.symbol().to_string(),
         }
     }
-
-    /// The kernel named `symbol`, if coll.cu has it.
-    pub fn from_symbol(symbol: &str) -> Option<CollKernel> {
-        if let Some(k) = ByteKernel::ALL.into_iter().find(|k| k.symbol() == symbol) {
-            return Some(Self::Bytes(k));
-        }
-        let (stem, sfx) = symbol.rsplit_once('_')?;
-        let k = ReduceKernel::ALL.into_iter().find(|k| k.stem() == stem)?;
-        let d = CollDType::ALL.into_iter().find(|d| d.suffix() == sfx)?;
-        Some(Self::Reduce(k, d))
-    }
-
-    /// The argument fields this kernel reads before the team, in the order of its former
-    /// parameter list (for [`CollArgs::from_positional`]).
-    fn head(self) -> &'static [Param] {
-        use Param::*;
-        match self {
-            Self::Reduce(ReduceKernel::ArOneshot | ReduceKernel::ArFlag, _) => {
-                &[Src, Dst, Count, Stride, Op, PeerScratch, Scratch, SlotBytes]
-            }
-            Self::Reduce(ReduceKernel::ArLl128, _) => &[
-                Src,
-                Dst,
-                Count,
-                Stride,
-                Op,
-                PeerScratch,
-                Scratch,
-                LlOff,
-                Part,
-            ],
-            Self::Reduce(ReduceKernel::ArTwoshot | ReduceKernel::ReduceScatter, _) => {
-                &[Src, Dst, Count, Op]
-            }
-            Self::Bytes(ByteKernel::AllGather | ByteKernel::Alltoall) => &[Src, Dst, Count],
-            Self::Bytes(ByteKernel::Broadcast) => &[Src, Dst, Count, Root],
-            Self::Bytes(ByteKernel::Alltoallv) => &[Src, Dst, Splits, Out, Count, SrcRows, DstRows],
-            Self::Bytes(ByteKernel::TeamBarrier) => &[],
-            Self::Bytes(ByteKernel::ExchangeLl) => {
-                &[Src, Dst, Count, Mode, Root, PeerScratch, Scratch, SlotBytes]
-            }
-            Self::Bytes(ByteKernel::ExchangeLl128) => &[
-                Src,
-                Dst,
-                Count,
-                Mode,
-                Root,
-                PeerScratch,
-                Scratch,
-                LlOff,
-                Part,
-            ],
-        }
-    }
-}
-
-/// A field of [`CollArgs`] a positional argument fills.
-#[derive(Debug, Clone, Copy)]
-enum Param {
-    Src,
-    Dst,
-    Count,
-    Stride,
-    Op,
-    Mode,
-    Root,
-    PeerScratch,
-    Scratch,
-    SlotBytes,
-    LlOff,
-    Part,
-    Splits,
-    Out,
-    SrcRows,
-    DstRows,
-}
-
-impl CollArgs {
-    /// The block for `kernel` from a positional argument list in the kernel's former parameter
-    /// order: its own arguments ([`CollKernel::head`]: `U64` for addresses and sizes, `I32` for
-    /// op, mode and root), then the team's 8 (bases, flags, peer_flags, ctl as `U64`, me and n
-    /// as `I32`, timeout_ns and error as `U64`). Only for callers that still build such lists;
-    /// an argument of the wrong count or kind is an error, not a launch.
-    pub(crate) fn from_positional(kernel: CollKernel, args: &[Arg]) -> Result<CollArgs> {
-        let head = kernel.head();
-        let bad = |why: String| backend("collective", format!("{}: {why}", kernel.symbol()));
-        if args.len() != head.len() + 8 {
-            return Err(bad(format!(
-                "{} arguments, expected {} and the team's 8",
-                args.len(),
-                head.len()
-            )));
-        }
-        let word = |i: usize| match args[i] {
-            Arg::U64(v) => Ok(v),
-            a => Err(bad(format!("argument {i} is {a:?}, expected U64"))),
-        };
-        let int = |i: usize| match args[i] {
-            Arg::I32(v) => Ok(v),
-            a => Err(bad(format!("argument {i} is {a:?}, expected I32"))),
-        };
-        let mut a = CollArgs::default();
-        for (i, param) in head.iter().enumerate() {
-            match param {
-                Param::Src => a.src = word(i)?,
-                Param::Dst => a.dst = word(i)?,
-                Param::Count => a.count = word(i)?,
-                Param::Stride => a.stride = word(i)?,
-                Param::Op => a.op = int(i)?,
-                Param::Mode => a.mode = int(i)?,
-                Param::Root => a.root = int(i)?,
-                Param::PeerScratch => a.peer_scratch = word(i)?,
-                Param::Scratch => a.scratch = word(i)?,
-                Param::SlotBytes => a.slot_bytes = word(i)?,
-                Param::LlOff => a.ll_off = word(i)?,
-                Param::Part => a.part = word(i)?,
-                Param::Splits => a.splits = word(i)?,
-                Param::Out => a.out = word(i)?,
-                Param::SrcRows => a.src_rows = word(i)?,
-                Param::DstRows => a.dst_rows = word(i)?,
-            }
-        }
-        let t = head.len();
-        a.team = CollTeam {
-            bases: word(t)?,
-            flags: word(t + 1)?,
-            peer_flags: word(t + 2)?,
-            ctl: word(t + 3)?,
-            me: int(t + 4)?,
-            n: int(t + 5)?,
-            timeout_ns: word(t + 6)?,
-            error: word(t + 7)?,
-        };
-        Ok(a)
-    }
 }
 
 /// The collective kernels of one loaded module, indexed by [`CollKernel`].
@@ -437,24 +302,19 @@ mod tests {
         assert_eq!(all.len(), COUNT);
         for (i, k) in all.iter().enumerate() {
             assert_eq!(k.index(), i, "{k:?}");
-            assert_eq!(CollKernel::from_symbol(&k.symbol()), Some(*k));
         }
+        let mut symbols: Vec<String> = all.iter().map(|k| k.symbol()).collect();
+        symbols.sort();
+        symbols.dedup();
+        assert_eq!(symbols.len(), COUNT, "every kernel has its own symbol");
         assert_eq!(
-            CollKernel::from_symbol("symheap_ar_ll128_bf16"),
-            Some(CollKernel::Reduce(ReduceKernel::ArLl128, CollDType::BF16))
+            CollKernel::Reduce(ReduceKernel::ArLl128, CollDType::BF16).symbol(),
+            "symheap_ar_ll128_bf16"
         );
         assert_eq!(
-            CollKernel::from_symbol("symheap_exchange_ll128"),
-            Some(CollKernel::Bytes(ByteKernel::ExchangeLl128))
+            CollKernel::Bytes(ByteKernel::ExchangeLl128).symbol(),
+            "symheap_exchange_ll128"
         );
-        for bad in [
-            "",
-            "symheap_ar_oneshot",
-            "symheap_ar_oneshot_f64",
-            "symheap_allgather_f32",
-        ] {
-            assert_eq!(CollKernel::from_symbol(bad), None, "{bad}");
-        }
     }
 
     #[test]
@@ -464,84 +324,5 @@ mod tests {
         }
         assert_eq!(CollDType::of(DType::F64), None);
         assert_eq!(CollDType::of(DType::I64), None);
-    }
-
-    fn team_args() -> [Arg; 8] {
-        [
-            Arg::U64(0x100),
-            Arg::U64(0x200),
-            Arg::U64(0x300),
-            Arg::U64(0x400),
-            Arg::I32(1),
-            Arg::I32(4),
-            Arg::U64(5_000_000_000),
-            Arg::U64(0x500),
-        ]
-    }
-
-    #[test]
-    fn positional_arguments_fill_their_fields() {
-        let k = CollKernel::Reduce(ReduceKernel::ArLl128, CollDType::F16);
-        let mut args = vec![
-            Arg::U64(0xa0),
-            Arg::U64(0xb0),
-            Arg::U64(1000),
-            Arg::U64(1000),
-            Arg::I32(2),
-            Arg::U64(0xc0),
-            Arg::U64(0xd0),
-            Arg::U64(4096),
-            Arg::U64(8192),
-        ];
-        args.extend(team_args());
-        let a = CollArgs::from_positional(k, &args).expect("valid");
-        let want = CollArgs {
-            src: 0xa0,
-            dst: 0xb0,
-            count: 1000,
-            stride: 1000,
-            op: 2,
-            peer_scratch: 0xc0,
-            scratch: 0xd0,
-            ll_off: 4096,
-            part: 8192,
-            team: CollTeam {
-                bases: 0x100,
-                flags: 0x200,
-                peer_flags: 0x300,
-                ctl: 0x400,
-                me: 1,
-                n: 4,
-                timeout_ns: 5_000_000_000,
-                error: 0x500,
-            },
-            ..CollArgs::default()
-        };
-        assert_eq!(a, want);
-        let b = CollKernel::Bytes(ByteKernel::Broadcast);
-        let mut args = vec![Arg::U64(1), Arg::U64(2), Arg::U64(3), Arg::I32(3)];
-        args.extend(team_args());
-        let a = CollArgs::from_positional(b, &args).expect("valid");
-        assert_eq!((a.src, a.dst, a.count, a.root, a.op), (1, 2, 3, 3, 0));
-    }
-
-    #[test]
-    fn positional_arguments_of_the_wrong_shape_are_refused() {
-        let k = CollKernel::Bytes(ByteKernel::AllGather);
-        let mut args = vec![Arg::U64(1), Arg::U64(2), Arg::U64(3)];
-        args.extend(team_args());
-        assert!(CollArgs::from_positional(k, &args).is_ok());
-        // One too few, one too many, an int where an address goes, an address where me goes.
-        assert!(CollArgs::from_positional(k, &args[1..]).is_err());
-        let mut more = args.clone();
-        more.push(Arg::U64(0));
-        assert!(CollArgs::from_positional(k, &more).is_err());
-        let mut wrong = args.clone();
-        wrong[1] = Arg::I32(2);
-        let e = CollArgs::from_positional(k, &wrong).unwrap_err();
-        assert!(e.to_string().contains("symheap_allgather"), "{e}");
-        let mut wrong = args.clone();
-        wrong[3 + 4] = Arg::U64(1);
-        assert!(CollArgs::from_positional(k, &wrong).is_err());
     }
 }

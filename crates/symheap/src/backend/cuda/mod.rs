@@ -598,10 +598,6 @@ impl Backend for CudaBackend {
     fn poll_interval(&self) -> Option<Duration> {
         Some(Duration::from_micros(100))
     }
-
-    fn as_cuda(&self) -> Option<&CudaBackend> {
-        Some(self)
-    }
 }
 
 impl Drop for CudaBackend {

@@ -3,7 +3,7 @@
 //! release.
 
 use super::coll_args::{CollArgs, CollKernel};
-use super::driver::{self, Arg, Device};
+use super::driver::{self, Device};
 use super::kernel_args::{BarrierArgs, CopyArgs, PutSignalArgs, SignalArgs, WaitArgs};
 use super::{CudaBackend, Engine, ABORT, ERR_BARRIER, ERR_COLL, ERR_WAIT};
 use crate::error::{backend, err, invalid, ErrorKind, Result};
@@ -231,22 +231,6 @@ impl CudaBackend {
         // memory for the kernels that stay local); the team part is the team's device state and
         // this backend's error word; `stream` is of this context.
         unsafe { self.coll.get(kernel).launch(grid, 512, 0, stream, args) }
-    }
-
-    /// Launches collective kernel `name` (coll.cu's symbol) with `grid` blocks of 512 threads
-    /// and `args` in the kernel's former parameter order ([`CollArgs::from_positional`]). For
-    /// callers that still name kernels by symbol; [`Self::launch_coll_kernel`] is the typed form.
-    pub(crate) fn launch_coll(
-        &self,
-        name: &str,
-        grid: u32,
-        stream: u64,
-        args: &[Arg],
-    ) -> Result<()> {
-        let kernel = CollKernel::from_symbol(name)
-            .ok_or_else(|| backend("collective", format!("no kernel {name}")))?;
-        let args = CollArgs::from_positional(kernel, args)?;
-        self.launch_coll_kernel(kernel, grid, stream, &args)
     }
 
     /// The backend's own non-blocking stream (host-level calls run their kernels on it).

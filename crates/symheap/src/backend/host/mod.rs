@@ -317,8 +317,4 @@ impl Backend for HostBackend {
     fn fence(&self) {
         fence(Ordering::SeqCst);
     }
-
-    fn as_host(&self) -> Option<&HostBackend> {
-        Some(self)
-    }
 }

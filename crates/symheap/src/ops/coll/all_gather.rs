@@ -11,17 +11,14 @@
 //! it as in place, the same on every PE (each passes its own block). Collective-order rule:
 //! every member of the team calls it in the same order with the same count and dtype.
 
-use super::engine::device::{DevicePlan, Launch, XCHG_ALL_GATHER};
-use super::engine::host::Coll;
-use super::engine::mpi::mpi_error;
-use super::engine::nccl::{SpanCall, BYTES};
+use super::params::Params;
 use super::plan::{exchange_kernel, grid_for, stays_local, StreamColl};
-use super::request::{Collective, Plan, Request};
-use super::table::Params;
-use crate::backend::cuda::driver::Arg;
-use crate::backend::cuda::nccl::Comm;
+use super::request::{Collective, OneCall, Plan, Request};
+use super::transport::device::{DevicePlan, Launch, XCHG_ALL_GATHER};
+use super::transport::host::Coll;
+use super::transport::nccl::{SpanCall, BYTES};
+use crate::backend::cuda::coll_args::{ByteKernel, CollArgs, CollKernel};
 use crate::backend::cuda::CudaBackend;
-use crate::backend::host::mpi::{Mpi, MpiComm};
 use crate::context::team::Team;
 use crate::context::Context;
 use crate::element::{DType, Element};
@@ -67,27 +64,8 @@ impl Collective for AllGather {
         c.end()
     }
 
-    fn mpi(
-        &self,
-        cx: &Context,
-        mpi: &Mpi,
-        comm: MpiComm,
-        _: &Request<'_, Self>,
-        p: &Plan<'_>,
-    ) -> Result<()> {
-        mpi.all_gather(comm, p.hd, p.hs, p.bytes)
-            .map_err(|why| mpi_error(cx, Self::NAME, why))
-    }
-
-    fn nccl_team(
-        &self,
-        _cx: &Context,
-        comm: &Comm,
-        r: &Request<'_, Self>,
-        p: &Plan<'_>,
-        stream: u64,
-    ) -> std::result::Result<(), String> {
-        comm.all_gather(r.dest, r.src, p.bytes, BYTES, stream)
+    fn one_call(&self) -> OneCall {
+        OneCall::AllGather
     }
 
     /// Node-major layouts: between nodes into the workspace, in the node, then a strided
@@ -152,11 +130,13 @@ impl Collective for AllGather {
             return l.exchange(k, r.src, r.dest, bytes, XCHG_ALL_GATHER, 0);
         }
         let grid = grid_for(l.cu, bytes * p.n() as u64, 16 << 10, 1, 2);
-        l.run(
-            "symheap_allgather",
-            grid,
-            &[Arg::U64(r.src), Arg::U64(r.dest), Arg::U64(bytes)],
-        )
+        let args = CollArgs {
+            src: r.src,
+            dst: r.dest,
+            count: bytes,
+            ..CollArgs::default()
+        };
+        l.run(CollKernel::Bytes(ByteKernel::AllGather), grid, args)
     }
 }
 

@@ -12,18 +12,16 @@
 //! count, dtype and op; symheap checks it at the entry barrier (the stream form: at the next
 //! host collective point).
 
-use super::engine::device::{dtype_suffix, op_code, DevicePlan, Launch};
-use super::engine::host::{one_pass, with_sources, Coll, INLINE_MEMBERS};
-use super::engine::mpi::mpi_error;
-use super::engine::nccl::{nccl_code, SpanCall};
+use super::params::Params;
 use super::plan::{ar_one_shot, grid_for, stays_local, StreamColl};
-use super::request::{Collective, Plan, Request};
-use super::table::Params;
+use super::request::{Collective, OneCall, Plan, Request};
+use super::transport::device::{op_code, DevicePlan, Launch};
+use super::transport::host::{one_pass, with_sources, Coll, INLINE_MEMBERS};
+use super::transport::nccl::{nccl_code, SpanCall};
 use super::{AllReduceAlgo, NODES_ALL_REDUCE_SMALL as SMALL, ONE_SHOT_MAX_BYTES};
-use crate::backend::cuda::driver::{self, Arg};
-use crate::backend::cuda::nccl::Comm;
+use crate::backend::cuda::coll_args::{CollArgs, CollDType, CollKernel, ReduceKernel};
+use crate::backend::cuda::driver;
 use crate::backend::cuda::CudaBackend;
-use crate::backend::host::mpi::{Mpi, MpiComm};
 use crate::backend::ReduceOp;
 use crate::context::area::INLINE;
 use crate::context::team::Team;
@@ -123,29 +121,8 @@ impl Collective for AllReduce {
         c.end()
     }
 
-    fn mpi(
-        &self,
-        cx: &Context,
-        mpi: &Mpi,
-        comm: MpiComm,
-        r: &Request<'_, Self>,
-        p: &Plan<'_>,
-    ) -> Result<()> {
-        mpi.all_reduce(comm, p.hd, p.hs, r.count, r.dtype, self.op)
-            .map_err(|why| mpi_error(cx, Self::NAME, why))
-    }
-
-    fn nccl_team(
-        &self,
-        _cx: &Context,
-        comm: &Comm,
-        r: &Request<'_, Self>,
-        _: &Plan<'_>,
-        stream: u64,
-    ) -> std::result::Result<(), String> {
-        let code = crate::backend::cuda::nccl::dtype(r.dtype)
-            .ok_or_else(|| format!("NCCL has no {}", r.dtype))?;
-        comm.all_reduce(r.dest, r.src, r.count, code, self.op, stream)
+    fn one_call(&self) -> OneCall {
+        OneCall::AllReduce(self.op)
     }
 
     fn nccl_world(&self, c: &mut SpanCall<'_>, r: &Request<'_, Self>, _: &Plan<'_>) -> Result<()> {
@@ -212,22 +189,20 @@ impl Collective for AllReduce {
         p: &Plan<'_>,
         dp: &DevicePlan,
     ) -> Result<()> {
-        let sfx = dtype_suffix(r.dtype).expect("accepted for the kernels' dtypes only");
-        let (count, es) = (r.count as u64, r.dtype.size() as u64);
+        let dt = CollDType::of(r.dtype).expect("accepted for the kernels' dtypes only");
+        let count = r.count as u64;
         if dp.one_shot {
-            return l.oneshot(sfx, r.src, r.dest, count, 0, es, self.op);
+            return l.oneshot(dt, r.src, r.dest, count, 0, self.op);
         }
         let grid = grid_for(l.cu, p.bytes as u64, 64 << 10, 16, 2);
-        l.run(
-            &format!("symheap_ar_twoshot_{sfx}"),
-            grid,
-            &[
-                Arg::U64(r.src),
-                Arg::U64(r.dest),
-                Arg::U64(count),
-                Arg::I32(op_code(self.op)),
-            ],
-        )
+        let args = CollArgs {
+            src: r.src,
+            dst: r.dest,
+            count,
+            op: op_code(self.op),
+            ..CollArgs::default()
+        };
+        l.run(CollKernel::Reduce(ReduceKernel::ArTwoshot, dt), grid, args)
     }
 }
 

@@ -13,17 +13,14 @@
 //! root, count and dtype; symheap checks it at the entry barrier (the root of an eager
 //! broadcast: at its next call that waits, or at finalize).
 
-use super::engine::device::{DevicePlan, Launch, XCHG_BROADCAST};
-use super::engine::host::{one_pass, Coll};
-use super::engine::mpi::mpi_error;
-use super::engine::nccl::{SpanCall, BYTES};
+use super::params::Params;
 use super::plan::{exchange_kernel, grid_for, stays_local, StreamColl};
-use super::request::{Collective, Plan, Request};
-use super::table::Params;
-use crate::backend::cuda::driver::Arg;
-use crate::backend::cuda::nccl::Comm;
+use super::request::{Collective, OneCall, Plan, Request};
+use super::transport::device::{DevicePlan, Launch, XCHG_BROADCAST};
+use super::transport::host::{one_pass, Coll};
+use super::transport::nccl::{SpanCall, BYTES};
+use crate::backend::cuda::coll_args::{ByteKernel, CollArgs, CollKernel};
 use crate::backend::cuda::CudaBackend;
-use crate::backend::host::mpi::{Mpi, MpiComm};
 use crate::context::area::INLINE;
 use crate::context::team::Team;
 use crate::context::Context;
@@ -130,27 +127,8 @@ impl Collective for Broadcast {
         c.end()
     }
 
-    fn mpi(
-        &self,
-        cx: &Context,
-        mpi: &Mpi,
-        comm: MpiComm,
-        _: &Request<'_, Self>,
-        p: &Plan<'_>,
-    ) -> Result<()> {
-        mpi.broadcast(comm, p.hd, p.hs, p.bytes, self.root, p.t.me)
-            .map_err(|why| mpi_error(cx, Self::NAME, why))
-    }
-
-    fn nccl_team(
-        &self,
-        _cx: &Context,
-        comm: &Comm,
-        r: &Request<'_, Self>,
-        p: &Plan<'_>,
-        stream: u64,
-    ) -> std::result::Result<(), String> {
-        comm.broadcast(r.dest, r.src, p.bytes, BYTES, self.root, stream)
+    fn one_call(&self) -> OneCall {
+        OneCall::Broadcast { root: self.root }
     }
 
     /// Between nodes among the PEs with the root's node index, then in each node.
@@ -202,16 +180,14 @@ impl Collective for Broadcast {
             return l.exchange(k, r.src, r.dest, bytes, XCHG_BROADCAST, root);
         }
         let grid = grid_for(l.cu, bytes, 16 << 10, 1, 2);
-        l.run(
-            "symheap_broadcast",
-            grid,
-            &[
-                Arg::U64(r.src),
-                Arg::U64(r.dest),
-                Arg::U64(bytes),
-                Arg::I32(root),
-            ],
-        )
+        let args = CollArgs {
+            src: r.src,
+            dst: r.dest,
+            count: bytes,
+            root,
+            ..CollArgs::default()
+        };
+        l.run(CollKernel::Bytes(ByteKernel::Broadcast), grid, args)
     }
 }
 

@@ -28,14 +28,17 @@ mod all_reduce;
 mod alltoall;
 mod broadcast;
 mod engine;
+mod params;
 pub(crate) mod plan;
 mod reduce_scatter;
 mod request;
 mod table;
+mod transport;
 
-pub(crate) use engine::device::order_team;
+pub use params::{CollParam, CollParams};
 pub use plan::StreamColl;
-pub use table::{CollParam, CollParams, COLLECTIVES};
+pub use table::COLLECTIVES;
+pub(crate) use transport::device::order_team;
 
 use crate::context::Context;
 use crate::error::Result;

@@ -2,7 +2,9 @@
 //! kernels), decided from the team, the size and the tuning variables alone: the same on every
 //! PE for the same call, and what says whether a kernel touches its buffers on this PE only.
 
+use crate::backend::cuda::coll_args::{ByteKernel, ReduceKernel};
 use crate::backend::cuda::CudaBackend;
+use crate::backend::AnyBackend;
 use crate::context::device_state::{LL128_PART, MAX_BLOCKS, ONE_SHOT_SLOT};
 use crate::context::team::{Team, TeamInner};
 use crate::context::Context;
@@ -29,12 +31,6 @@ pub(super) const XCHG_LL_MAX: u64 = 64 << 10;
 pub(super) const LL128_STEP_DATA: u64 = 480;
 pub(super) const LL128_STEP_WIRE: u64 = 512;
 
-/// The one-shot's LL128 kernel (without its dtype suffix).
-pub(super) const LL128_KERNEL: &str = "symheap_ar_ll128";
-/// The exchange kernels (all_gather, alltoall, broadcast on the team owning the scratch).
-pub(super) const XCHG_LL_KERNEL: &str = "symheap_exchange_ll";
-pub(super) const XCHG_LL128_KERNEL: &str = "symheap_exchange_ll128";
-
 /// The exchange kernel (small and mid-size all_gather, alltoall, broadcast) for `bytes` per
 /// member, if one applies: only on the team that owns the scratch (whose scratch and epochs
 /// they use) and never for an empty message (a launch without data would wait for nobody, see
@@ -45,7 +41,7 @@ pub(super) fn exchange_kernel(
     cu: &CudaBackend,
     team: &TeamInner,
     bytes: u64,
-) -> Option<&'static str> {
+) -> Option<ByteKernel> {
     let n = team.members.len() as u64;
     let tune = |k: &str, d| cu.coll_tuning(k, d);
     if !team.scratch || n < 2 || bytes == 0 {
@@ -53,9 +49,9 @@ pub(super) fn exchange_kernel(
     } else if 2 * n * bytes <= ONE_SHOT_SLOT
         && bytes <= tune("SYMHEAP_COLL_XCHG_LL_MAX", XCHG_LL_MAX)
     {
-        Some(XCHG_LL_KERNEL)
+        Some(ByteKernel::ExchangeLl)
     } else if ll128_fits(bytes, n) && bytes <= tune("SYMHEAP_COLL_XCHG_LL128_MAX", LL128_MAX) {
-        Some(XCHG_LL128_KERNEL)
+        Some(ByteKernel::ExchangeLl128)
     } else {
         None
     }
@@ -114,7 +110,7 @@ impl Context {
     /// size and the tuning variables only). Always false on the host backend, whose
     /// collectives read peers' copies.
     pub fn coll_takes_local_buffers(&self, coll: StreamColl, team: &Team, bytes: u64) -> bool {
-        let Some(cu) = self.inner.backend.as_cuda() else {
+        let AnyBackend::Cuda(cu) = &self.inner.backend else {
             return false;
         };
         stays_local(cu, coll, team, bytes)
@@ -173,7 +169,7 @@ pub(super) fn oneshot_kernel(
     sms: u64,
     aligned: bool,
     tune: impl Fn(&str, u64) -> u64,
-) -> (&'static str, u64) {
+) -> (ReduceKernel, u64) {
     let ll = bytes > 0
         && n > 1
         && bytes <= tune("SYMHEAP_COLL_LL_MAX", LL_MAX)
@@ -184,13 +180,13 @@ pub(super) fn oneshot_kernel(
         && bytes <= tune("SYMHEAP_COLL_LL128_MAX", LL128_MAX)
         && ll128_fits(bytes, n);
     if ll {
-        ("symheap_ar_oneshot", ll_grid(bytes, sms, &tune))
+        (ReduceKernel::ArOneshot, ll_grid(bytes, sms, &tune))
     } else if ll128 {
-        (LL128_KERNEL, ll128_grid(bytes, sms, true, &tune))
+        (ReduceKernel::ArLl128, ll128_grid(bytes, sms, true, &tune))
     } else {
         let per = tune("SYMHEAP_COLL_ONESHOT_BLOCK", 8 << 10);
         let sms_x = tune("SYMHEAP_COLL_ONESHOT_SMS", 1);
-        ("symheap_ar_flag", blocks(bytes, per, sms, sms_x))
+        (ReduceKernel::ArFlag, blocks(bytes, per, sms, sms_x))
     }
 }
 
@@ -242,7 +238,7 @@ mod tests {
         n: u64,
         aligned: bool,
         defines: &[(&str, u64)],
-    ) -> (&'static str, u64) {
+    ) -> (ReduceKernel, u64) {
         oneshot_kernel(bytes, n, 132, aligned, |k, d| {
             defines
                 .iter()
@@ -250,13 +246,13 @@ mod tests {
                 .map_or(d, |&(_, v)| v)
         })
     }
-    fn plan(bytes: u64, n: u64, defines: &[(&str, u64)]) -> (&'static str, u64) {
+    fn plan(bytes: u64, n: u64, defines: &[(&str, u64)]) -> (ReduceKernel, u64) {
         plan_with(bytes, n, true, defines)
     }
 
-    const LL: &str = "symheap_ar_oneshot";
-    const FLAG: &str = "symheap_ar_flag";
-    const LL128: &str = LL128_KERNEL;
+    const LL: ReduceKernel = ReduceKernel::ArOneshot;
+    const FLAG: ReduceKernel = ReduceKernel::ArFlag;
+    const LL128: ReduceKernel = ReduceKernel::ArLl128;
 
     #[test]
     fn oneshot_kernels_and_grids() {

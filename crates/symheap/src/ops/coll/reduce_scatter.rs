@@ -12,17 +12,14 @@
 //! it as in place. Collective-order rule: every member of the team calls it in the same order
 //! with the same count, dtype and op.
 
-use super::engine::device::{dtype_suffix, op_code, DevicePlan, Launch};
-use super::engine::host::Coll;
-use super::engine::mpi::mpi_error;
-use super::engine::nccl::{nccl_code, SpanCall};
+use super::params::Params;
 use super::plan::{grid_for, rs_one_shot, stays_local, StreamColl};
-use super::request::{Collective, Plan, Request};
-use super::table::Params;
-use crate::backend::cuda::driver::Arg;
-use crate::backend::cuda::nccl::Comm;
+use super::request::{Collective, OneCall, Plan, Request};
+use super::transport::device::{op_code, DevicePlan, Launch};
+use super::transport::host::Coll;
+use super::transport::nccl::{nccl_code, SpanCall};
+use crate::backend::cuda::coll_args::{CollArgs, CollDType, CollKernel, ReduceKernel};
 use crate::backend::cuda::CudaBackend;
-use crate::backend::host::mpi::{Mpi, MpiComm};
 use crate::backend::ReduceOp;
 use crate::context::team::Team;
 use crate::context::Context;
@@ -77,29 +74,8 @@ impl Collective for ReduceScatter {
         c.end()
     }
 
-    fn mpi(
-        &self,
-        cx: &Context,
-        mpi: &Mpi,
-        comm: MpiComm,
-        r: &Request<'_, Self>,
-        p: &Plan<'_>,
-    ) -> Result<()> {
-        mpi.reduce_scatter(comm, p.hd, p.hs, r.count, r.dtype, self.op, p.t.me)
-            .map_err(|why| mpi_error(cx, Self::NAME, why))
-    }
-
-    fn nccl_team(
-        &self,
-        _cx: &Context,
-        comm: &Comm,
-        r: &Request<'_, Self>,
-        _: &Plan<'_>,
-        stream: u64,
-    ) -> std::result::Result<(), String> {
-        let code = crate::backend::cuda::nccl::dtype(r.dtype)
-            .ok_or_else(|| format!("NCCL has no {}", r.dtype))?;
-        comm.reduce_scatter(r.dest, r.src, r.count, code, self.op, stream)
+    fn one_call(&self) -> OneCall {
+        OneCall::ReduceScatter(self.op)
     }
 
     /// Node-major layouts: the blocks reordered into the workspace, reduce-scattered in the
@@ -160,21 +136,23 @@ impl Collective for ReduceScatter {
         p: &Plan<'_>,
         dp: &DevicePlan,
     ) -> Result<()> {
-        let sfx = dtype_suffix(r.dtype).expect("accepted for the kernels' dtypes only");
-        let (c, es) = (r.count as u64, r.dtype.size() as u64);
+        let dt = CollDType::of(r.dtype).expect("accepted for the kernels' dtypes only");
+        let c = r.count as u64;
         if dp.one_shot {
-            return l.oneshot(sfx, r.src, r.dest, c, c, es, self.op);
+            return l.oneshot(dt, r.src, r.dest, c, c, self.op);
         }
         let grid = grid_for(l.cu, p.bytes as u64 * p.n() as u64, 16 << 10, 1, 2);
+        let args = CollArgs {
+            src: r.src,
+            dst: r.dest,
+            count: c,
+            op: op_code(self.op),
+            ..CollArgs::default()
+        };
         l.run(
-            &format!("symheap_reduce_scatter_{sfx}"),
+            CollKernel::Reduce(ReduceKernel::ReduceScatter, dt),
             grid,
-            &[
-                Arg::U64(r.src),
-                Arg::U64(r.dest),
-                Arg::U64(c),
-                Arg::I32(op_code(self.op)),
-            ],
+            args,
         )
     }
 }

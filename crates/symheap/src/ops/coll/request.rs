@@ -10,16 +10,17 @@
 
 use std::sync::Arc;
 
-use super::engine::device::{DevicePlan, Launch};
-use super::engine::nccl::SpanCall;
-use super::table::Params;
-use crate::backend::cuda::nccl::Comm;
+use super::params::Params;
+use super::transport::device::{DevicePlan, Launch};
+use super::transport::nccl::{SpanCall, BYTES};
+use crate::backend::cuda::nccl::{self, Comm};
 use crate::backend::cuda::CudaBackend;
 use crate::backend::host::mpi::{Mpi, MpiComm};
+use crate::backend::{AnyBackend, ReduceOp};
 use crate::context::team::{Team, TeamInner};
 use crate::context::Context;
 use crate::element::DType;
-use crate::error::{invalid, Error, Result};
+use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::ops::alias::{self, ByteRange, CollBuffers, CollKind, Placement};
 use crate::stream::Stream;
 
@@ -76,7 +77,12 @@ pub(crate) trait Collective: Sized {
     /// The steps on the host engine (`engine/host.rs`), ranges checked.
     fn host(&self, cx: &Context, r: &Request<'_, Self>, p: &Plan<'_>) -> Result<()>;
 
+    /// What the kind is as one call of Open MPI or of NCCL (the default [`Collective::mpi`]
+    /// and [`Collective::nccl_team`]).
+    fn one_call(&self) -> OneCall;
+
     /// The call through Open MPI over `comm` (`engine/mpi.rs`), ranges checked, the call met.
+    /// By default the kind's [`OneCall`].
     fn mpi(
         &self,
         cx: &Context,
@@ -84,18 +90,22 @@ pub(crate) trait Collective: Sized {
         comm: MpiComm,
         r: &Request<'_, Self>,
         p: &Plan<'_>,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        self.one_call().mpi(cx, mpi, comm, r, p)
+    }
 
     /// The call as one NCCL collective over the communicator of a split of the world that
-    /// spans nodes, enqueued on `stream` (`engine/nccl.rs`).
+    /// spans nodes, enqueued on `stream` (`engine/nccl.rs`). By default the kind's
+    /// [`OneCall`].
     fn nccl_team(
         &self,
-        cx: &Context,
         comm: &Comm,
         r: &Request<'_, Self>,
         p: &Plan<'_>,
         stream: u64,
-    ) -> std::result::Result<(), String>;
+    ) -> std::result::Result<(), String> {
+        self.one_call().nccl_team(comm, r, p, stream)
+    }
 
     /// The call over the world across nodes (`engine/nccl.rs`): NCCL between nodes, symheap's
     /// kernels inside each node where the layout allows.
@@ -125,6 +135,64 @@ pub(crate) trait Collective: Sized {
         p: &Plan<'_>,
         dp: &DevicePlan,
     ) -> Result<()>;
+}
+
+/// A kind as one collective call of Open MPI or of NCCL (see [`Collective::one_call`]): the
+/// kinds' default steps on those transports.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum OneCall {
+    /// Broadcast from team member `root`.
+    Broadcast { root: usize },
+    /// all_gather.
+    AllGather,
+    /// reduce_scatter with this reduction.
+    ReduceScatter(ReduceOp),
+    /// all_reduce with this reduction.
+    AllReduce(ReduceOp),
+    /// alltoall of equal blocks.
+    AllToAll,
+}
+
+impl OneCall {
+    /// The call through Open MPI over `comm`, on the host form's buffers.
+    pub(crate) fn mpi<K: Collective>(
+        self,
+        cx: &Context,
+        mpi: &Mpi,
+        comm: MpiComm,
+        r: &Request<'_, K>,
+        p: &Plan<'_>,
+    ) -> Result<()> {
+        let (d, s, me) = (p.hd, p.hs, p.t.me);
+        match self {
+            Self::Broadcast { root } => mpi.broadcast(comm, d, s, p.bytes, root, me),
+            Self::AllGather => mpi.all_gather(comm, d, s, p.bytes),
+            Self::ReduceScatter(op) => mpi.reduce_scatter(comm, d, s, r.count, r.dtype, op, me),
+            Self::AllReduce(op) => mpi.all_reduce(comm, d, s, r.count, r.dtype, op),
+            Self::AllToAll => mpi.alltoall(comm, d, s, p.bytes),
+        }
+        .map_err(|why| r.mpi_error(cx, why))
+    }
+
+    /// The call as one NCCL collective over `comm`, enqueued on `stream`.
+    pub(crate) fn nccl_team<K: Collective>(
+        self,
+        comm: &Comm,
+        r: &Request<'_, K>,
+        p: &Plan<'_>,
+        stream: u64,
+    ) -> std::result::Result<(), String> {
+        let (d, s, n) = (r.dest, r.src, p.bytes);
+        match self {
+            Self::Broadcast { root } => comm.broadcast(d, s, n, BYTES, root, stream),
+            Self::AllGather => comm.all_gather(d, s, n, BYTES, stream),
+            Self::ReduceScatter(op) => {
+                comm.reduce_scatter(d, s, r.count, r.nccl_type()?, op, stream)
+            }
+            Self::AllReduce(op) => comm.all_reduce(d, s, r.count, r.nccl_type()?, op, stream),
+            Self::AllToAll => comm.alltoall(d, s, n as u64, stream),
+        }
+    }
 }
 
 /// A collective call: the kind with its parameters, and where and what it moves.
@@ -175,6 +243,16 @@ impl<'a, K: Collective> Request<'a, K> {
         } else {
             K::NAME
         }
+    }
+
+    /// NCCL's code for the request's dtype, or the reason NCCL has none.
+    pub(crate) fn nccl_type(&self) -> std::result::Result<i32, String> {
+        nccl::dtype(self.dtype).ok_or_else(|| format!("NCCL has no {}", self.dtype))
+    }
+
+    /// A failure `why` of Open MPI as this call's error.
+    pub(crate) fn mpi_error(&self, cx: &Context, why: String) -> Error {
+        Error::new(Some(cx.my_pe()), K::NAME, ErrorKind::Backend(why))
     }
 
     /// The ledger's text of the call: the kind's, then `detail` (the algorithm, "across
@@ -300,7 +378,10 @@ impl Context {
             hd,
             hs,
             raw,
-            cuda: self.inner.backend.as_cuda(),
+            cuda: match &self.inner.backend {
+                AnyBackend::Cuda(cu) => Some(cu),
+                AnyBackend::Host(_) => None,
+            },
         }))
     }
 

@@ -2,7 +2,7 @@
 //! (`backend/cuda/coll/*.cu`) that synchronises with the other members through flags in
 //! symmetric memory, so it can be captured in a CUDA graph. Which kernel, and whether it
 //! touches its buffers on this PE only, is the kind's `Collective::device_plan` (from
-//! `plan.rs`); its launch is the kind's `Collective::device`, written with [`Launch`]. A team
+//! `plan.rs`); its launch is the kind's `Collective::device`, written with `transport/device.rs`'s `Launch`. A team
 //! of one copies with the copy engine.
 //!
 //! The stream form records the call in the team's ledger as it is enqueued. The host form
@@ -14,51 +14,13 @@
 //! collective point.
 
 use super::super::request::{Collective, Plan, Request};
+use super::super::transport::device::{order_team, Launch};
 use super::Engine;
-use crate::backend::cuda::driver::Arg;
-use crate::backend::cuda::{CudaBackend, COLL_DTYPES};
-use crate::backend::ReduceOp;
-use crate::context::device_state::{DeviceTeams, LL128_PART, MAX_BLOCKS, ONE_SHOT_SLOT};
-use crate::context::team::TeamInner;
+use crate::backend::cuda::coll_args::CollDType;
+use crate::backend::cuda::CudaBackend;
 use crate::context::Context;
-use crate::element::DType;
 use crate::error::{err, ErrorKind, Result};
-use crate::ops::coll::plan::{
-    ll128_grid, ll_grid, oneshot_kernel, LL128_KERNEL, XCHG_LL128_KERNEL,
-};
 use crate::stream::Stream;
-
-/// `symheap_exchange_ll` modes (coll.cu).
-pub(in crate::ops::coll) const XCHG_ALL_GATHER: i32 = 0;
-pub(in crate::ops::coll) const XCHG_ALLTOALL: i32 = 1;
-pub(in crate::ops::coll) const XCHG_BROADCAST: i32 = 2;
-
-/// The kernels' name suffix for `d`, if they have the dtype.
-pub(in crate::ops::coll) fn dtype_suffix(d: DType) -> Option<&'static str> {
-    COLL_DTYPES.iter().find(|(t, _)| *t == d).map(|(_, s)| *s)
-}
-
-/// The kernels' code for `op`.
-pub(in crate::ops::coll) fn op_code(op: ReduceOp) -> i32 {
-    match op {
-        ReduceOp::Sum => 0,
-        ReduceOp::Min => 1,
-        ReduceOp::Max => 2,
-        ReduceOp::Prod => 3,
-    }
-}
-
-/// A kind's plan on the device engine (see `Collective::device_plan`).
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct DevicePlan {
-    /// The kernel touches the buffers on this PE only: then they may be any device memory of
-    /// this PE's GPU, and where they lie is not part of the call.
-    pub(crate) local: bool,
-    /// The one-shot kernel (all_reduce, reduce_scatter).
-    pub(crate) one_shot: bool,
-    /// The algorithm, in the ledger's text.
-    pub(crate) detail: Option<&'static str>,
-}
 
 /// The device engine (see the module documentation).
 pub(in crate::ops::coll) struct DeviceEngine;
@@ -68,7 +30,7 @@ impl Engine for DeviceEngine {
     fn accepts<K: Collective>(&self, cx: &Context, r: &Request<'_, K>, p: &Plan<'_>) -> bool {
         p.cuda.is_some()
             && !cx.inner.spans_nodes(p.t)
-            && (!r.kind.reduces() || dtype_suffix(r.dtype).is_some())
+            && (!r.kind.reduces() || CollDType::of(r.dtype).is_some())
     }
 
     fn run<K: Collective>(&self, cx: &Context, r: &Request<'_, K>, p: &Plan<'_>) -> Result<()> {
@@ -83,7 +45,7 @@ impl Engine for DeviceEngine {
         };
         let dp = r.kind.device_plan(cu, r, p);
         p.check_ranges(r, false, |_, addr, len| {
-            cx.check_buf(call, addr, len as u64, s, dp.local)
+            cx.check_buf(cu, call, addr, len as u64, s, dp.local)
         })?;
         if let Some(&m) = t
             .members
@@ -98,7 +60,6 @@ impl Engine for DeviceEngine {
             )
             .with_pe(cx.my_pe()));
         }
-        let dt = *cx.inner.dteams.get().expect("device teams exist on CUDA");
         cu.bind()?;
         order_team(t, s, raw)?;
         if r.stream.is_none() {
@@ -111,14 +72,7 @@ impl Engine for DeviceEngine {
             let args = r.text(cx, p, dp.detail, dp.local);
             cx.inner.record_on(t, &mut t.lock(), call, args);
         }
-        let own = cx.inner.backend.slot_base(cx.my_pe()).expect("own heap");
-        let l = Launch {
-            cu,
-            team: t,
-            own,
-            dt,
-            stream: raw,
-        };
+        let l = Launch::new(cx, cu, t, raw);
         if t.members.len() == 1 {
             r.kind.device_alone(cx, &l, r, p)?;
         } else {
@@ -131,192 +85,24 @@ impl Engine for DeviceEngine {
     }
 }
 
-/// One collective launch on CUDA: the team's trailing kernel arguments, and the stream.
-pub(in crate::ops::coll) struct Launch<'a> {
-    pub(in crate::ops::coll) cu: &'a CudaBackend,
-    pub(in crate::ops::coll) team: &'a TeamInner,
-    own: u64,
-    dt: DeviceTeams,
-    /// The stream's handle.
-    pub(in crate::ops::coll) stream: u64,
-}
-
-impl Launch<'_> {
-    fn team_args(&self) -> [Arg; 8] {
-        let s = self.team.slot;
-        [
-            Arg::U64(self.own + self.dt.bases(s)),
-            Arg::U64(self.own + self.dt.flags(s)),
-            Arg::U64(self.own + self.dt.peer_flags(s)),
-            Arg::U64(self.own + self.dt.ctl(s)),
-            Arg::I32(self.team.me as i32),
-            Arg::I32(self.team.members.len() as i32),
-            Arg::U64(self.cu.wait_bound_ns()),
-            Arg::U64(self.cu.coll_error_word()),
-        ]
-    }
-
-    /// The one-shot kernel (all_reduce: stride 0; reduce_scatter: stride = count) through the
-    /// world's scratch.
-    #[allow(clippy::too_many_arguments)]
-    pub(in crate::ops::coll) fn oneshot(
-        &self,
-        sfx: &str,
-        src: u64,
-        dest: u64,
-        count: u64,
-        stride: u64,
-        esize: u64,
-        op: ReduceOp,
-    ) -> Result<()> {
-        let n = self.team.members.len() as u64;
-        let cu = self.cu;
-        let sms = cu.sm_count().max(1) as u64;
-        let aligned = src % 16 == 0 && dest % 16 == 0 && (stride * esize) % 16 == 0;
-        let (kernel, grid) =
-            oneshot_kernel(count * esize, n, sms, aligned, |k, d| cu.coll_tuning(k, d));
-        let mut args = vec![
-            Arg::U64(src),
-            Arg::U64(dest),
-            Arg::U64(count),
-            Arg::U64(stride),
-            Arg::I32(op_code(op)),
-        ];
-        args.extend(self.scratch_args(kernel == LL128_KERNEL));
-        self.run(&format!("{kernel}_{sfx}"), grid, &args)
-    }
-
-    /// The arguments that end the one-shot and exchange kernels' own: the table of the team
-    /// members' scratch addresses and my scratch, then the LL128 region's offset and parity
-    /// size (`ll128`), or the scratch slot size.
-    fn scratch_args(&self, ll128: bool) -> Vec<Arg> {
-        let mut args = vec![
-            Arg::U64(self.own + self.dt.scratch_table(self.team.slot)),
-            Arg::U64(self.own + self.dt.scratch()),
-        ];
-        if ll128 {
-            args.extend([Arg::U64(self.dt.ll128()), Arg::U64(LL128_PART)]);
-        } else {
-            args.push(Arg::U64(ONE_SHOT_SLOT));
-        }
-        args
-    }
-
-    /// Runs exchange `kernel` (from `plan::exchange_kernel`: small and mid-size all_gather,
-    /// alltoall, broadcast); grids as the one-shot's LL and LL128 paths, over the bytes per
-    /// member.
-    #[allow(clippy::too_many_arguments)]
-    pub(in crate::ops::coll) fn exchange(
-        &self,
-        kernel: &str,
-        src: u64,
-        dest: u64,
-        bytes: u64,
-        mode: i32,
-        root: i32,
-    ) -> Result<()> {
-        let cu = self.cu;
-        let sms = cu.sm_count().max(1) as u64;
-        let tune = |k: &str, d| cu.coll_tuning(k, d);
-        let mut args = vec![
-            Arg::U64(src),
-            Arg::U64(dest),
-            Arg::U64(bytes),
-            Arg::I32(mode),
-            Arg::I32(root),
-        ];
-        let ll128 = kernel == XCHG_LL128_KERNEL;
-        args.extend(self.scratch_args(ll128));
-        let grid = if ll128 {
-            ll128_grid(bytes, sms, mode != XCHG_BROADCAST, tune)
-        } else {
-            ll_grid(bytes, sms, tune)
-        };
-        self.run(kernel, grid, &args)
-    }
-
-    /// A copy of `bytes` from `src` to `dest` (nothing in place) by the copy engine, with no
-    /// kernel and no flags: a team of one's collective.
-    pub(in crate::ops::coll) fn copy_local(&self, dest: u64, src: u64, bytes: u64) -> Result<()> {
-        if dest == src || bytes == 0 {
-            return Ok(());
-        }
-        self.cu.copy_on_stream(
-            dest,
-            src,
-            bytes,
-            self.stream,
-            crate::backend::cuda::Engine::CopyEngine,
-        )
-    }
-
-    /// Launches kernel `name` with `grid` blocks: its own arguments `head`, then the team's.
-    pub(in crate::ops::coll) fn run(&self, name: &str, grid: u64, head: &[Arg]) -> Result<()> {
-        let mut args: Vec<Arg> = head.to_vec();
-        args.extend_from_slice(&self.team_args());
-        self.cu
-            .launch_coll(name, grid.clamp(1, MAX_BLOCKS) as u32, self.stream, &args)
-    }
-}
-
-/// Orders a launch of `team` on `stream` after the team's previous launch: the team's device
-/// state admits one launch at a time, so two streams must not run its collectives at once (they
-/// would corrupt each other's epochs and wait forever). On the same stream, stream order does it;
-/// on another, `stream` first waits for what the previous stream has enqueued so far, without a
-/// host synchronisation. Inside a capture both streams must belong to it (the wait becomes a graph
-/// edge); between a capture and eager work the order is the user's (as with any graph: replay it
-/// on the stream whose work it follows). The team keeps the previous stream alive (when symheap
-/// made it) until the next launch on another stream, so that stream may be dropped meanwhile.
-pub(crate) fn order_team(team: &TeamInner, s: &Stream, stream: u64) -> Result<()> {
-    let mut last = team.last_stream.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((prev, _)) = &*last {
-        let prev = *prev;
-        if prev != stream {
-            let (a, b) = (
-                crate::backend::cuda::driver::is_capturing(prev)?,
-                crate::backend::cuda::driver::is_capturing(stream)?,
-            );
-            if a == b {
-                crate::backend::cuda::driver::stream_after(stream, prev)?;
-            }
-        }
-    }
-    if last.as_ref().is_none_or(|(prev, _)| *prev != stream) {
-        *last = Some((stream, s.keep_alive()));
-    }
-    Ok(())
-}
-
 impl Context {
-    /// Checks a collective's buffer and notes that `stream` uses it (see stream-ordered release).
-    pub(in crate::ops::coll) fn check_range(
-        &self,
-        call: &'static str,
-        addr: u64,
-        bytes: u64,
-        stream: &Stream,
-    ) -> Result<()> {
-        let off = self.inner.own_offset(addr, bytes.max(1), call)?;
-        self.inner.note_stream(off, stream);
-        Ok(())
-    }
-
     /// Checks a collective's buffer: symmetric memory as [`Context::check_range`]; with `local`
     /// (the kernel touches the buffer only on this PE) also any device memory of this PE's GPU
     /// outside every heap, which the caller keeps alive until the stream has run the kernel.
     fn check_buf(
         &self,
+        cu: &CudaBackend,
         call: &'static str,
         addr: u64,
         bytes: u64,
         stream: &Stream,
         local: bool,
     ) -> Result<()> {
-        match self.inner.backend.as_cuda() {
-            Some(cu) if local && !self.inner.in_any_heap(addr) => cu
-                .check_local_range(addr, bytes, call)
-                .map_err(|e| e.with_pe(self.my_pe())),
-            _ => self.check_range(call, addr, bytes, stream),
+        if local && !self.inner.in_any_heap(addr) {
+            cu.check_local_range(addr, bytes, call)
+                .map_err(|e| e.with_pe(self.my_pe()))
+        } else {
+            self.check_range(call, addr, bytes, stream)
         }
     }
 }

@@ -25,7 +25,7 @@ use crate::context::Context;
 use crate::element::DType;
 use crate::error::Result;
 
-use super::host::check_len;
+use super::super::transport::host::check_len;
 use crate::ops::alias::CollKind;
 
 const CALL: &str = "broadcast";

@@ -13,12 +13,11 @@
 //! ledger record and the members' meeting, the communicator); the kind's own steps on it are
 //! in the kind's file (`Collective::host`, `::mpi`, `::nccl_*`, `::device_*`).
 
-pub(super) mod device;
-pub(super) mod eager;
-pub(super) mod host;
-pub(super) mod mpi;
-pub(super) mod nccl;
-mod nccl_team;
+mod device;
+mod eager;
+mod host;
+mod mpi;
+mod nccl;
 
 use super::request::{Collective, Plan, Request};
 use crate::context::Context;

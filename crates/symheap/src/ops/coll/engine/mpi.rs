@@ -7,7 +7,7 @@
 //! otherwise every PE gets the same error saying what is missing.
 
 use super::super::request::{Collective, Plan, Request};
-use super::host::check_len;
+use super::super::transport::host::check_len;
 use super::Engine;
 use crate::backend::host::mpi::{Mpi, MpiComm};
 use crate::context::team::TeamInner;
@@ -53,11 +53,6 @@ impl Engine for MpiEngine {
         };
         r.kind.mpi(cx, mpi, comm, r, p)
     }
-}
-
-/// An Open MPI call's failure as `call`'s error.
-pub(in crate::ops::coll) fn mpi_error(cx: &Context, call: &'static str, why: String) -> Error {
-    Error::new(Some(cx.my_pe()), call, ErrorKind::Backend(why))
 }
 
 /// Opens Open MPI at the first collective over the world across nodes, checking `call(args)`

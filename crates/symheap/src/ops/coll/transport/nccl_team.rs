@@ -7,7 +7,8 @@
 //! each call.
 
 use crate::backend::cuda::nccl::Comm;
-use crate::backend::ReduceOp;
+use crate::backend::cuda::CudaBackend;
+use crate::backend::{AnyBackend, Backend, ReduceOp};
 use crate::context::team::TeamInner;
 use crate::context::team_span::TeamComm;
 use crate::context::Context;
@@ -19,8 +20,10 @@ impl Context {
     /// Runs `op` on the communicator of `t` (a split of the world that spans nodes) on
     /// `stream` (handle `raw`, buffers checked), ordered after the team's previous collective
     /// and, unless `args` is None (the call met already), recorded in its ledger.
-    pub(super) fn team_span_run(
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::ops::coll) fn team_span_run(
         &self,
+        cu: &CudaBackend,
         t: &TeamInner,
         call: &'static str,
         args: Option<String>,
@@ -28,7 +31,7 @@ impl Context {
         raw: u64,
         op: impl FnOnce(&Comm, u64) -> std::result::Result<(), String>,
     ) -> Result<()> {
-        self.inner.backend.as_cuda().expect("CUDA only").bind()?;
+        cu.bind()?;
         super::device::order_team(t, stream, raw)?;
         if let Some(args) = args {
             self.inner.record_on(t, &mut t.lock(), call, args);
@@ -55,11 +58,12 @@ impl Context {
 
     /// `barrier` / `team_sync` on a team that spans nodes (either backend).
     pub(in crate::ops) fn barrier_spanning(&self, t: &TeamInner, call: &'static str) -> Result<()> {
-        if self.inner.backend.as_cuda().is_some() {
-            self.barrier_team_span(t, call)
-        } else {
-            self.inner.backend.fence();
-            self.mpi_team_point(t, call, String::new()).map(|_| ())
+        match &self.inner.backend {
+            AnyBackend::Cuda(cu) => self.barrier_team_span(cu, t, call),
+            AnyBackend::Host(host) => {
+                host.fence();
+                self.mpi_team_point(t, call, String::new()).map(|_| ())
+            }
         }
     }
 
@@ -87,15 +91,14 @@ impl Context {
     /// `barrier` / `team_sync` on a team that spans nodes: a one-element NCCL all_reduce (in
     /// this team slot's device flags, which no kernel of such a team uses) on the internal
     /// stream, waited for.
-    fn barrier_team_span(&self, t: &TeamInner, call: &'static str) -> Result<()> {
-        let cu = self.inner.backend.as_cuda().expect("CUDA only");
+    fn barrier_team_span(&self, cu: &CudaBackend, t: &TeamInner, call: &'static str) -> Result<()> {
         cu.bind()?;
-        self.inner.backend.fence();
+        cu.fence();
         let w = self.inner.team_span_word(t)?;
         let code = super::nccl::nccl_code(self, call, DType::I32)?;
         let s = cu.internal_stream();
         let raw = self.inner.stream_handle(s, call)?;
-        self.team_span_run(t, call, Some(String::new()), s, raw, |comm, raw| {
+        self.team_span_run(cu, t, call, Some(String::new()), s, raw, |comm, raw| {
             comm.all_reduce(w, w, 1, code, ReduceOp::Sum, raw)
         })?;
         self.sync_stream(s)

@@ -34,14 +34,18 @@
 //! Collective-order rule: every member of the team calls it in the same order with the same
 //! dtype, unit and buffers (and, for equal blocks, count).
 
-use super::engine::device::{DevicePlan, Launch, XCHG_ALLTOALL};
-use super::engine::host::Coll;
-use super::engine::mpi::mpi_error;
-use super::engine::nccl::SpanCall;
+mod splits;
+
+use splits::{check_counts, gather_u64, heap_at, mine, prefix, read_counts, too_many, Matrix};
+pub(crate) use splits::{DeviceSplits, Splits};
+
+use super::params::Params;
 use super::plan::{exchange_kernel, grid_for, stays_local, StreamColl};
-use super::request::{Collective, Plan, Request};
-use super::table::{CollParam, Params};
-use crate::backend::cuda::driver::Arg;
+use super::request::{Collective, OneCall, Plan, Request};
+use super::transport::device::{DevicePlan, Launch, XCHG_ALLTOALL};
+use super::transport::host::Coll;
+use super::transport::nccl::SpanCall;
+use crate::backend::cuda::coll_args::{ByteKernel, CollArgs, CollKernel};
 use crate::backend::cuda::nccl::Comm;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::host::mpi::{Mpi, MpiComm};
@@ -53,187 +57,12 @@ use crate::ops::alias::CollKind;
 use crate::stream::Stream;
 use crate::SymmetricBuffer;
 
-/// How an alltoall's blocks are sized. Sizes are in units of the request's `count` elements
-/// (1 for the element forms; a row of a 2-D array for the Python and torch forms).
-pub(crate) enum Splits {
-    /// `count` elements to and from every member.
-    Even,
-    /// Units to each member (`send[j]`) and from each (`recv[j]`), given on the host.
-    Host {
-        send: Box<[usize]>,
-        recv: Box<[usize]>,
-    },
-    /// Counts in device memory (see the module documentation).
-    Device(DeviceSplits),
-}
-
-/// The buffers and sizes of an alltoall whose counts are in symmetric memory.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct DeviceSplits {
-    /// n int64: rows this member sends each member.
-    pub(crate) in_splits: u64,
-    /// 2 × n int64, written: rows received from each member, and their start (rows).
-    pub(crate) out: u64,
-    /// Rows the source and the destination hold (the same on every member).
-    pub(crate) src_rows: usize,
-    pub(crate) dst_rows: usize,
-}
-
 /// alltoall with its blocks' sizes.
 pub(crate) struct AllToAll {
     pub(crate) splits: Splits,
 }
 
-/// `(offset, length)` in bytes, one per member.
-type Ranges = Vec<(usize, usize)>;
-
-/// Every member's sizes, as each member learned them: `rows[i]` is member i's send sizes.
-struct Matrix {
-    rows: Vec<Vec<u64>>,
-}
-
-impl Matrix {
-    /// Where member `i`'s block for member `j` starts in its source, and its length (units).
-    fn sent(&self, i: usize, j: usize) -> (u64, u64) {
-        (self.rows[i][..j].iter().sum(), self.rows[i][j])
-    }
-
-    /// Where the block from member `i` starts in member `j`'s destination (units).
-    fn landing(&self, i: usize, j: usize) -> u64 {
-        (0..i).map(|k| self.rows[k][j]).sum()
-    }
-
-    /// `(offset, length)` ranges of member `me`'s sends and receives, in bytes of `unit`.
-    fn ranges(&self, me: usize, unit: u64) -> (Ranges, Ranges) {
-        let n = self.rows.len();
-        let b = |u: u64| (u * unit) as usize;
-        let send = (0..n).map(|j| self.sent(me, j)).map(|(o, l)| (b(o), b(l)));
-        let recv = (0..n).map(|i| (b(self.landing(i, me)), b(self.rows[i][me])));
-        (send.collect(), recv.collect())
-    }
-}
-
-/// What sizes in units of `count` elements are called in messages.
-fn units(count: usize) -> &'static str {
-    if count == 1 {
-        "elements"
-    } else {
-        "rows"
-    }
-}
-
 impl AllToAll {
-    /// Host splits: every member's send and receive sizes (`all[i] = send_i ++ recv_i`) as the
-    /// matrix of sends, or the error naming the first pair that disagrees (member order, the
-    /// same on every member).
-    fn agreed(cx: &Context, call: &'static str, all: &[Vec<u64>], count: usize) -> Result<Matrix> {
-        let n = all.len();
-        for i in 0..n {
-            for (j, theirs) in all.iter().enumerate() {
-                let (sent, expected) = (all[i][j], theirs[n + i]);
-                if sent != expected {
-                    let u = units(count);
-                    return Err(invalid(
-                        call,
-                        format!(
-                            "member {i} sends member {j} {sent} {u}, member {j} expects {expected} \
-                             from member {i} (split sizes must agree pairwise)"
-                        ),
-                    )
-                    .with_pe(cx.my_pe()));
-                }
-            }
-        }
-        let rows = all.iter().map(|r| r[..n].to_vec()).collect();
-        Ok(Matrix { rows })
-    }
-
-    /// This member's sizes as it tells the others: its send sizes, then its receive sizes.
-    fn mine(send: &[usize], recv: &[usize]) -> Vec<u64> {
-        send.iter().chain(recv).map(|&c| c as u64).collect()
-    }
-
-    /// Device counts read on the host: every member's `in_splits` (`all[i]`), checked (no
-    /// negative count, no member sending more than `src_rows` or receiving more than
-    /// `dst_rows`, the same verdict on every member).
-    fn counted(
-        cx: &Context,
-        call: &'static str,
-        all: &[Vec<i64>],
-        d: &DeviceSplits,
-    ) -> Result<Matrix> {
-        let n = all.len();
-        let bad = |why: String| Err(invalid(call, why).with_pe(cx.my_pe()));
-        let mut rows = Vec::with_capacity(n);
-        for (i, r) in all.iter().enumerate() {
-            if let Some((j, c)) = r.iter().enumerate().find(|(_, &c)| c < 0) {
-                return bad(format!(
-                    "member {i} sends member {j} a negative count, {c} rows"
-                ));
-            }
-            let total: u128 = r.iter().map(|&c| c as u128).sum();
-            if total > d.src_rows as u128 {
-                return bad(format!(
-                    "member {i} sends {total} rows, its source holds {}",
-                    d.src_rows
-                ));
-            }
-            rows.push(r.iter().map(|&c| c as u64).collect::<Vec<u64>>());
-        }
-        for j in 0..n {
-            let total: u128 = rows.iter().map(|r| r[j] as u128).sum();
-            if total > d.dst_rows as u128 {
-                return bad(format!(
-                    "member {j} receives {total} rows, its destination holds {}",
-                    d.dst_rows
-                ));
-            }
-        }
-        Ok(Matrix { rows })
-    }
-
-    /// The received rows and their starts for member `me` (all_to_all_vdev's
-    /// `out_splits_offsets`), as bytes.
-    fn outputs(m: &Matrix, me: usize) -> Vec<u8> {
-        let n = m.rows.len();
-        let mut out: Vec<i64> = (0..n).map(|i| m.rows[i][me] as i64).collect();
-        out.extend((0..n).map(|i| m.landing(i, me) as i64));
-        bytemuck::cast_slice(&out).to_vec()
-    }
-
-    /// Reads `n` int64 counts at `addr` (any PE's address on this host).
-    fn read_counts(cx: &Context, addr: u64, n: usize) -> Result<Vec<i64>> {
-        let mut c = vec![0i64; n];
-        cx.inner
-            .backend
-            .read_bytes(addr, bytemuck::cast_slice_mut(&mut c))?;
-        Ok(c)
-    }
-
-    /// The counts buffers of a device-counts call: symmetric, 8-byte aligned, `n` and `2 n`
-    /// int64 long.
-    fn check_counts(cx: &Context, call: &'static str, d: &DeviceSplits, n: usize) -> Result<()> {
-        for (what, addr, len) in [
-            ("in_splits", d.in_splits, n),
-            ("out_splits_offsets", d.out, 2 * n),
-        ] {
-            cx.inner.aligned(call, what, addr, DType::I64)?;
-            cx.inner
-                .own_offset(addr, 8 * len as u64, call)
-                .map_err(|e| invalid(call, format!("{what}: {}", e.kind())).with_pe(cx.my_pe()))?;
-        }
-        Ok(())
-    }
-
-    /// Where `addr` lies in this PE's heap, for the ledger.
-    fn heap_at(cx: &Context, addr: u64) -> String {
-        let base = cx.inner.own_base;
-        match addr.checked_sub(base) {
-            Some(off) if off < cx.inner.backend.mapped() => format!("heap+{off:#x}"),
-            _ => "local memory".to_string(),
-        }
-    }
-
     /// The host engine's entry barrier of split sizes: records the call and publishes this
     /// member's sizes (`mine`) with its arrival; then every member's, checked. None on a team
     /// this PE is not in.
@@ -266,7 +95,7 @@ impl AllToAll {
                 w
             })
             .collect::<Vec<_>>();
-        let m = Self::agreed(cx, Self::NAME, &all, r.count)?;
+        let m = Matrix::agreed(cx, Self::NAME, &all, r.count)?;
         Ok(Some((c, m)))
     }
 
@@ -283,7 +112,7 @@ impl AllToAll {
         recv: &[usize],
     ) -> Result<()> {
         let (t, call, n) = (p.t, r.call(), p.n());
-        let mine = Self::mine(send, recv);
+        let mine = mine(send, recv);
         let payload: &[u8] = bytemuck::cast_slice(&mine);
         if payload.len() as u64 > crate::context::area::PAYLOAD {
             return Err(too_many(cx, call, n));
@@ -306,10 +135,14 @@ impl AllToAll {
                 })
                 .collect::<Vec<_>>()
         };
-        let m = Self::agreed(cx, call, &all, r.count)?;
+        let m = Matrix::agreed(cx, call, &all, r.count)?;
         let (me, unit) = (t.me, p.bytes as u64);
         if n > 1 {
-            l.run("symheap_team_barrier", 1, &[])?;
+            l.run(
+                CollKernel::Bytes(ByteKernel::TeamBarrier),
+                1,
+                CollArgs::default(),
+            )?;
         }
         let own = cx.inner.own_base;
         for j in 0..n {
@@ -321,7 +154,11 @@ impl AllToAll {
             l.cu.copy_on_stream(to, from, len * unit, l.stream, e)?;
         }
         if n > 1 {
-            l.run("symheap_team_barrier", 1, &[])?;
+            l.run(
+                CollKernel::Bytes(ByteKernel::TeamBarrier),
+                1,
+                CollArgs::default(),
+            )?;
         }
         Ok(())
     }
@@ -336,53 +173,9 @@ impl Collective for AllToAll {
     /// split sizes on the host. `in_splits` and `out_splits_offsets` (addresses), `src_rows`
     /// and `dst_rows`: counts in device memory, rows of `count` elements.
     fn from_params(p: &mut Params<'_>) -> Result<Self> {
-        let list = |p: &mut Params<'_>, name: &'static str| match p.get(name) {
-            None => Ok(None),
-            Some(CollParam::Ints(v)) => v
-                .iter()
-                .map(|&c| {
-                    usize::try_from(c)
-                        .map_err(|_| p.error(format!("{name} has a negative size, {c}")))
-                })
-                .collect::<Result<Box<[usize]>>>()
-                .map(Some),
-            Some(other) => {
-                Err(p.error(format!("{name} must be a list of integers, not {other:?}")))
-            }
-        };
-        let (send, recv) = (list(p, "send_counts")?, list(p, "recv_counts")?);
-        let size = |p: &mut Params<'_>, name: &'static str| -> Result<Option<u64>> {
-            match p.int(name)? {
-                None => Ok(None),
-                Some(v) => u64::try_from(v)
-                    .map(Some)
-                    .map_err(|_| p.error(format!("{name} must not be negative, it is {v}"))),
-            }
-        };
-        let in_splits = size(p, "in_splits")?;
-        let splits = match (send, recv, in_splits) {
-            (None, None, None) => Splits::Even,
-            (Some(send), Some(recv), None) => Splits::Host { send, recv },
-            (None, None, Some(in_splits)) => {
-                let need = |p: &mut Params<'_>, name| {
-                    size(p, name)?.ok_or_else(|| p.error(format!("in_splits needs {name}")))
-                };
-                Splits::Device(DeviceSplits {
-                    in_splits,
-                    out: need(p, "out_splits_offsets")?,
-                    src_rows: need(p, "src_rows")? as usize,
-                    dst_rows: need(p, "dst_rows")? as usize,
-                })
-            }
-            _ => {
-                return Err(p.error(
-                    "alltoall takes send_counts with recv_counts, or in_splits with \
-                     out_splits_offsets, src_rows and dst_rows"
-                        .into(),
-                ))
-            }
-        };
-        Ok(AllToAll { splits })
+        Ok(AllToAll {
+            splits: Splits::from_params(p)?,
+        })
     }
 
     fn check(&self, cx: &Context, r: &Request<'_, Self>) -> Result<()> {
@@ -419,7 +212,7 @@ impl Collective for AllToAll {
                         ),
                     ));
                 }
-                Self::check_counts(cx, call, d, n)
+                check_counts(cx, call, d, n)
             }
         }
     }
@@ -443,10 +236,10 @@ impl Collective for AllToAll {
             Splits::Host { .. } => format!("split sizes in units of {count} x {dtype}"),
             Splits::Device(d) => format!(
                 "counts at {} in rows of {count} x {dtype}, {} rows in, {} rows out, out at {}",
-                Self::heap_at(cx, d.in_splits),
+                heap_at(cx, d.in_splits),
                 d.src_rows,
                 d.dst_rows,
-                Self::heap_at(cx, d.out)
+                heap_at(cx, d.out)
             ),
         }
     }
@@ -470,7 +263,7 @@ impl Collective for AllToAll {
             }
             Splits::Host { send, recv } => {
                 let nums = [r.count as u64, dt | 1 << 32, 0, 0, 0, 0, dest, src];
-                let mine = Self::mine(send, recv);
+                let mine = mine(send, recv);
                 match Self::host_met(cx, r, nums, args, &mine)? {
                     Some(met) => met,
                     None => return Ok(()),
@@ -484,17 +277,15 @@ impl Collective for AllToAll {
                     return Ok(());
                 };
                 let all = (0..c.n())
-                    .map(|j| Self::read_counts(cx, c.at(j, ins), c.n()))
+                    .map(|j| read_counts(cx, c.at(j, ins), c.n()))
                     .collect::<Result<Vec<_>>>()?;
                 // Refused, every member still waits for the others to have read its counts
                 // (which it may change for its next call as soon as it returns).
-                let m = match Self::counted(cx, Self::NAME, &all, d) {
+                let m = match Matrix::counted(cx, Self::NAME, &all, d) {
                     Ok(m) => m,
                     Err(e) => return c.end().and(Err(e)),
                 };
-                cx.inner
-                    .backend
-                    .write_bytes(out, &Self::outputs(&m, c.me()))?;
+                cx.inner.backend.write_bytes(out, &m.outputs(c.me()))?;
                 (c, m)
             }
         };
@@ -508,6 +299,11 @@ impl Collective for AllToAll {
         c.end()
     }
 
+    /// Equal blocks; split sizes are more than one call (`mpi` and `nccl_team` below).
+    fn one_call(&self) -> OneCall {
+        OneCall::AllToAll
+    }
+
     fn mpi(
         &self,
         cx: &Context,
@@ -516,26 +312,24 @@ impl Collective for AllToAll {
         r: &Request<'_, Self>,
         p: &Plan<'_>,
     ) -> Result<()> {
-        let err = |why| mpi_error(cx, Self::NAME, why);
+        let err = |why| r.mpi_error(cx, why);
         let (n, me) = (p.n(), p.t.me);
         let m = match &self.splits {
-            Splits::Even => return mpi.alltoall(comm, p.hd, p.hs, p.bytes).map_err(err),
+            Splits::Even => return OneCall::AllToAll.mpi(cx, mpi, comm, r, p),
             Splits::Host { send, recv } => {
-                let all = gather_u64(mpi, comm, &Self::mine(send, recv), n).map_err(err)?;
-                Self::agreed(cx, Self::NAME, &all, r.count)?
+                let all = gather_u64(mpi, comm, &mine(send, recv), n).map_err(err)?;
+                Matrix::agreed(cx, Self::NAME, &all, r.count)?
             }
             Splits::Device(d) => {
-                let own = Self::read_counts(cx, d.in_splits, n)?;
+                let own = read_counts(cx, d.in_splits, n)?;
                 let own: Vec<u64> = own.iter().map(|&c| c as u64).collect();
                 let all = gather_u64(mpi, comm, &own, n).map_err(err)?;
                 let all: Vec<Vec<i64>> = all
                     .iter()
                     .map(|r| r.iter().map(|&c| c as i64).collect())
                     .collect();
-                let m = Self::counted(cx, Self::NAME, &all, d)?;
-                cx.inner
-                    .backend
-                    .write_bytes(d.out, &Self::outputs(&m, me))?;
+                let m = Matrix::counted(cx, Self::NAME, &all, d)?;
+                cx.inner.backend.write_bytes(d.out, &m.outputs(me))?;
                 m
             }
         };
@@ -548,7 +342,6 @@ impl Collective for AllToAll {
     /// come here (refused in `check`).
     fn nccl_team(
         &self,
-        _cx: &Context,
         comm: &Comm,
         r: &Request<'_, Self>,
         p: &Plan<'_>,
@@ -564,7 +357,7 @@ impl Collective for AllToAll {
                     stream,
                 )
             }
-            _ => comm.alltoall(r.dest, r.src, p.bytes as u64, stream),
+            _ => OneCall::AllToAll.nccl_team(comm, r, p, stream),
         }
     }
 
@@ -578,7 +371,7 @@ impl Collective for AllToAll {
             return c.nccl(c.all().alltoall(r.dest, r.src, p.bytes as u64, c.raw));
         };
         let cx = c.ctx;
-        let mine: Vec<u8> = bytemuck::cast_slice(&Self::mine(send, recv)).to_vec();
+        let mine: Vec<u8> = bytemuck::cast_slice(&mine(send, recv)).to_vec();
         let parts = cx
             .inner
             .boot
@@ -588,7 +381,7 @@ impl Collective for AllToAll {
             .iter()
             .map(|b| bytemuck::pod_collect_to_vec::<u8, u64>(b))
             .collect();
-        let m = Self::agreed(cx, c.call, &all, r.count)?;
+        let m = Matrix::agreed(cx, c.call, &all, r.count)?;
         let (s, rv) = m.ranges(p.t.me, p.bytes as u64);
         let (src, dest) = (r.src, r.dest);
         c.nccl(c.all().exchange(
@@ -634,11 +427,13 @@ impl Collective for AllToAll {
                     return l.exchange(k, r.src, r.dest, bytes, XCHG_ALLTOALL, 0);
                 }
                 let grid = grid_for(l.cu, p.dest_len as u64, 16 << 10, 1, 2);
-                l.run(
-                    "symheap_alltoall",
-                    grid,
-                    &[Arg::U64(r.src), Arg::U64(r.dest), Arg::U64(bytes)],
-                )
+                let args = CollArgs {
+                    src: r.src,
+                    dst: r.dest,
+                    count: bytes,
+                    ..CollArgs::default()
+                };
+                l.run(CollKernel::Bytes(ByteKernel::Alltoall), grid, args)
             }
             Splits::Host { send, recv } => Self::device_host_splits(cx, l, r, p, send, recv),
             Splits::Device(d) => {
@@ -647,59 +442,20 @@ impl Collective for AllToAll {
                 cx.check_range(r.call(), d.in_splits, 8 * n, s)?;
                 cx.check_range(r.call(), d.out, 16 * n, s)?;
                 let grid = grid_for(l.cu, p.dest_len.max(p.src_len) as u64, 16 << 10, 1, 2);
-                l.run(
-                    "symheap_alltoallv",
-                    grid,
-                    &[
-                        Arg::U64(r.src),
-                        Arg::U64(r.dest),
-                        Arg::U64(d.in_splits),
-                        Arg::U64(d.out),
-                        Arg::U64(p.bytes as u64),
-                        Arg::U64(d.src_rows as u64),
-                        Arg::U64(d.dst_rows as u64),
-                    ],
-                )
+                let args = CollArgs {
+                    src: r.src,
+                    dst: r.dest,
+                    splits: d.in_splits,
+                    out: d.out,
+                    count: p.bytes as u64,
+                    src_rows: d.src_rows as u64,
+                    dst_rows: d.dst_rows as u64,
+                    ..CollArgs::default()
+                };
+                l.run(CollKernel::Bytes(ByteKernel::Alltoallv), grid, args)
             }
         }
     }
-}
-
-/// Exclusive prefix sums of `v`.
-fn prefix(v: &[usize]) -> Vec<u64> {
-    let mut acc = 0u64;
-    v.iter()
-        .map(|&c| {
-            let o = acc;
-            acc += c as u64;
-            o
-        })
-        .collect()
-}
-
-/// `mine` (the same length on every member) from every member of `comm` (`n` of them).
-fn gather_u64(
-    mpi: &Mpi,
-    comm: MpiComm,
-    mine: &[u64],
-    n: usize,
-) -> std::result::Result<Vec<Vec<u64>>, String> {
-    let mut all = vec![0u64; mine.len() * n];
-    let bytes = std::mem::size_of_val(mine);
-    mpi.all_gather(comm, all.as_mut_ptr() as u64, mine.as_ptr() as u64, bytes)?;
-    Ok(all.chunks(mine.len().max(1)).map(<[u64]>::to_vec).collect())
-}
-
-/// The error of split sizes too many to publish with a barrier's arrival.
-fn too_many(cx: &Context, call: &'static str, n: usize) -> Error {
-    Error::new(
-        Some(cx.my_pe()),
-        call,
-        ErrorKind::Unsupported(format!(
-            "split sizes for a team of {n} (at most {} members on one node)",
-            crate::context::area::PAYLOAD / 16
-        )),
-    )
 }
 
 impl Context {
