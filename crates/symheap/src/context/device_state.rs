@@ -102,7 +102,7 @@ impl Inner {
     /// team owning the scratch, scratch addresses) for the collective kernels. Local; flags and
     /// counters of a fresh slot are already zero.
     pub(crate) fn init_device_team(&self, team: &TeamInner) -> Result<()> {
-        let Some(dt) = self.dteams.get() else {
+        let Some(dt) = self.comms.dteams.get() else {
             return Ok(());
         };
         let own = self.backend.slot_base(self.rank).expect("own heap");
@@ -132,7 +132,7 @@ impl Inner {
 
     /// Clears this PE's flags and counters of a destroyed team's slot.
     pub(crate) fn clear_device_team(&self, slot: usize) -> Result<()> {
-        let Some(dt) = self.dteams.get() else {
+        let Some(dt) = self.comms.dteams.get() else {
             return Ok(());
         };
         let own = self.backend.slot_base(self.rank).expect("own heap");
@@ -152,8 +152,8 @@ impl Inner {
             self.world,
         );
         self.write_peer_table(dt.peer_scratch(), dt.scratch())?;
-        let _ = self.dteams.set(dt);
-        self.init_device_team(&self.world_team)
+        let _ = self.comms.dteams.set(dt);
+        self.init_device_team(&self.teams.world_team)
     }
 }
 
@@ -236,7 +236,7 @@ impl Inner {
             self.world,
         );
         self.write_peer_table(ds.peer_flags(0), ds.flags(0))?;
-        let _ = self.dsync.set(ds);
+        let _ = self.comms.dsync.set(ds);
         Ok(())
     }
 }

@@ -165,7 +165,7 @@ impl Inner {
     /// count unchanged around its load of the hash read the matching one).
     /// `st` is the team's locked state.
     pub(crate) fn publish_consumed(&self, team: &TeamInner, st: &TeamState) {
-        self.publish_consumed_of(team, self.eager.of(team, st));
+        self.publish_consumed_of(team, self.teams.eager.of(team, st));
     }
 
     /// `publish_consumed` from the team's entry `e`.
@@ -193,14 +193,14 @@ impl Inner {
         st: &TeamState,
         args: [u64; 5],
     ) -> Option<usize> {
-        let e = self.eager.of(team, st);
+        let e = self.teams.eager.of(team, st);
         // OR of the XORs, as `CallKey`'s comparison (no memcmp), of five words, not eight.
         let differ = (e.call.iter().zip(&args)).fold(0, |d, (w, a)| d | (w.get() ^ a));
         let recorded = e.recorded.get();
         let valid = differ == 0
             && recorded != 0
             && e.inserts.get() == st.recent_inserts
-            && e.generation.get() == self.heap.generation();
+            && e.generation.get() == self.mem.heap.generation();
         valid.then(|| recorded as usize - 1)
     }
 
@@ -215,7 +215,7 @@ impl Inner {
         generation: u64,
         recorded: usize,
     ) {
-        let e = self.eager.of(team, st);
+        let e = self.teams.eager.of(team, st);
         for (w, a) in e.call.iter().zip(args) {
             w.set(a);
         }
@@ -241,7 +241,7 @@ impl Inner {
         recorded: usize,
     ) -> Result<()> {
         debug_assert!(bytes as u64 <= EAGER_INLINE);
-        let e = self.eager.of(team, st);
+        let e = self.teams.eager.of(team, st);
         let j = e.total.get();
         let (count, hash) = st.ledger.digest();
         let me = team.my_global();
@@ -329,7 +329,7 @@ impl Inner {
         out: &mut EagerBody,
         bytes: usize,
     ) -> Result<()> {
-        let e = self.eager.of(team, st);
+        let e = self.teams.eager.of(team, st);
         let j = e.total.get();
         let (count, hash) = st.ledger.digest();
         let r = team.members[root];
@@ -378,7 +378,7 @@ impl Inner {
         st: &TeamState,
         call: &'static str,
     ) -> Result<()> {
-        let e = self.eager.of(team, st);
+        let e = self.teams.eager.of(team, st);
         let [j1, count, hash] = e.unsettled.each_ref().map(Word::get);
         let Some(j) = j1.checked_sub(1) else {
             return Ok(());

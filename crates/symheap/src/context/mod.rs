@@ -5,9 +5,11 @@ mod alloc;
 pub(crate) mod area;
 mod banner;
 mod buffer;
+pub(crate) mod comms;
 pub(crate) mod device_state;
 pub(crate) mod eager;
 mod init;
+pub(crate) mod memory;
 mod ranges;
 pub(crate) mod recent;
 mod signals;
@@ -15,10 +17,11 @@ pub(crate) mod span;
 mod sync;
 pub(crate) mod team;
 pub(crate) mod team_span;
+pub(crate) mod teams;
 pub(crate) mod watch;
 
 use std::sync::atomic::{fence, AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 pub use buffer::{PeerView, SymmetricBuffer};
 pub use init::ContextBuilder;
@@ -29,10 +32,9 @@ use crate::bootstrap::{Bootstrap, Launcher, NodeInfo};
 use crate::config::{Config, DEFAULT_ALIGNMENT};
 use crate::element::{DType, Element};
 use crate::error::{invalid, Error, ErrorKind, Result};
-use crate::heap::{Block, Heap, HeapState};
+use crate::heap::{Block, HeapState};
 use crate::table::{PeerMask, SymmetricAddressMap};
 use area::SyncArea;
-use team::TeamInner;
 
 /// How much of the heap is in use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +56,10 @@ pub struct HeapUsage {
     pub waiting_releases: usize,
 }
 
+/// A context's state. Settings, bootstrap, backend and the host sync area are held here; the
+/// rest is in parts with one role each, in their own files: the heap ([`memory::Memory`]), the
+/// teams and the watchdog ([`teams::Teams`]), device state and communicators
+/// ([`comms::Comms`]).
 pub(crate) struct Inner {
     pub(crate) cfg: Config,
     /// How long waits spin before yielding (see `sync::SpinBudget`).
@@ -69,62 +75,22 @@ pub(crate) struct Inner {
     pub(crate) health: Arc<crate::bootstrap::Health>,
     pub(crate) node: NodeInfo,
     pub(crate) backend: AnyBackend,
-    /// Every PE's heap slot base as the backend maps it (None: on another node), fixed for the
-    /// context's life: the hot paths (every put, get and collective) read it here instead of
-    /// through a dynamic call.
-    pub(crate) bases: Box<[Option<u64>]>,
-    /// This PE's own slot base (`bases[rank]`, always mapped), for the range checks.
-    pub(crate) own_base: u64,
-    pub(crate) heap: Heap,
-    /// The world team; its ledger records allocation, growth, reclaim, barriers and finalize.
-    pub(crate) world_team: Arc<TeamInner>,
     /// Host shared memory for symheap's own synchronisation.
     pub(crate) control: SharedArea,
     /// Layout of the sync area inside `control`.
     pub(crate) area: SyncArea,
-    /// The host backend's eager broadcasts: this PE's state of each team's channel.
-    pub(crate) eager: eager::EagerTeams,
-    /// Device collective state (CUDA backend only), set at init.
-    pub(crate) dteams: std::sync::OnceLock<device_state::DeviceTeams>,
-    /// Device barrier state (CUDA backend only), set at init.
-    pub(crate) dsync: std::sync::OnceLock<device_state::DeviceSync>,
-    /// Team slots in use on this PE (bit 0: the world).
-    pub(crate) slots_used: Mutex<u64>,
-    /// Held by a team creation on this PE from reading the free slots to claiming one
-    /// (`ops/team.rs`), so two threads never agree on the same slot for two teams.
-    pub(crate) team_create: Mutex<()>,
-    /// The teams this PE belongs to (the world and live splits), for the watchdog.
-    pub(crate) teams: Mutex<Vec<std::sync::Weak<TeamInner>>>,
-    /// The watchdog thread (CUDA, 2 PEs or more), joined when the context is dropped.
-    pub(crate) watchdog: Mutex<Option<std::thread::JoinHandle<()>>>,
-    /// Tells the watchdog to end.
-    pub(crate) watchdog_stop: AtomicBool,
     /// Where init's time went, for the banner (set once init is done).
     pub(crate) init_phases: std::sync::OnceLock<crate::util::Phases>,
-    /// Open MPI for host collectives over teams that span nodes, opened at the first one
-    /// (or why it could not be: the same answer for every later call).
-    pub(crate) mpi:
-        std::sync::OnceLock<std::result::Result<crate::backend::host::mpi::Mpi, String>>,
-    /// CUDA, world spanning nodes: the node team, NCCL communicators and workspace of the
-    /// collectives across nodes, made at the first one (see `span.rs`).
-    pub(crate) span: Mutex<Option<span::Span>>,
-    /// CUDA: the NCCL communicators of this PE's teams that span nodes, by slot (see
-    /// `team_span.rs`).
-    pub(crate) team_comms: Mutex<team_span::TeamComms>,
     pub(super) finalized: AtomicBool,
+    /// Allocation: the heap and every PE's slot base.
+    pub(crate) mem: memory::Memory,
+    /// The world team, the team slots, the live teams and the watchdog.
+    pub(crate) teams: teams::Teams,
+    /// Device state (CUDA) and the communicators made on demand (NCCL, Open MPI).
+    pub(crate) comms: comms::Comms,
 }
 
 impl Inner {
-    pub(super) fn lock_heap(&self) -> MutexGuard<'_, HeapState> {
-        self.heap.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// PE `pe`'s heap slot base here (None: on another node, or no such PE).
-    #[inline]
-    pub(crate) fn slot_base(&self, pe: usize) -> Option<u64> {
-        self.bases.get(pe).copied().flatten()
-    }
-
     #[inline]
     pub(crate) fn check(&self, call: &'static str) -> Result<()> {
         self.health.check(self.rank, call)
@@ -133,7 +99,12 @@ impl Inner {
     /// Records `call(args)` in the world team's ledger (locking the world team: the caller
     /// must not hold it).
     pub(super) fn record(&self, call: &'static str, args: String) {
-        self.record_on(&self.world_team, &mut self.world_team.lock(), call, args);
+        self.record_on(
+            &self.teams.world_team,
+            &mut self.teams.world_team.lock(),
+            call,
+            args,
+        );
     }
 
     /// A host collective point: exchanges the ledger (failing every PE on divergence) and the
@@ -154,7 +125,7 @@ impl Inner {
         }
         let ledger = ts.ledger.encode();
         self.poll_releases();
-        let releases = self.heap.take_releases();
+        let releases = self.mem.heap.take_releases();
         let mut msg = Vec::with_capacity(ledger.len() + releases.len() + payload.len() + 8);
         for part in [&ledger, &releases] {
             msg.extend_from_slice(&(part.len() as u32).to_le_bytes());
@@ -185,7 +156,7 @@ impl Inner {
             self.boot.health().fail(kind.clone());
             return Err(Error::new(Some(self.rank), call, kind));
         }
-        self.heap.apply_releases(st, &rels);
+        self.mem.heap.apply_releases(st, &rels);
         Ok(payloads)
     }
 
@@ -201,14 +172,14 @@ impl Inner {
         payload: &[u8],
     ) -> Result<Vec<Vec<u8>>> {
         self.check(call)?;
-        let mut st = self.lock_heap();
-        let mut ts = self.world_team.lock();
+        let mut st = self.mem.lock_heap();
+        let mut ts = self.teams.world_team.lock();
         if args.is_empty() {
             // A call without arguments (barrier_all in a loop) is recorded from its cached text.
             let key = recent::CallKey { call, nums: [0; 8] };
-            self.record_keyed(&self.world_team, &mut ts, key, String::new);
+            self.record_keyed(&self.teams.world_team, &mut ts, key, String::new);
         } else {
-            self.record_on(&self.world_team, &mut ts, call, args);
+            self.record_on(&self.teams.world_team, &mut ts, call, args);
         }
         self.sync_point(&mut st, &mut ts, call, payload)
     }
@@ -228,19 +199,19 @@ impl Inner {
         }
         // A root's last eager broadcasts on each team are checked before the job ends: every
         // PE publishes how many it consumed, then waits until its own were taken.
-        let teams = self.live_teams();
+        let teams = self.teams.live();
         for t in &teams {
             self.publish_consumed(t, &t.lock());
         }
         for t in &teams {
             self.eager_settle(t, &t.lock(), "finalize")?;
         }
-        let mut st = self.lock_heap();
-        let mut ts = self.world_team.lock();
-        self.record_on(&self.world_team, &mut ts, "finalize", String::new());
+        let mut st = self.mem.lock_heap();
+        let mut ts = self.teams.world_team.lock();
+        self.record_on(&self.teams.world_team, &mut ts, "finalize", String::new());
         self.sync_point(&mut st, &mut ts, "finalize", &[])?;
         drop((ts, st));
-        if let Some(Ok(mpi)) = self.mpi.get() {
+        if let Some(Ok(mpi)) = self.comms.mpi.get() {
             mpi.finish();
         }
         self.boot.finalize().map_err(|e| e.during("finalize"))
@@ -523,14 +494,14 @@ impl Context {
 
     /// Heap occupancy on this PE (the same on every PE at collective points).
     pub fn heap_usage(&self) -> HeapUsage {
-        let st = self.inner.lock_heap();
+        let st = self.inner.mem.lock_heap();
         HeapUsage {
             in_use: st.in_use(),
             mapped: self.inner.backend.mapped(),
             capacity: self.inner.backend.capacity(),
             live_blocks: st.live_blocks(),
             allocation_syncs: st.allocation_syncs(),
-            waiting_releases: self.inner.heap.deferred_count(),
+            waiting_releases: self.inner.mem.heap.deferred_count(),
         }
     }
 

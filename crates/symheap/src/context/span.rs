@@ -175,7 +175,7 @@ impl Inner {
         call: &'static str,
         stream: u64,
     ) -> Result<MutexGuard<'_, Option<Span>>> {
-        let mut g = self.span.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.comms.span.lock().unwrap_or_else(|p| p.into_inner());
         if g.is_none() {
             if driver::is_capturing(stream)? {
                 return Err(unsupported(
@@ -198,7 +198,7 @@ impl Inner {
         cu.bind()?;
         let direct_node = layout.peers[layout.node]
             .iter()
-            .all(|&p| self.slot_base(p).is_some());
+            .all(|&p| self.mem.slot_base(p).is_some());
         let api = nccl::load();
         let ids = api.as_ref().map_err(Clone::clone).and_then(|a| {
             let inter = (layout.node == 0).then(|| a.unique_id()).transpose()?;
@@ -208,7 +208,7 @@ impl Inner {
         let hello = Hello {
             broken: ids.as_ref().err().cloned(),
             hier: self.cfg.nodes_algo == NodesAlgo::Auto && direct_node,
-            free: !*self.slots_used.lock().unwrap_or_else(|p| p.into_inner()),
+            free: !*self.teams.slots(),
             inter_id: ids.as_ref().ok().and_then(|i| i.0),
             all_id: ids.as_ref().ok().and_then(|i| i.1),
         };
@@ -310,8 +310,8 @@ impl Inner {
             ));
         }
         let slot = common(layout.node).trailing_zeros() as usize;
-        *self.slots_used.lock().unwrap_or_else(|p| p.into_inner()) |= 1 << slot;
-        let (count, hash) = self.world_team.lock().ledger.digest();
+        *self.teams.slots() |= 1 << slot;
+        let (count, hash) = self.teams.world_team.lock().ledger.digest();
         let id = crate::util::fnv1a(
             &[u64::MAX, count, hash, layout.node as u64, slot as u64]
                 .iter()
@@ -358,7 +358,7 @@ impl Inner {
         }
         let want = bytes.max(2 * have).max(1 << 20);
         let b = self.allocate(want, 256, call)?;
-        let own = self.slot_base(self.rank).expect("own heap");
+        let own = self.mem.slot_base(self.rank).expect("own heap");
         sp.work = Some((own + b.offset, want));
         Ok(own + b.offset)
     }

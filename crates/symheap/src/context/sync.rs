@@ -485,12 +485,12 @@ impl Inner {
             return Ok(false);
         }
         self.poll_releases();
-        let flags = if self.heap.has_pending_releases() {
+        let flags = if self.mem.heap.has_pending_releases() {
             FLAG_RELEASES
         } else {
             0
         };
-        let team = &self.world_team;
+        let team = &self.teams.world_team;
         let met = self.barrier_core(team, ts, call, flags, 0)?;
         if !met.agreed {
             return Err(self.diverged(team, ts, call));

@@ -36,7 +36,7 @@ impl Context {
         if let Some(args) = args {
             self.inner.record_on(t, &mut t.lock(), call, args);
         }
-        let comms = self.inner.team_comms();
+        let comms = self.inner.comms.team_comms();
         let Some(TeamComm::Nccl(comm)) = comms.get(&t.slot) else {
             return Err(Error::new(
                 Some(self.my_pe()),
@@ -70,7 +70,7 @@ impl Context {
     /// Frees the communicator of `t` (a team that spans nodes), at its destruction after a
     /// barrier.
     pub(in crate::ops) fn free_team_comm(&self, t: &TeamInner) -> Result<()> {
-        match self.inner.team_comms().remove(&t.slot) {
+        match self.inner.comms.team_comms().remove(&t.slot) {
             Some(TeamComm::Mpi(c)) => {
                 let mpi = self.inner.mpi().map_err(|e| {
                     Error::new(
