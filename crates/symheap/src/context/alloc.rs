@@ -1,7 +1,8 @@
 //! Allocation: placing blocks, growing the heap on every PE or none, the peer table in each
 //! block's trailer, and releases (stream-ordered on CUDA).
 
-use super::{table_offset, Inner};
+use super::memory::table_offset;
+use super::Inner;
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::heap::{align_up, Block, HeapState};
 use crate::util::human_bytes;

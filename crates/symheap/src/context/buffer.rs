@@ -85,7 +85,7 @@ impl SymmetricBuffer {
     /// CUDA backend, ready to pass to a kernel. Written at allocation, on the buffer's device,
     /// without synchronising any other stream.
     pub fn peer_bases_addr(&self) -> u64 {
-        self.addr - self.block.offset + super::table_offset(&self.block)
+        self.addr - self.block.offset + super::memory::table_offset(&self.block)
     }
 
     /// The richer descriptor: the table plus the direct mask and the allocation's extent.

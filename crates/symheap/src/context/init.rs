@@ -110,7 +110,7 @@ impl ContextBuilder {
         if let Some(cu) = backend.as_cuda() {
             cu.agree_protocols(cfg.topology).map_err(with_pe)?;
         }
-        let spin = super::sync::SpinBudget::new(node.local_size());
+        let spin = super::spin::SpinBudget::new(node.local_size());
         let all_direct = (0..world).all(|pe| backend.slot_base(pe).is_some());
         let own_base = backend.slot_base(rank).ok_or_else(|| {
             with_pe(crate::error::backend(
@@ -143,6 +143,20 @@ impl ContextBuilder {
             comms: Comms::default(),
         });
         finish(Context { inner }, phases)
+    }
+}
+
+// Made here, where a context is made: the context's module does not name its builder.
+impl Context {
+    /// Collective: joins the job described by the environment (torchrun, `symheap launch`,
+    /// Open MPI, Slurm, or nothing for a single PE). Same as `ContextBuilder::from_env()?.init()`.
+    pub fn init() -> Result<Context> {
+        ContextBuilder::from_env()?.init()
+    }
+
+    /// Settings other than the environment's.
+    pub fn builder() -> Result<ContextBuilder> {
+        ContextBuilder::from_env()
     }
 }
 

@@ -2,7 +2,8 @@
 //! here, never symheap's own state), their translation to a peer's copy, and how a
 //! collective's buffers are recorded in the ledger.
 
-use super::{table_offset, Inner};
+use super::memory::table_offset;
+use super::Inner;
 use crate::element::DType;
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::heap::{Block, RangeError};

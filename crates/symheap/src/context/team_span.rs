@@ -9,8 +9,7 @@
 //! may span nodes on the CUDA backend (its NCCL id travels in the members' exchange); Open
 //! MPI's split needs every PE of the job, so the host backend refuses it.
 
-use std::collections::HashMap;
-
+use super::comms::TeamComm;
 use super::team::TeamInner;
 use super::Inner;
 use crate::backend::cuda::nccl::{self, Comm, UNIQUE_ID_BYTES};
@@ -52,17 +51,6 @@ impl SplitHello {
         })
     }
 }
-
-/// The communicator of a team that spans nodes.
-pub(crate) enum TeamComm {
-    /// CUDA backend.
-    Nccl(Comm),
-    /// Host backend.
-    Mpi(MpiComm),
-}
-
-/// The communicators of this PE's teams that span nodes, by team slot.
-pub(crate) type TeamComms = HashMap<usize, TeamComm>;
 
 fn unsupported(rank: usize, call: &'static str, why: String) -> Error {
     Error::new(Some(rank), call, ErrorKind::Unsupported(why))

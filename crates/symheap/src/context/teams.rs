@@ -6,7 +6,7 @@
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use super::eager::EagerTeams;
+use super::eager_state::EagerTeams;
 use super::team::TeamInner;
 
 /// This PE's teams, owned by the context.

@@ -11,8 +11,9 @@ use std::sync::{Arc, MutexGuard};
 use crate::backend::cuda::nccl::UNIQUE_ID_BYTES;
 use crate::backend::host::mpi::MpiComm;
 use crate::context::area::MAX_TEAMS;
+use crate::context::comms::TeamComm;
 use crate::context::team::{ranks_text, Team, TeamInner};
-use crate::context::team_span::{SplitHello, TeamComm};
+use crate::context::team_span::SplitHello;
 use crate::context::Context;
 use crate::error::{invalid, Error, ErrorKind, Result};
 

@@ -18,7 +18,7 @@
 use crate::backend::host::HostBackend;
 use crate::backend::Backend;
 use crate::context::area::EAGER_INLINE;
-use crate::context::eager::EagerBody;
+use crate::context::eager_state::EagerBody;
 use crate::context::team::{Team, TeamInner, TeamState};
 use crate::context::watch::CallKey;
 use crate::context::Context;

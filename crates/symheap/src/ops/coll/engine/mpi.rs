@@ -10,8 +10,8 @@ use super::super::request::{Collective, Plan, Request};
 use super::super::transport::host::check_len;
 use super::Engine;
 use crate::backend::host::mpi::{Mpi, MpiComm};
+use crate::context::comms::TeamComm;
 use crate::context::team::TeamInner;
-use crate::context::team_span::TeamComm;
 use crate::context::Context;
 use crate::error::{Error, ErrorKind, Result};
 

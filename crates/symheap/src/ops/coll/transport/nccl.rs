@@ -10,7 +10,7 @@ use std::sync::MutexGuard;
 use crate::backend::cuda::nccl::{self, Comm};
 use crate::backend::cuda::{driver, CudaBackend};
 use crate::backend::ReduceOp;
-use crate::context::span::Span;
+use crate::context::comms::Span;
 use crate::context::team::{Team, TeamInner};
 use crate::context::Context;
 use crate::element::DType;

@@ -9,8 +9,8 @@
 use crate::backend::cuda::nccl::Comm;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::{AnyBackend, Backend, ReduceOp};
+use crate::context::comms::TeamComm;
 use crate::context::team::TeamInner;
-use crate::context::team_span::TeamComm;
 use crate::context::Context;
 use crate::element::DType;
 use crate::error::{Error, ErrorKind, Result};
