@@ -182,6 +182,12 @@ pub(crate) enum AnyBackend {
 }
 
 impl AnyBackend {
+    /// Whether this is the host backend (shared host memory between CPU processes): for the
+    /// ops that only choose a path by backend, without asking for either backend object.
+    pub(crate) fn is_host(&self) -> bool {
+        matches!(self, Self::Host(_))
+    }
+
     /// The CUDA backend, when it is this one.
     pub(crate) fn as_cuda(&self) -> Option<&cuda::CudaBackend> {
         match self {

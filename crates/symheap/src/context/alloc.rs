@@ -1,7 +1,8 @@
 //! Allocation: placing blocks, growing the heap on every PE or none, the peer table in each
 //! block's trailer, and releases (stream-ordered on CUDA).
 
-use super::{table_offset, Inner};
+use super::memory::table_offset;
+use super::Inner;
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::heap::{align_up, Block, HeapState};
 use crate::util::human_bytes;
@@ -86,8 +87,8 @@ impl Inner {
     /// reach it.
     pub(crate) fn allocate_internal(&self, bytes: u64, align: u64) -> Result<Block> {
         let b = self.allocate(bytes, align, "init")?;
-        self.lock_heap().mark_internal(b.id);
-        self.heap.invalidate_lookups();
+        self.mem.lock_heap().mark_internal(b.id);
+        self.mem.heap.invalidate_lookups();
         Ok(b)
     }
 
@@ -113,7 +114,7 @@ impl Inner {
             )
             .with_pe(self.rank));
         }
-        let mut st = self.lock_heap();
+        let mut st = self.mem.lock_heap();
         self.record("allocate", format!("{}, align {align}", human_bytes(bytes)));
         // The allocation's own peer table lives right after it, so device code can be handed a
         // table in device memory without a separate allocation.
@@ -146,7 +147,7 @@ impl Inner {
                     .ok_or_else(|| oom(&st))?;
                 let spare = [u8::from(self.backend.can_spare(chunk))];
                 let votes = {
-                    let mut ts = self.world_team.lock();
+                    let mut ts = self.teams.world_team.lock();
                     self.sync_point(&mut st, &mut ts, call, &spare)?
                 };
                 match st.try_alloc(bytes, span, align) {
@@ -210,13 +211,13 @@ impl Inner {
     /// without waiting, so a `del x` right after an asynchronous collective cannot let any PE
     /// reuse the memory while kernels still read or write it.
     pub(crate) fn release_block(&self, id: crate::heap::BlockId) {
-        self.heap.mark_freed(id);
-        let uses = self.heap.take_uses(id);
+        self.mem.heap.mark_freed(id);
+        let uses = self.mem.heap.take_uses(id);
         let streams: Vec<u64> = uses.iter().map(|u| u.raw).collect();
         // `uses` keeps owned streams alive until their events are recorded here.
         match self.backend.fence_streams(&streams) {
-            Some(f) => self.heap.defer(id, f),
-            None => self.heap.announce(id),
+            Some(f) => self.mem.heap.defer(id, f),
+            None => self.mem.heap.announce(id),
         }
     }
 
@@ -225,8 +226,10 @@ impl Inner {
         if self.backend.as_cuda().is_none() {
             return;
         }
-        if let Some(b) = self.lock_heap().block_at(off) {
-            self.heap.note_use(b.id, stream.raw(), stream.keep_alive());
+        if let Some(b) = self.mem.lock_heap().block_at(off) {
+            self.mem
+                .heap
+                .note_use(b.id, stream.raw(), stream.keep_alive());
         }
     }
 
@@ -242,7 +245,7 @@ impl Inner {
 
     /// Announces released blocks whose device work has finished (at collective points).
     pub(crate) fn poll_releases(&self) {
-        if self.heap.deferred_count() == 0 {
+        if self.mem.heap.deferred_count() == 0 {
             return;
         }
         if let Some(cu) = self.backend.as_cuda() {
@@ -250,6 +253,6 @@ impl Inner {
                 return;
             }
         }
-        self.heap.poll_deferred();
+        self.mem.heap.poll_deferred();
     }
 }

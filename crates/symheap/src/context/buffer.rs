@@ -85,7 +85,7 @@ impl SymmetricBuffer {
     /// CUDA backend, ready to pass to a kernel. Written at allocation, on the buffer's device,
     /// without synchronising any other stream.
     pub fn peer_bases_addr(&self) -> u64 {
-        self.addr - self.block.offset + super::table_offset(&self.block)
+        self.addr - self.block.offset + super::memory::table_offset(&self.block)
     }
 
     /// The richer descriptor: the table plus the direct mask and the allocation's extent.
@@ -190,12 +190,12 @@ impl SymmetricBuffer {
     /// from a later allocation by its address): while such a view exists the memory is not
     /// reused, so its address keeps being refused instead of reaching another allocation.
     pub fn revoke(&self) {
-        self.inner.heap.mark_freed(self.block.id);
+        self.inner.mem.heap.mark_freed(self.block.id);
     }
 
     /// Whether this allocation was revoked ([`revoke`](Self::revoke)) on this PE.
     pub fn is_revoked(&self) -> bool {
-        self.inner.heap.is_freed_here(self.block.id)
+        self.inner.mem.heap.is_freed_here(self.block.id)
     }
 
     fn release(&mut self) {
@@ -215,6 +215,7 @@ impl SymmetricBuffer {
         if self.inner.backend.as_cuda().is_some() {
             let raw = self.inner.stream_handle(stream, "record_stream")?;
             self.inner
+                .mem
                 .heap
                 .note_use(self.block.id, raw, stream.keep_alive());
         }

@@ -17,108 +17,18 @@
 //! last eager broadcast on each team with the same ledger hash (a receiver that made another
 //! call never does, and the watch names it).
 //!
-//! The channel's state on this PE is its own ([`EagerTeams`], one entry per team slot in
-//! `Inner::eager`): a team's state knows nothing of it. Every eager call holds the team's lock
-//! (it records in the team's ledger), which orders every access to the entry, so its words are
-//! plain relaxed atomics: no second lock on the path a small broadcast in a loop takes.
+//! The channel's state on this PE is its own (`eager_state.rs`'s `EagerTeams`, one entry per
+//! team slot in `Inner::teams`): a team's state knows nothing of it. Every eager call holds the
+//! team's lock (it records in the team's ledger), which orders every access to the entry, so its
+//! words are plain relaxed atomics: no second lock on the path a small broadcast in a loop takes.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-
-use super::area::{EAGER_HEADER_WORDS, EAGER_INLINE, EAGER_SLOT, MAX_TEAMS};
+use super::area::{EAGER_HEADER_WORDS, EAGER_INLINE, EAGER_SLOT};
+use super::eager_state::{EagerBody, EagerTeam, Word};
 use super::team::{TeamInner, TeamState};
 use super::watch::Watching;
 use super::Inner;
 use crate::backend::host::HostBackend;
 use crate::error::{Error, Result};
-
-/// An eager broadcast's data, as the words of its slot.
-pub(crate) type EagerBody = [u64; (EAGER_INLINE / 8) as usize];
-
-/// One word of an [`EagerTeam`]: a relaxed load or store (a plain move), ordered by the team's
-/// lock, which every caller holds.
-#[derive(Debug, Default)]
-struct Word(AtomicU64);
-
-impl Word {
-    #[inline(always)]
-    fn get(&self) -> u64 {
-        self.0.load(Relaxed)
-    }
-
-    #[inline(always)]
-    fn set(&self, v: u64) {
-        self.0.store(v, Relaxed)
-    }
-}
-
-/// This PE's eager-broadcast state on one team.
-#[derive(Debug, Default)]
-pub(crate) struct EagerTeam {
-    /// The id of the team this entry counts for (`TeamInner::id`; the world's is 0, as a fresh
-    /// entry's): a slot reused by a new team starts again from zero.
-    owner: Word,
-    /// Eager broadcasts on the team so far (every member counts them alike).
-    total: Word,
-    /// A lower bound of the eager broadcasts every other member has consumed (refreshed from
-    /// their counters only when this PE, as a root, needs more).
-    acked: Word,
-    /// The ledger hash after the last eager broadcast this PE consumed (published with the
-    /// count, see `Inner::publish_consumed`).
-    hash: Word,
-    /// This PE's last eager broadcast as root until every receiver is known to have consumed
-    /// it: its number on the team plus one (0: none), and the ledger digest it carried.
-    unsettled: [Word; 3],
-    /// The last eager broadcast whose arguments were checked (see `ops/coll_eager.rs`): root,
-    /// count, dtype code, destination and source; the heap generation they were checked at;
-    /// its record's index in `TeamState::recent` plus one (0: none); and
-    /// `TeamState::recent_inserts` then. A repeat while all of it holds needs neither the
-    /// checks nor a search of the recent calls again.
-    call: [Word; 5],
-    generation: Word,
-    recorded: Word,
-    inserts: Word,
-}
-
-/// Every team slot's [`EagerTeam`] on this PE.
-#[derive(Debug)]
-pub(crate) struct EagerTeams([EagerTeam; MAX_TEAMS]);
-
-impl Default for EagerTeams {
-    fn default() -> Self {
-        EagerTeams(std::array::from_fn(|_| EagerTeam::default()))
-    }
-}
-
-impl EagerTeams {
-    /// `team`'s entry, emptied first when it last counted for another team. `_held` is the
-    /// team's locked state: the caller holds the lock that orders the entry's words.
-    #[inline(always)]
-    fn of(&self, team: &TeamInner, _held: &TeamState) -> &EagerTeam {
-        let e = &self.0[team.slot];
-        if e.owner.get() != team.id {
-            e.reset(team.id);
-        }
-        e
-    }
-}
-
-impl EagerTeam {
-    /// Empties the entry for team `owner`.
-    #[cold]
-    fn reset(&self, owner: u64) {
-        let single = [&self.total, &self.acked, &self.hash];
-        let checked = [&self.generation, &self.recorded, &self.inserts];
-        for w in single
-            .into_iter()
-            .chain(&self.unsettled)
-            .chain(&self.call)
-            .chain(checked)
-        {
-            w.set(0);
-        }
-        self.owner.set(owner);
-    }
-}
 
 impl Inner {
     /// The host backend, when a broadcast of `bytes` may go eager: it fits a slot, the host
@@ -165,7 +75,7 @@ impl Inner {
     /// count unchanged around its load of the hash read the matching one).
     /// `st` is the team's locked state.
     pub(crate) fn publish_consumed(&self, team: &TeamInner, st: &TeamState) {
-        self.publish_consumed_of(team, self.eager.of(team, st));
+        self.publish_consumed_of(team, self.teams.eager.of(team, st));
     }
 
     /// `publish_consumed` from the team's entry `e`.
@@ -193,14 +103,14 @@ impl Inner {
         st: &TeamState,
         args: [u64; 5],
     ) -> Option<usize> {
-        let e = self.eager.of(team, st);
+        let e = self.teams.eager.of(team, st);
         // OR of the XORs, as `CallKey`'s comparison (no memcmp), of five words, not eight.
         let differ = (e.call.iter().zip(&args)).fold(0, |d, (w, a)| d | (w.get() ^ a));
         let recorded = e.recorded.get();
         let valid = differ == 0
             && recorded != 0
             && e.inserts.get() == st.recent_inserts
-            && e.generation.get() == self.heap.generation();
+            && e.generation.get() == self.mem.heap.generation();
         valid.then(|| recorded as usize - 1)
     }
 
@@ -215,7 +125,7 @@ impl Inner {
         generation: u64,
         recorded: usize,
     ) {
-        let e = self.eager.of(team, st);
+        let e = self.teams.eager.of(team, st);
         for (w, a) in e.call.iter().zip(args) {
             w.set(a);
         }
@@ -241,7 +151,7 @@ impl Inner {
         recorded: usize,
     ) -> Result<()> {
         debug_assert!(bytes as u64 <= EAGER_INLINE);
-        let e = self.eager.of(team, st);
+        let e = self.teams.eager.of(team, st);
         let j = e.total.get();
         let (count, hash) = st.ledger.digest();
         let me = team.my_global();
@@ -329,7 +239,7 @@ impl Inner {
         out: &mut EagerBody,
         bytes: usize,
     ) -> Result<()> {
-        let e = self.eager.of(team, st);
+        let e = self.teams.eager.of(team, st);
         let j = e.total.get();
         let (count, hash) = st.ledger.digest();
         let r = team.members[root];
@@ -378,7 +288,7 @@ impl Inner {
         st: &TeamState,
         call: &'static str,
     ) -> Result<()> {
-        let e = self.eager.of(team, st);
+        let e = self.teams.eager.of(team, st);
         let [j1, count, hash] = e.unsettled.each_ref().map(Word::get);
         let Some(j) = j1.checked_sub(1) else {
             return Ok(());

@@ -2,9 +2,12 @@
 //! agree on.
 
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use super::comms::Comms;
+use super::memory::Memory;
+use super::teams::Teams;
 use super::{Context, Inner};
 use crate::backend::host::HostBackend;
 use crate::backend::shared::SharedArea;
@@ -16,7 +19,6 @@ use crate::config::{BackendChoice, Config, DebugLevel};
 use crate::context::area::SyncArea;
 use crate::context::team::TeamInner;
 use crate::error::{err, invalid, Error, ErrorKind, Result};
-use crate::heap::Heap;
 use crate::util::human_bytes;
 
 /// Builds a [`Context`] with settings other than the environment's.
@@ -108,7 +110,7 @@ impl ContextBuilder {
         if let Some(cu) = backend.as_cuda() {
             cu.agree_protocols(cfg.topology).map_err(with_pe)?;
         }
-        let spin = super::sync::SpinBudget::new(node.local_size());
+        let spin = super::spin::SpinBudget::new(node.local_size());
         let all_direct = (0..world).all(|pe| backend.slot_base(pe).is_some());
         let own_base = backend.slot_base(rank).ok_or_else(|| {
             with_pe(crate::error::backend(
@@ -116,6 +118,7 @@ impl ContextBuilder {
                 "the backend did not map this PE's own heap",
             ))
         })?;
+        let bases = (0..world).map(|pe| backend.slot_base(pe)).collect();
         let inner = Arc::new(Inner {
             spin,
             cfg,
@@ -127,31 +130,33 @@ impl ContextBuilder {
             health: met.boot.health().clone(),
             boot: met.boot,
             node,
-            bases: (0..world).map(|pe| backend.slot_base(pe)).collect(),
-            own_base,
             backend,
-            heap: Heap::new(world),
-            world_team: Arc::new(
+            control,
+            area,
+            init_phases: std::sync::OnceLock::new(),
+            finalized: AtomicBool::new(false),
+            mem: Memory::new(world, bases, own_base),
+            teams: Teams::new(
                 TeamInner::new(0, (0..world).collect(), rank, "the world team".into(), 0)
                     .with_scratch(all_direct),
             ),
-            control,
-            area,
-            eager: Default::default(),
-            dsync: std::sync::OnceLock::new(),
-            dteams: std::sync::OnceLock::new(),
-            slots_used: Mutex::new(1),
-            team_create: Mutex::new(()),
-            teams: Mutex::new(Vec::new()),
-            watchdog: Mutex::new(None),
-            watchdog_stop: AtomicBool::new(false),
-            init_phases: std::sync::OnceLock::new(),
-            mpi: std::sync::OnceLock::new(),
-            span: Mutex::new(None),
-            team_comms: Mutex::new(Default::default()),
-            finalized: AtomicBool::new(false),
+            comms: Comms::default(),
         });
         finish(Context { inner }, phases)
+    }
+}
+
+// Made here, where a context is made: the context's module does not name its builder.
+impl Context {
+    /// Collective: joins the job described by the environment (torchrun, `symheap launch`,
+    /// Open MPI, Slurm, or nothing for a single PE). Same as `ContextBuilder::from_env()?.init()`.
+    pub fn init() -> Result<Context> {
+        ContextBuilder::from_env()?.init()
+    }
+
+    /// Settings other than the environment's.
+    pub fn builder() -> Result<ContextBuilder> {
+        ContextBuilder::from_env()
     }
 }
 
@@ -239,7 +244,7 @@ fn open_backend(
 fn finish(ctx: Context, mut phases: crate::util::Phases) -> Result<Context> {
     let rank = ctx.inner.rank;
     {
-        let mut st = ctx.inner.lock_heap();
+        let mut st = ctx.inner.mem.lock_heap();
         let first = ctx.inner.grow_target(0, 1).ok_or_else(|| {
             invalid("init", "heap capacity is smaller than one page").with_pe(rank)
         })?;
@@ -251,7 +256,7 @@ fn finish(ctx: Context, mut phases: crate::util::Phases) -> Result<Context> {
     phases.mark("device state");
     ctx.barrier_all()?;
     phases.mark("barrier");
-    ctx.inner.register_team(&ctx.inner.world_team);
+    ctx.inner.register_team(&ctx.inner.teams.world_team);
     if ctx.inner.backend.as_cuda().is_some() {
         crate::context::watch::start_watchdog(&ctx.inner);
     }

@@ -1,38 +1,48 @@
 //! The context: init and finalize, rank information, the heap, the ledger and host collective
 //! points. Everything a PE does goes through one [`Context`].
+//!
+//! A context's state is [`Inner`] (`inner.rs`): settings, bootstrap, backend and the host sync
+//! area at the top, the rest in parts that own one role each: `memory.rs` (the heap and the
+//! slot bases), `teams.rs` (the world team, team slots, live teams, eager channel state, the
+//! watchdog) and `comms.rs` (device state and the NCCL / Open MPI communicators). The other
+//! files add what the context does with them (`impl Inner`); neither `inner.rs` nor a part
+//! names them, so no import circle runs through the state.
 
 mod alloc;
 pub(crate) mod area;
 mod banner;
 mod buffer;
+pub(crate) mod comms;
+mod device_setup;
 pub(crate) mod device_state;
 pub(crate) mod eager;
+pub(crate) mod eager_state;
 mod init;
+mod inner;
+pub(crate) mod memory;
 mod ranges;
 pub(crate) mod recent;
 mod signals;
 pub(crate) mod span;
+mod spin;
 mod sync;
 pub(crate) mod team;
 pub(crate) mod team_span;
+pub(crate) mod teams;
 pub(crate) mod watch;
 
-use std::sync::atomic::{fence, AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 pub use buffer::{PeerView, SymmetricBuffer};
 pub use init::ContextBuilder;
+pub(crate) use inner::Inner;
 
-use crate::backend::shared::SharedArea;
-use crate::backend::{AnyBackend, BackendKind};
-use crate::bootstrap::{Bootstrap, Launcher, NodeInfo};
+use crate::backend::BackendKind;
+use crate::bootstrap::NodeInfo;
 use crate::config::{Config, DEFAULT_ALIGNMENT};
 use crate::element::{DType, Element};
-use crate::error::{invalid, Error, ErrorKind, Result};
-use crate::heap::{Block, Heap, HeapState};
+use crate::error::{invalid, Result};
 use crate::table::{PeerMask, SymmetricAddressMap};
-use area::SyncArea;
-use team::TeamInner;
 
 /// How much of the heap is in use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,218 +64,6 @@ pub struct HeapUsage {
     pub waiting_releases: usize,
 }
 
-pub(crate) struct Inner {
-    pub(crate) cfg: Config,
-    /// How long waits spin before yielding (see `sync::SpinBudget`).
-    pub(crate) spin: sync::SpinBudget,
-    pub(crate) launcher: Launcher,
-    pub(crate) token_source: String,
-    /// How the PEs met, for the banner.
-    pub(crate) rendezvous: String,
-    pub(crate) rank: usize,
-    pub(crate) world: usize,
-    pub(crate) boot: Arc<dyn Bootstrap>,
-    /// `boot`'s failure state, held here for the check at every call's entry.
-    pub(crate) health: Arc<crate::bootstrap::Health>,
-    pub(crate) node: NodeInfo,
-    pub(crate) backend: AnyBackend,
-    /// Every PE's heap slot base as the backend maps it (None: on another node), fixed for the
-    /// context's life: the hot paths (every put, get and collective) read it here instead of
-    /// through a dynamic call.
-    pub(crate) bases: Box<[Option<u64>]>,
-    /// This PE's own slot base (`bases[rank]`, always mapped), for the range checks.
-    pub(crate) own_base: u64,
-    pub(crate) heap: Heap,
-    /// The world team; its ledger records allocation, growth, reclaim, barriers and finalize.
-    pub(crate) world_team: Arc<TeamInner>,
-    /// Host shared memory for symheap's own synchronisation.
-    pub(crate) control: SharedArea,
-    /// Layout of the sync area inside `control`.
-    pub(crate) area: SyncArea,
-    /// The host backend's eager broadcasts: this PE's state of each team's channel.
-    pub(crate) eager: eager::EagerTeams,
-    /// Device collective state (CUDA backend only), set at init.
-    pub(crate) dteams: std::sync::OnceLock<device_state::DeviceTeams>,
-    /// Device barrier state (CUDA backend only), set at init.
-    pub(crate) dsync: std::sync::OnceLock<device_state::DeviceSync>,
-    /// Team slots in use on this PE (bit 0: the world).
-    pub(crate) slots_used: Mutex<u64>,
-    /// Held by a team creation on this PE from reading the free slots to claiming one
-    /// (`ops/team.rs`), so two threads never agree on the same slot for two teams.
-    pub(crate) team_create: Mutex<()>,
-    /// The teams this PE belongs to (the world and live splits), for the watchdog.
-    pub(crate) teams: Mutex<Vec<std::sync::Weak<TeamInner>>>,
-    /// The watchdog thread (CUDA, 2 PEs or more), joined when the context is dropped.
-    pub(crate) watchdog: Mutex<Option<std::thread::JoinHandle<()>>>,
-    /// Tells the watchdog to end.
-    pub(crate) watchdog_stop: AtomicBool,
-    /// Where init's time went, for the banner (set once init is done).
-    pub(crate) init_phases: std::sync::OnceLock<crate::util::Phases>,
-    /// Open MPI for host collectives over teams that span nodes, opened at the first one
-    /// (or why it could not be: the same answer for every later call).
-    pub(crate) mpi:
-        std::sync::OnceLock<std::result::Result<crate::backend::host::mpi::Mpi, String>>,
-    /// CUDA, world spanning nodes: the node team, NCCL communicators and workspace of the
-    /// collectives across nodes, made at the first one (see `span.rs`).
-    pub(crate) span: Mutex<Option<span::Span>>,
-    /// CUDA: the NCCL communicators of this PE's teams that span nodes, by slot (see
-    /// `team_span.rs`).
-    pub(crate) team_comms: Mutex<team_span::TeamComms>,
-    pub(super) finalized: AtomicBool,
-}
-
-impl Inner {
-    pub(super) fn lock_heap(&self) -> MutexGuard<'_, HeapState> {
-        self.heap.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// PE `pe`'s heap slot base here (None: on another node, or no such PE).
-    #[inline]
-    pub(crate) fn slot_base(&self, pe: usize) -> Option<u64> {
-        self.bases.get(pe).copied().flatten()
-    }
-
-    #[inline]
-    pub(crate) fn check(&self, call: &'static str) -> Result<()> {
-        self.health.check(self.rank, call)
-    }
-
-    /// Records `call(args)` in the world team's ledger (locking the world team: the caller
-    /// must not hold it).
-    pub(super) fn record(&self, call: &'static str, args: String) {
-        self.record_on(&self.world_team, &mut self.world_team.lock(), call, args);
-    }
-
-    /// A host collective point: exchanges the ledger (failing every PE on divergence) and the
-    /// releases (reclaiming what every PE released), plus `payload`. Returns every PE's payload.
-    /// `ts` is the world team's state, locked by the caller after `st`.
-    pub(super) fn sync_point(
-        &self,
-        st: &mut HeapState,
-        ts: &mut team::TeamState,
-        call: &'static str,
-        payload: &[u8],
-    ) -> Result<Vec<Vec<u8>>> {
-        // Every PE meets at the shared-memory barrier first, whatever it exchanges next: a PE
-        // in a different call meets it there too and the mismatch is named, instead of one PE
-        // waiting on the bootstrap while another waits on the barrier.
-        if self.world_fast_sync(ts, call)? && payload.is_empty() {
-            return Ok(Vec::new());
-        }
-        let ledger = ts.ledger.encode();
-        self.poll_releases();
-        let releases = self.heap.take_releases();
-        let mut msg = Vec::with_capacity(ledger.len() + releases.len() + payload.len() + 8);
-        for part in [&ledger, &releases] {
-            msg.extend_from_slice(&(part.len() as u32).to_le_bytes());
-            msg.extend_from_slice(part);
-        }
-        msg.extend_from_slice(payload);
-        fence(Ordering::SeqCst);
-        let parts = self
-            .boot
-            .all_gather(call, &msg)
-            .map_err(|e| e.during(call).with_pe(self.rank))?;
-        fence(Ordering::SeqCst);
-        let mut ledgers = Vec::with_capacity(parts.len());
-        let mut rels = Vec::with_capacity(parts.len());
-        let mut payloads = Vec::with_capacity(parts.len());
-        for (r, p) in parts.iter().enumerate() {
-            let (l, rest) = split_part(p).ok_or_else(|| garbled(self.rank, call, r))?;
-            let (rl, rest) = split_part(rest).ok_or_else(|| garbled(self.rank, call, r))?;
-            ledgers.push(l);
-            rels.push(rl);
-            payloads.push(rest.to_vec());
-        }
-        let verdict = ts.ledger.compare(&ledgers);
-        if let Err(msg) = verdict {
-            let kind = ErrorKind::CollectiveMismatch(msg);
-            // Every PE computes the same verdict from the same bytes, so nobody needs telling;
-            // recording it poisons this context so no later call runs on a diverged heap.
-            self.boot.health().fail(kind.clone());
-            return Err(Error::new(Some(self.rank), call, kind));
-        }
-        self.heap.apply_releases(st, &rels);
-        Ok(payloads)
-    }
-
-    /// A host collective point for `call`: records `call(args)` in the world ledger, then
-    /// exchanges ledgers (failing every PE, with the first differing call named, when they
-    /// diverged), reclaims what every PE released, and gathers `payload` from every PE (an
-    /// empty payload may come back as an empty vector). Every PE must reach it, in the same
-    /// order as its other collective calls; a PE that does not is named by the timeout error.
-    pub(crate) fn collective(
-        &self,
-        call: &'static str,
-        args: String,
-        payload: &[u8],
-    ) -> Result<Vec<Vec<u8>>> {
-        self.check(call)?;
-        let mut st = self.lock_heap();
-        let mut ts = self.world_team.lock();
-        if args.is_empty() {
-            // A call without arguments (barrier_all in a loop) is recorded from its cached text.
-            let key = recent::CallKey { call, nums: [0; 8] };
-            self.record_keyed(&self.world_team, &mut ts, key, String::new);
-        } else {
-            self.record_on(&self.world_team, &mut ts, call, args);
-        }
-        self.sync_point(&mut st, &mut ts, call, payload)
-    }
-
-    fn finalize(&self) -> Result<()> {
-        if self.finalized.swap(true, Ordering::AcqRel) {
-            return Ok(());
-        }
-        self.check("finalize")?;
-        // Device work still running, or a device-side wait that gave up unreported, is this
-        // PE's failure: it is reported here (and to every PE) instead of lost at exit.
-        if let Some(cu) = self.backend.as_cuda() {
-            if let Err(e) = cu.finish_device_work() {
-                self.boot.fail_all(e.kind().clone());
-                return Err(e.during("finalize").with_pe(self.rank));
-            }
-        }
-        // A root's last eager broadcasts on each team are checked before the job ends: every
-        // PE publishes how many it consumed, then waits until its own were taken.
-        let teams = self.live_teams();
-        for t in &teams {
-            self.publish_consumed(t, &t.lock());
-        }
-        for t in &teams {
-            self.eager_settle(t, &t.lock(), "finalize")?;
-        }
-        let mut st = self.lock_heap();
-        let mut ts = self.world_team.lock();
-        self.record_on(&self.world_team, &mut ts, "finalize", String::new());
-        self.sync_point(&mut st, &mut ts, "finalize", &[])?;
-        drop((ts, st));
-        if let Some(Ok(mpi)) = self.mpi.get() {
-            mpi.finish();
-        }
-        self.boot.finalize().map_err(|e| e.during("finalize"))
-    }
-}
-
-/// Where a block's trailer table starts, relative to the heap base.
-pub(crate) fn table_offset(b: &Block) -> u64 {
-    b.offset + b.bytes.div_ceil(16) * 16
-}
-
-fn split_part(p: &[u8]) -> Option<(&[u8], &[u8])> {
-    let n = u32::from_le_bytes(p.get(..4)?.try_into().ok()?) as usize;
-    let rest = &p[4..];
-    (rest.len() >= n).then(|| rest.split_at(n))
-}
-
-fn garbled(rank: usize, call: &'static str, from: usize) -> Error {
-    Error::new(
-        Some(rank),
-        call,
-        ErrorKind::Bootstrap(format!("PE {from} sent a malformed collective message")),
-    )
-}
-
 /// A PE's handle on the job: rank information, the symmetric heap, and collective calls.
 ///
 /// Collective-order rule: the calls documented as collective (init, allocation, barrier,
@@ -280,17 +78,6 @@ pub struct Context {
 }
 
 impl Context {
-    /// Collective: joins the job described by the environment (torchrun, `symheap launch`,
-    /// Open MPI, Slurm, or nothing for a single PE). Same as `ContextBuilder::from_env()?.init()`.
-    pub fn init() -> Result<Context> {
-        ContextBuilder::from_env()?.init()
-    }
-
-    /// Settings other than the environment's.
-    pub fn builder() -> Result<ContextBuilder> {
-        ContextBuilder::from_env()
-    }
-
     /// This PE's rank.
     pub fn my_pe(&self) -> usize {
         self.inner.rank
@@ -523,14 +310,14 @@ impl Context {
 
     /// Heap occupancy on this PE (the same on every PE at collective points).
     pub fn heap_usage(&self) -> HeapUsage {
-        let st = self.inner.lock_heap();
+        let st = self.inner.mem.lock_heap();
         HeapUsage {
             in_use: st.in_use(),
             mapped: self.inner.backend.mapped(),
             capacity: self.inner.backend.capacity(),
             live_blocks: st.live_blocks(),
             allocation_syncs: st.allocation_syncs(),
-            waiting_releases: self.inner.heap.deferred_count(),
+            waiting_releases: self.inner.mem.heap.deferred_count(),
         }
     }
 

@@ -2,7 +2,8 @@
 //! here, never symheap's own state), their translation to a peer's copy, and how a
 //! collective's buffers are recorded in the ledger.
 
-use super::{table_offset, Inner};
+use super::memory::table_offset;
+use super::Inner;
 use crate::element::DType;
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::heap::{Block, RangeError};
@@ -22,7 +23,7 @@ impl Inner {
     ) -> Result<usize> {
         let mapped = self.backend.mapped();
         for pe in 0..self.world {
-            if let Some(base) = self.slot_base(pe) {
+            if let Some(base) = self.mem.slot_base(pe) {
                 if addr >= base && addr < base + mapped {
                     let off = addr - base;
                     return match self.user_range(pe, off, len, call) {
@@ -42,13 +43,13 @@ impl Inner {
 
     /// Whether `[off, off + len)` lies in the peer table of a live user allocation.
     pub(super) fn in_user_table(&self, off: u64, len: u64) -> bool {
-        let st = self.lock_heap();
+        let st = self.mem.lock_heap();
         let Some(b) = st.block_before(off) else {
             return false;
         };
         let t = table_offset(&b);
         !st.is_internal(b.id)
-            && !self.heap.is_freed_here(b.id)
+            && !self.mem.heap.is_freed_here(b.id)
             && off >= t
             && off.saturating_add(len) <= t + 8 * self.world as u64
     }
@@ -63,13 +64,13 @@ impl Inner {
         bytes: u64,
         call: &'static str,
     ) -> Result<Block> {
-        let base = self.slot_base(pe).unwrap_or(0);
+        let base = self.mem.slot_base(pe).unwrap_or(0);
         let addr = base + off;
-        let g = self.heap.generation();
-        let st = self.lock_heap();
-        let why = match self.heap.user_block(&st, off, bytes) {
+        let g = self.mem.heap.generation();
+        let st = self.mem.lock_heap();
+        let why = match self.mem.heap.user_block(&st, off, bytes) {
             Ok(b) => {
-                self.heap.remember(g, &b);
+                self.mem.heap.remember(g, &b);
                 return Ok(b);
             }
             Err(e) => e,
@@ -206,7 +207,7 @@ impl Inner {
     pub(crate) fn in_any_heap(&self, addr: u64) -> bool {
         let mapped = self.backend.mapped();
         (0..self.world)
-            .filter_map(|pe| self.slot_base(pe))
+            .filter_map(|pe| self.mem.slot_base(pe))
             .any(|b| addr >= b && addr < b + mapped)
     }
 
@@ -227,8 +228,8 @@ impl Inner {
     pub(crate) fn own_offset(&self, addr: u64, bytes: u64, call: &'static str) -> Result<u64> {
         // The common case, the block this thread used last: no lock, no lookup, inlined into
         // every put and get (what remains of their cost is a few loads and compares).
-        let off = addr.wrapping_sub(self.own_base);
-        if addr >= self.own_base && self.heap.remembered(off, bytes) {
+        let off = addr.wrapping_sub(self.mem.own_base);
+        if addr >= self.mem.own_base && self.mem.heap.remembered(off, bytes) {
             return Ok(off);
         }
         self.own_offset_lookup(addr, bytes, call)
@@ -238,7 +239,7 @@ impl Inner {
     #[cold]
     #[inline(never)]
     fn own_offset_lookup(&self, addr: u64, bytes: u64, call: &'static str) -> Result<u64> {
-        let base = self.own_base;
+        let base = self.mem.own_base;
         let mapped = self.backend.mapped();
         if addr < base || addr >= base + mapped {
             return Err(invalid(
@@ -259,7 +260,7 @@ impl Inner {
     /// symmetric buffer is at the same offset on every PE, so a PE that passes a different
     /// buffer of the same size is a named mismatch instead of a silent wrong result.
     pub(crate) fn coll_args(&self, args: String, dest: u64, src: u64) -> String {
-        let base = self.slot_base(self.rank).unwrap_or(0);
+        let base = self.mem.slot_base(self.rank).unwrap_or(0);
         let end = base + self.backend.mapped();
         // An address outside the heap (a PE's own device memory, which the one-shot and
         // exchange kernels take, or one refused later) has no meaning on another PE: it is
@@ -289,7 +290,7 @@ impl Inner {
     ) -> Result<u64> {
         self.pe_in_range(pe, call)?;
         let off = self.own_offset(addr, bytes, call)?;
-        match self.slot_base(pe) {
+        match self.mem.slot_base(pe) {
             Some(b) => Ok(b + off),
             None => Err(self.not_direct(pe, call)),
         }

@@ -8,106 +8,13 @@
 
 use std::sync::{Arc, MutexGuard};
 
+use super::comms::{Layout, Span};
 use super::team::{Team, TeamInner};
 use super::Inner;
 use crate::backend::cuda::driver;
 use crate::backend::cuda::nccl::{self, Comm, UNIQUE_ID_BYTES};
 use crate::config::NodesAlgo;
 use crate::error::{Error, ErrorKind, Result};
-
-/// Where the job's PEs sit on its nodes (the same on every PE).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Layout {
-    /// Nodes of the job.
-    pub nodes: usize,
-    /// PEs on every node when every node holds the same number, else 0.
-    pub ppn: usize,
-    /// This PE's node.
-    pub node: usize,
-    /// This PE's index among its node's PEs.
-    pub local: usize,
-    /// World rank r sits on node r / ppn at index r % ppn.
-    pub node_major: bool,
-    /// The world ranks on each node, ascending.
-    pub peers: Vec<Vec<usize>>,
-}
-
-impl Layout {
-    /// The layout given every PE's node index (`NodeInfo::node_of`).
-    pub(crate) fn of(node_of: &[usize], rank: usize) -> Layout {
-        let nodes = node_of.iter().map(|&n| n + 1).max().unwrap_or(1);
-        let mut peers = vec![Vec::new(); nodes];
-        for (r, &n) in node_of.iter().enumerate() {
-            peers[n].push(r);
-        }
-        let ppn = peers[0].len();
-        let ppn = if peers.iter().all(|p| p.len() == ppn) {
-            ppn
-        } else {
-            0
-        };
-        let node = node_of[rank];
-        Layout {
-            nodes,
-            ppn,
-            node,
-            local: peers[node].iter().position(|&r| r == rank).unwrap_or(0),
-            node_major: ppn > 0 && node_of.iter().enumerate().all(|(r, &n)| n == r / ppn),
-            peers,
-        }
-    }
-
-    /// The world rank of the PE at index `local` on node `node`.
-    pub(crate) fn rank_of(&self, node: usize, local: usize) -> usize {
-        self.peers[node][local]
-    }
-}
-
-/// The collectives-across-nodes state of this PE.
-pub(crate) struct Span {
-    pub layout: Layout,
-    /// The hierarchical algorithms apply: every PE allows them (`SYMHEAP_NODES_ALGO`), every
-    /// node holds the same number of PEs, and each PE reaches every PE of its node directly.
-    pub hier: bool,
-    /// This PE's node team (hierarchical, more than one PE per node).
-    pub node_team: Option<Team>,
-    /// NCCL over the PEs with this PE's node index, one per node, ranked by node
-    /// (hierarchical).
-    pub inter: Option<Comm>,
-    /// NCCL over every PE, ranked as the world.
-    pub all: Comm,
-    /// A stream of symheap's own for the NCCL steps of a pipelined all_reduce, which overlap
-    /// the node's steps on the caller's stream (see `ops/coll/engine/nccl.rs` and each kind's `nccl_world`).
-    pub side: crate::Stream,
-    /// The workspace (address, bytes): the largest asked for so far. Earlier, smaller ones
-    /// stay allocated, since a CUDA graph may have captured them.
-    pub work: Option<(u64, u64)>,
-    /// NCCL's version code and where it was loaded from.
-    pub nccl: (i32, std::path::PathBuf),
-}
-
-impl Span {
-    /// What runs the world's collectives, for messages and tests.
-    pub(crate) fn describe(&self) -> String {
-        let l = &self.layout;
-        let shape = if l.ppn > 0 {
-            format!("{} nodes x {} PEs", l.nodes, l.ppn)
-        } else {
-            let counts: Vec<String> = l.peers.iter().map(|p| p.len().to_string()).collect();
-            format!("{} nodes of {} PEs", l.nodes, counts.join(", "))
-        };
-        let how = if self.hier {
-            "hierarchical (symheap inside each node, NCCL between nodes)"
-        } else {
-            "NCCL over the world"
-        };
-        format!(
-            "{how}; {shape}; NCCL {} from {}",
-            nccl::version_string(self.nccl.0),
-            self.nccl.1.display()
-        )
-    }
-}
 
 /// What each PE tells the others when the span state is made.
 struct Hello {
@@ -175,7 +82,7 @@ impl Inner {
         call: &'static str,
         stream: u64,
     ) -> Result<MutexGuard<'_, Option<Span>>> {
-        let mut g = self.span.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.comms.span.lock().unwrap_or_else(|p| p.into_inner());
         if g.is_none() {
             if driver::is_capturing(stream)? {
                 return Err(unsupported(
@@ -198,7 +105,7 @@ impl Inner {
         cu.bind()?;
         let direct_node = layout.peers[layout.node]
             .iter()
-            .all(|&p| self.slot_base(p).is_some());
+            .all(|&p| self.mem.slot_base(p).is_some());
         let api = nccl::load();
         let ids = api.as_ref().map_err(Clone::clone).and_then(|a| {
             let inter = (layout.node == 0).then(|| a.unique_id()).transpose()?;
@@ -208,7 +115,7 @@ impl Inner {
         let hello = Hello {
             broken: ids.as_ref().err().cloned(),
             hier: self.cfg.nodes_algo == NodesAlgo::Auto && direct_node,
-            free: !*self.slots_used.lock().unwrap_or_else(|p| p.into_inner()),
+            free: !*self.teams.slots(),
             inter_id: ids.as_ref().ok().and_then(|i| i.0),
             all_id: ids.as_ref().ok().and_then(|i| i.1),
         };
@@ -310,8 +217,8 @@ impl Inner {
             ));
         }
         let slot = common(layout.node).trailing_zeros() as usize;
-        *self.slots_used.lock().unwrap_or_else(|p| p.into_inner()) |= 1 << slot;
-        let (count, hash) = self.world_team.lock().ledger.digest();
+        *self.teams.slots() |= 1 << slot;
+        let (count, hash) = self.teams.world_team.lock().ledger.digest();
         let id = crate::util::fnv1a(
             &[u64::MAX, count, hash, layout.node as u64, slot as u64]
                 .iter()
@@ -358,7 +265,7 @@ impl Inner {
         }
         let want = bytes.max(2 * have).max(1 << 20);
         let b = self.allocate(want, 256, call)?;
-        let own = self.slot_base(self.rank).expect("own heap");
+        let own = self.mem.slot_base(self.rank).expect("own heap");
         sp.work = Some((own + b.offset, want));
         Ok(own + b.offset)
     }

@@ -9,9 +9,7 @@
 //! may span nodes on the CUDA backend (its NCCL id travels in the members' exchange); Open
 //! MPI's split needs every PE of the job, so the host backend refuses it.
 
-use std::collections::HashMap;
-use std::sync::MutexGuard;
-
+use super::comms::TeamComm;
 use super::team::TeamInner;
 use super::Inner;
 use crate::backend::cuda::nccl::{self, Comm, UNIQUE_ID_BYTES};
@@ -54,17 +52,6 @@ impl SplitHello {
     }
 }
 
-/// The communicator of a team that spans nodes.
-pub(crate) enum TeamComm {
-    /// CUDA backend.
-    Nccl(Comm),
-    /// Host backend.
-    Mpi(MpiComm),
-}
-
-/// The communicators of this PE's teams that span nodes, by team slot.
-pub(crate) type TeamComms = HashMap<usize, TeamComm>;
-
 fn unsupported(rank: usize, call: &'static str, why: String) -> Error {
     Error::new(Some(rank), call, ErrorKind::Unsupported(why))
 }
@@ -95,7 +82,8 @@ impl Inner {
 
     /// Open MPI, opened at the first need (the same answer for every later call).
     pub(crate) fn mpi(&self) -> std::result::Result<&Mpi, &String> {
-        self.mpi
+        self.comms
+            .mpi
             .get_or_init(|| Mpi::open(self.rank, self.world))
             .as_ref()
     }
@@ -188,7 +176,7 @@ impl Inner {
                 .name("symheap-nccl-abort".into())
                 .spawn(move || a.abort());
         }));
-        self.team_comms().insert(t.slot, TeamComm::Nccl(comm));
+        self.comms.team_comms().insert(t.slot, TeamComm::Nccl(comm));
         Ok(())
     }
 
@@ -211,20 +199,14 @@ impl Inner {
     /// A device word of this PE's own for `t`'s barrier (the first of its slot's device flags,
     /// which no kernel of a team that spans nodes uses; zeroed when the slot is cleared).
     pub(crate) fn team_span_word(&self, t: &TeamInner) -> Result<u64> {
-        let dt = self.dteams.get().ok_or_else(|| {
+        let dt = self.comms.dteams.get().ok_or_else(|| {
             Error::new(
                 Some(self.rank),
                 "barrier",
                 ErrorKind::Backend("the device team state is missing".into()),
             )
         })?;
-        let own = self.slot_base(self.rank).expect("own heap");
+        let own = self.mem.slot_base(self.rank).expect("own heap");
         Ok(own + dt.flags(t.slot))
-    }
-
-    /// The communicators of this PE's teams that span nodes (locked: NCCL wants one call at a
-    /// time on a communicator).
-    pub(crate) fn team_comms(&self) -> MutexGuard<'_, TeamComms> {
-        self.team_comms.lock().unwrap_or_else(|p| p.into_inner())
     }
 }

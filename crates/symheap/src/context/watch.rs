@@ -25,7 +25,7 @@
 
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::area::{RING, TEXT_WORDS, VERDICT_WORDS, WAIT_WORDS};
@@ -574,36 +574,18 @@ impl Inner {
 const WATCHDOG_PERIOD: Duration = Duration::from_millis(20);
 
 impl Inner {
-    /// The teams this PE belongs to that are still alive (the world first).
-    pub(crate) fn live_teams(&self) -> Vec<Arc<TeamInner>> {
-        let t = self.teams.lock().unwrap_or_else(|p| p.into_inner());
-        t.iter()
-            .filter_map(|w| w.upgrade())
-            .filter(|t| !t.is_destroyed())
-            .collect()
-    }
-
     /// Adds `team` to the teams the watchdog looks at, and publishes its members for PEs
     /// outside it (before any call of it is published).
     pub(crate) fn register_team(&self, team: &Arc<TeamInner>) {
         self.publish_team(team);
-        let mut t = self.teams.lock().unwrap_or_else(|p| p.into_inner());
-        t.retain(|w| w.strong_count() > 0);
-        t.push(Arc::downgrade(team));
+        self.teams.remember(team);
     }
 
     /// One look of the watchdog: a certain mismatch on any of this PE's teams at the position
     /// it last published there. `partial` remembers, per slot, since when a mismatch was seen
     /// with members that had not published yet.
     fn watchdog_look(&self, partial: &mut [Option<Instant>]) -> Option<String> {
-        let teams: Vec<Arc<TeamInner>> = self
-            .teams
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
-        for t in teams.iter().filter(|t| !t.is_destroyed()) {
+        for t in &self.teams.live() {
             let pos = self.latest(self.rank, t.slot, t.id);
             let Some((msg, complete)) = (pos > 0).then(|| self.mismatch_on(t, pos)).flatten()
             else {
@@ -637,7 +619,9 @@ pub(crate) fn start_watchdog(inner: &Arc<Inner>) {
                 std::thread::park_timeout(WATCHDOG_PERIOD);
                 let Some(inner) = weak.upgrade() else { return };
                 let h = inner.boot.health();
-                if h.is_failed() || h.is_finalized() || inner.watchdog_stop.load(Ordering::Acquire)
+                if h.is_failed()
+                    || h.is_finalized()
+                    || inner.teams.watchdog_stop.load(Ordering::Acquire)
                 {
                     return;
                 }
@@ -648,7 +632,13 @@ pub(crate) fn start_watchdog(inner: &Arc<Inner>) {
             }
         });
     match spawned {
-        Ok(h) => *inner.watchdog.lock().unwrap_or_else(|p| p.into_inner()) = Some(h),
+        Ok(h) => {
+            *inner
+                .teams
+                .watchdog
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Some(h)
+        }
         Err(e) => tracing::warn!(
             "symheap: no watchdog thread ({e}); device-side divergences end at SYMHEAP_TIMEOUT"
         ),
@@ -660,6 +650,7 @@ pub(crate) fn start_watchdog(inner: &Arc<Inner>) {
 /// the CUDA driver tears itself down then (a SIGSEGV at exit). Never waits on itself.
 pub(crate) fn stop_watchdog(inner: &Inner) {
     let Some(h) = inner
+        .teams
         .watchdog
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -670,7 +661,7 @@ pub(crate) fn stop_watchdog(inner: &Inner) {
     if h.thread().id() == std::thread::current().id() {
         return;
     }
-    inner.watchdog_stop.store(true, Ordering::Release);
+    inner.teams.watchdog_stop.store(true, Ordering::Release);
     h.thread().unpark();
     let deadline = Instant::now() + Duration::from_secs(1);
     while !h.is_finished() && Instant::now() < deadline {

@@ -229,7 +229,7 @@ impl Context {
         };
         self.inner.backend.atomic(remote_sig, 8, aop, value, 0)?;
         self.inner.ring_data(pe);
-        self.inner.tally_signal(pe, sig - self.inner.own_base);
+        self.inner.tally_signal(pe, sig - self.inner.mem.own_base);
         Ok(())
     }
 
@@ -274,7 +274,7 @@ impl Context {
         if !cmp.holds(seen.get(), value) {
             // Who had signalled this PE when the wait began, so a timeout can name who did not.
             let before = self.inner.tallies_to_me();
-            let off = addr - self.inner.own_base;
+            let off = addr - self.inner.mem.own_base;
             self.inner.wait_until(
                 CALL,
                 &|| {

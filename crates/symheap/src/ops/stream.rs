@@ -129,7 +129,7 @@ impl Context {
             self.inner.note_stream_addr(a, stream);
         }
         // Counted when enqueued: a timed-out wait on PE `pe` then names PEs that never asked.
-        self.inner.tally_signal(pe, sig - self.inner.own_base);
+        self.inner.tally_signal(pe, sig - self.inner.mem.own_base);
         match &self.inner.backend {
             AnyBackend::Cuda(cu) => {
                 let remote = self.inner.remote(dest, bytes, pe, CALL)?;
@@ -189,7 +189,7 @@ impl Context {
         let AnyBackend::Cuda(cu) = &self.inner.backend else {
             return self.barrier_all();
         };
-        if self.inner.spans_nodes(&self.inner.world_team) {
+        if self.inner.spans_nodes(&self.inner.teams.world_team) {
             return self.barrier_span(cu, stream);
         }
         let (s, stream) = (stream, self.inner.stream_handle(stream, CALL)?);
@@ -204,6 +204,7 @@ impl Context {
         }
         let ds = self
             .inner
+            .comms
             .dsync
             .get()
             .expect("device sync state is set up at init on CUDA");
@@ -213,8 +214,8 @@ impl Context {
             .slot_base(self.my_pe())
             .expect("own heap");
         cu.bind()?;
-        crate::ops::coll::order_team(&self.inner.world_team, s, stream)?;
-        let world = &self.inner.world_team;
+        crate::ops::coll::order_team(&self.inner.teams.world_team, s, stream)?;
+        let world = &self.inner.teams.world_team;
         self.inner
             .record_on(world, &mut world.lock(), CALL, String::new());
         cu.barrier_on_stream(

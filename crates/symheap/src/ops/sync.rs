@@ -11,7 +11,7 @@ use crate::error::{invalid, Result};
 impl Context {
     /// The team of all PEs.
     pub fn world_team(&self) -> Team {
-        Team(Some(self.inner.world_team.clone()))
+        Team(Some(self.inner.teams.world_team.clone()))
     }
 
     /// Collective over `team`: returns once every member has called it, with every member's
@@ -77,11 +77,7 @@ impl Context {
         }
         self.inner.clear_device_team(t.slot)?;
         t.destroyed.store(true, Ordering::Release);
-        *self
-            .inner
-            .slots_used
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) &= !(1 << t.slot);
+        *self.inner.teams.slots() &= !(1 << t.slot);
         Ok(())
     }
 }

@@ -11,8 +11,9 @@ use std::sync::{Arc, MutexGuard};
 use crate::backend::cuda::nccl::UNIQUE_ID_BYTES;
 use crate::backend::host::mpi::MpiComm;
 use crate::context::area::MAX_TEAMS;
+use crate::context::comms::TeamComm;
 use crate::context::team::{ranks_text, Team, TeamInner};
-use crate::context::team_span::{SplitHello, TeamComm};
+use crate::context::team_span::SplitHello;
 use crate::context::Context;
 use crate::error::{invalid, Error, ErrorKind, Result};
 
@@ -135,11 +136,7 @@ impl Context {
                 .check_spanning_split(call, p, &format!("{label} of {}", p.name))?;
         }
         let creating = self.creating();
-        let free = !*self
-            .inner
-            .slots_used
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let free = !*self.inner.teams.slots();
         let mut nccl_id = None;
         let (split_at, common) = if p.slot == 0 && !self.inner.area().all_direct() {
             let (split_at, common, id) =
@@ -157,7 +154,7 @@ impl Context {
         let index = members.iter().position(|&m| m == self.inner.rank);
         // Host backend: Open MPI's split involves every PE of its world, members or not; its
         // key orders the communicator's ranks as the team's.
-        let mpi = if spans && self.inner.backend.as_cuda().is_none() {
+        let mpi = if spans && self.inner.backend.is_host() {
             self.inner
                 .split_mpi(call, index.is_some(), index.unwrap_or(0))?
         } else {
@@ -192,28 +189,24 @@ impl Context {
     /// team claims one. A thread creating a team waits here while another thread of this PE
     /// creates one (make teams from one thread, in the same order on every member).
     pub(super) fn creating(&self) -> MutexGuard<'_, ()> {
-        self.inner
-            .team_create
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        self.inner.teams.creating()
     }
 
     /// Claims the agreed slot on this PE and sets up the team: its communicator when it spans
     /// nodes, its record for the watch, its device member tables. `_creating` is held until
     /// the slot is claimed.
     pub(super) fn install_team(&self, t: NewTeam, _creating: MutexGuard<'_, ()>) -> Result<Team> {
-        *self
-            .inner
-            .slots_used
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) |= 1 << t.slot;
+        *self.inner.teams.slots() |= 1 << t.slot;
         let inner =
             Arc::new(TeamInner::new(t.slot, t.members, t.me, t.name, t.id).with_spans(t.spans));
         if let Some(nccl_id) = t.nccl_id {
             self.inner.make_team_comm(t.call, &inner, &nccl_id)?;
         }
         if let Some(c) = t.mpi {
-            self.inner.team_comms().insert(t.slot, TeamComm::Mpi(c));
+            self.inner
+                .comms
+                .team_comms()
+                .insert(t.slot, TeamComm::Mpi(c));
         }
         self.inner.register_team(&inner);
         // This PE's copy of the slot's member tables for the collective kernels; peers only
@@ -237,7 +230,7 @@ impl Context {
     ) -> Result<((u64, u64), u64, Option<[u8; UNIQUE_ID_BYTES]>)> {
         let hello = self.inner.split_hello(members, spans, free);
         let parts = self.inner.collective(call, args, &hello.encode())?;
-        let split_at = self.inner.world_team.lock().ledger.digest();
+        let split_at = self.inner.teams.world_team.lock().ledger.digest();
         let all: Vec<SplitHello> = parts
             .iter()
             .enumerate()

@@ -170,7 +170,7 @@ impl Context {
         };
         let node_of = &self.inner.node.node_of;
         let spans = ranks.iter().any(|&m| node_of[m] != node_of[ranks[0]]);
-        if spans && self.inner.backend.as_cuda().is_none() {
+        if spans && self.inner.backend.is_host() {
             // Decided from the node map, which every member has: all fail alike.
             return Err(Error::new(
                 Some(rank),
@@ -235,11 +235,7 @@ impl Context {
     /// This member's message: its list, free slots and nonce; for a team across nodes, whether
     /// it can use NCCL and (the first member) the communicator's id.
     fn hello(&self, ranks: &[usize], me: usize, spans: bool) -> Hello {
-        let free = !*self
-            .inner
-            .slots_used
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let free = !*self.inner.teams.slots();
         let asked = ASKED.fetch_add(1, Ordering::Relaxed);
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -144,10 +144,14 @@ impl AllToAll {
                 CollArgs::default(),
             )?;
         }
-        let own = cx.inner.own_base;
+        let own = cx.inner.mem.own_base;
         for j in 0..n {
             let (off, len) = m.sent(j, me);
-            let peer = cx.inner.slot_base(t.members[j]).expect("checked direct");
+            let peer = cx
+                .inner
+                .mem
+                .slot_base(t.members[j])
+                .expect("checked direct");
             let from = peer + (r.src + off * unit - own);
             let to = r.dest + m.landing(j, me) * unit;
             let e = crate::backend::cuda::Engine::CopyEngine;

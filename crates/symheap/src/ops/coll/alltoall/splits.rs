@@ -241,7 +241,7 @@ pub(super) fn check_counts(
 
 /// Where `addr` lies in this PE's heap, for the ledger.
 pub(super) fn heap_at(cx: &Context, addr: u64) -> String {
-    let base = cx.inner.own_base;
+    let base = cx.inner.mem.own_base;
     match addr.checked_sub(base) {
         Some(off) if off < cx.inner.backend.mapped() => format!("heap+{off:#x}"),
         _ => "local memory".to_string(),

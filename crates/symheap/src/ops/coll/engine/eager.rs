@@ -18,7 +18,7 @@
 use crate::backend::host::HostBackend;
 use crate::backend::Backend;
 use crate::context::area::EAGER_INLINE;
-use crate::context::eager::EagerBody;
+use crate::context::eager_state::EagerBody;
 use crate::context::team::{Team, TeamInner, TeamState};
 use crate::context::watch::CallKey;
 use crate::context::Context;
@@ -67,7 +67,7 @@ impl Context {
             return Err(self.bad_root(CALL, root, n));
         }
         // Read before the checks: a release during them leaves the memory stale, not wrong.
-        let generation = self.inner.heap.generation();
+        let generation = self.inner.mem.heap.generation();
         check_len(&self.inner, CALL, "destination", dest, bytes)?;
         check_len(&self.inner, CALL, "source", src, bytes)?;
         // Once, with the ranges: a repeat has the same arguments, hence the same answer.

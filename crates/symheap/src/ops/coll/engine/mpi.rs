@@ -10,8 +10,8 @@ use super::super::request::{Collective, Plan, Request};
 use super::super::transport::host::check_len;
 use super::Engine;
 use crate::backend::host::mpi::{Mpi, MpiComm};
+use crate::context::comms::TeamComm;
 use crate::context::team::TeamInner;
-use crate::context::team_span::TeamComm;
 use crate::context::Context;
 use crate::error::{Error, ErrorKind, Result};
 
@@ -29,7 +29,10 @@ impl Engine for MpiEngine {
         // The common case first, in a few loads: the whole job on one node.
         !inner.area.all_direct()
             && p.cuda.is_none()
-            && p.t.members.iter().any(|&m| inner.slot_base(m).is_none())
+            && p.t
+                .members
+                .iter()
+                .any(|&m| inner.mem.slot_base(m).is_none())
     }
 
     /// Checks the call against every member's ledger, then runs it through Open MPI: over the
@@ -60,7 +63,10 @@ impl Engine for MpiEngine {
 /// fail alike rather than some entering MPI and waiting there for the others.
 fn world_mpi<'a>(cx: &'a Context, call: &'static str, args: String) -> Result<&'a Mpi> {
     let inner = &cx.inner;
-    let opened = inner.mpi.get_or_init(|| Mpi::open(inner.rank, inner.world));
+    let opened = inner
+        .comms
+        .mpi
+        .get_or_init(|| Mpi::open(inner.rank, inner.world));
     let status: &[u8] = if opened.is_ok() { &[1] } else { &[0] };
     let all = inner.collective(call, args, status)?;
     let missing: Vec<usize> = (0..all.len())
@@ -89,7 +95,7 @@ impl Context {
         args: String,
     ) -> Result<MpiComm> {
         let inner = &self.inner;
-        let comm = match inner.team_comms().get(&t.slot) {
+        let comm = match inner.comms.team_comms().get(&t.slot) {
             Some(TeamComm::Mpi(c)) => *c,
             _ => {
                 let why = format!("{} has no Open MPI communicator", t.name);

@@ -66,7 +66,12 @@ impl<'a> Launch<'a> {
             cu,
             team,
             own: cx.inner.backend.slot_base(cx.my_pe()).expect("own heap"),
-            dt: *cx.inner.dteams.get().expect("device teams exist on CUDA"),
+            dt: *cx
+                .inner
+                .comms
+                .dteams
+                .get()
+                .expect("device teams exist on CUDA"),
             stream,
         }
     }

@@ -87,7 +87,7 @@ impl<'a> Coll<'a> {
         let Some(t) = inner.team_inner(team, call)? else {
             return Ok(None);
         };
-        let reachable = |m: usize| inner.slot_base(m).is_some();
+        let reachable = |m: usize| inner.mem.slot_base(m).is_some();
         if let Some(&m) = (!inner.area.all_direct())
             .then(|| t.members.iter().find(|&&m| !reachable(m)))
             .flatten()
@@ -144,9 +144,10 @@ impl<'a> Coll<'a> {
 
     /// Member `j`'s copy of the byte at own-heap address `addr`.
     pub(in crate::ops::coll) fn at(&self, j: usize, addr: u64) -> u64 {
-        let own = self.inner.slot_base(self.inner.rank).expect("own heap");
+        let own = self.inner.mem.slot_base(self.inner.rank).expect("own heap");
         let theirs = self
             .inner
+            .mem
             .slot_base(self.team.members[j])
             .expect("checked direct");
         theirs + (addr - own)

@@ -10,7 +10,7 @@ use std::sync::MutexGuard;
 use crate::backend::cuda::nccl::{self, Comm};
 use crate::backend::cuda::{driver, CudaBackend};
 use crate::backend::ReduceOp;
-use crate::context::span::Span;
+use crate::context::comms::Span;
 use crate::context::team::{Team, TeamInner};
 use crate::context::Context;
 use crate::element::DType;
@@ -153,7 +153,7 @@ impl Context {
     /// nodes; or NCCL over the world).
     pub(in crate::ops) fn barrier_span(&self, cu: &CudaBackend, stream: &Stream) -> Result<()> {
         const CALL: &str = "barrier_all_on_stream";
-        let t = self.inner.world_team.clone();
+        let t = self.inner.teams.world_team.clone();
         let raw = self.inner.stream_handle(stream, CALL)?;
         let mut c = self.span_begin(cu, &t, CALL, Some(String::new()), stream, raw)?;
         let w = c.work(256)?;
@@ -184,7 +184,12 @@ impl Context {
     /// (None before, and when every PE's memory is reachable from this one): hierarchical or
     /// NCCL over the world, the layout, and the NCCL used.
     pub fn nodes_path(&self) -> Option<String> {
-        let g = self.inner.span.lock().unwrap_or_else(|p| p.into_inner());
+        let g = self
+            .inner
+            .comms
+            .span
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         g.as_ref().map(Span::describe)
     }
 }

@@ -9,8 +9,8 @@
 use crate::backend::cuda::nccl::Comm;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::{AnyBackend, Backend, ReduceOp};
+use crate::context::comms::TeamComm;
 use crate::context::team::TeamInner;
-use crate::context::team_span::TeamComm;
 use crate::context::Context;
 use crate::element::DType;
 use crate::error::{Error, ErrorKind, Result};
@@ -36,7 +36,7 @@ impl Context {
         if let Some(args) = args {
             self.inner.record_on(t, &mut t.lock(), call, args);
         }
-        let comms = self.inner.team_comms();
+        let comms = self.inner.comms.team_comms();
         let Some(TeamComm::Nccl(comm)) = comms.get(&t.slot) else {
             return Err(Error::new(
                 Some(self.my_pe()),
@@ -70,7 +70,7 @@ impl Context {
     /// Frees the communicator of `t` (a team that spans nodes), at its destruction after a
     /// barrier.
     pub(in crate::ops) fn free_team_comm(&self, t: &TeamInner) -> Result<()> {
-        match self.inner.team_comms().remove(&t.slot) {
+        match self.inner.comms.team_comms().remove(&t.slot) {
             Some(TeamComm::Mpi(c)) => {
                 let mpi = self.inner.mpi().map_err(|e| {
                     Error::new(
