@@ -240,6 +240,29 @@ mod tests {
     }
 
     #[test]
+    fn without_pidfds_proc_sees_the_exit() {
+        let mut child = Command::new("sleep")
+            .arg("0.3")
+            .spawn()
+            .expect("spawn sleep");
+        let ids = vec![ProcId::me(), Some(id_of(child.id()))];
+        let mut w = PeerWatch::new(&ids, 0);
+        // As on a kernel without pidfd_open.
+        for p in &mut w.peers {
+            p.fd = None;
+        }
+        assert_eq!(w.wait(Duration::from_millis(1)), None);
+        let t0 = Instant::now();
+        let mut seen = None;
+        while seen.is_none() && t0.elapsed() < Duration::from_secs(5) {
+            seen = w.wait(Duration::from_millis(200));
+        }
+        assert_eq!(seen.map(|s| s.0), Some(1));
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        child.wait().expect("reap");
+    }
+
+    #[test]
     fn a_reused_or_other_scope_pid_is_not_taken_for_the_pe() {
         let mut child = Command::new("sleep")
             .arg("30")
