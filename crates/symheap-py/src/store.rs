@@ -3,8 +3,16 @@
 //!
 //! Over a store, all_gather number `seq` has every PE set `symheap/{gen}/{seq}/{rank}` and read
 //! every PE's key; a barrier is an all_gather of nothing. The GIL is taken only around the
-//! calls into the Python object. Waits go in slices, so a PE notices between slices that the job
-//! failed (the `abort` key, or its own health), and gives up after the store's timeout.
+//! calls into the Python object. A PE waits for a key by polling the store's `check` (a
+//! blocking `wait` that times out makes torch log a warning per slice), so it notices between
+//! polls that the job failed (the `abort` key, or its own health), and gives up after the
+//! store's timeout.
+//!
+//! A store has no connection that closes when a PE dies, so at the first all_gather every PE
+//! publishes which process it is ([`ProcId`]), and a watcher thread watches the PEs of its node
+//! ([`PeerWatch`]): a PE whose process ends is named ("PE r exited") within a poll on every PE
+//! of its node, and through the `abort` key, which every PE's watcher reads, on the other
+//! nodes. A PE alone on its node that dies is noticed only at the timeout.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
-use symheap::bootstrap::{Bootstrap, Health};
+use symheap::bootstrap::{Bootstrap, Health, PeerWatch, ProcId};
 use symheap::{Error, ErrorKind, Result};
 
 use crate::errors::value_error;
@@ -31,10 +39,16 @@ pub enum Source {
 /// same order, so the n-th init of every PE uses the same generation.
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 
-/// How long one store wait lasts before the failure state is checked again.
+/// How long one store wait lasts before the failure state is checked again, on a store that
+/// has `wait` but no `check`.
 const SLICE: Duration = Duration::from_millis(100);
 
-/// How often the watcher thread looks for a failure another PE published.
+/// The longest pause between two polls of a key with `check`: how late a PE may see a key
+/// (or the job's failure) while it waits on the store.
+const POLL_MAX: Duration = Duration::from_millis(10);
+
+/// How often the watcher thread looks for a failure another PE published; also the longest a
+/// watched PE's death goes unseen where the kernel has no pidfds.
 const WATCH: Duration = Duration::from_millis(200);
 
 /// The bootstrap over a Python store or communicator.
@@ -48,6 +62,8 @@ pub struct PyBootstrap {
 pub struct Watcher {
     shared: Arc<Shared>,
     handle: Mutex<Option<JoinHandle<()>>>,
+    /// Set once the PEs' identities were exchanged (at the first all_gather).
+    started: Mutex<bool>,
 }
 
 impl Watcher {
@@ -175,7 +191,6 @@ impl PyBootstrap {
         };
         let _ = what;
         let gen = GENERATION.fetch_add(1, Ordering::SeqCst);
-        let is_store = matches!(source, Source::Store(_));
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             has_wait: obj.hasattr("wait")?,
@@ -189,19 +204,11 @@ impl PyBootstrap {
             prefix: format!("symheap/{gen}"),
             seq: AtomicU64::new(0),
         });
-        let handle = if is_store && shared.has_check {
-            let s = shared.clone();
-            std::thread::Builder::new()
-                .name("symheap-store-watch".into())
-                .spawn(move || s.watch())
-                .ok()
-        } else {
-            None
-        };
         Ok(PyBootstrap {
             watcher: Arc::new(Watcher {
                 shared: shared.clone(),
-                handle: Mutex::new(handle),
+                handle: Mutex::new(None),
+                started: Mutex::new(false),
             }),
             shared,
         })
@@ -210,6 +217,40 @@ impl PyBootstrap {
     /// The handle that stops the watcher thread.
     pub fn watcher(&self) -> Arc<Watcher> {
         self.watcher.clone()
+    }
+
+    /// Collective, at the first all_gather of every PE: exchanges the PEs' process identities
+    /// and starts the watcher thread over the PEs of this node (and the `abort` key).
+    fn start_watch(&self) -> Result<()> {
+        let mut started = self
+            .watcher
+            .started
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if *started {
+            return Ok(());
+        }
+        *started = true;
+        let s = &self.shared;
+        let me = ProcId::me().map(|p| p.encode()).unwrap_or_default();
+        let all = s.gather("process identities", &me)?;
+        let ids: Vec<Option<ProcId>> = all.iter().map(|b| ProcId::decode(b)).collect();
+        let peers = PeerWatch::new(&ids, s.rank);
+        let reads_abort = matches!(s.source, Source::Store(_)) && s.has_check;
+        if peers.is_empty() && !reads_abort {
+            return Ok(());
+        }
+        let sh = s.clone();
+        let handle = std::thread::Builder::new()
+            .name("symheap-store-watch".into())
+            .spawn(move || sh.watch(peers, reads_abort))
+            .ok();
+        *self
+            .watcher
+            .handle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = handle;
+        Ok(())
     }
 }
 
@@ -220,17 +261,33 @@ impl Drop for PyBootstrap {
 }
 
 impl Shared {
-    /// The watcher thread: while the job is healthy, looks for a failure another PE published
-    /// on the store, so PEs waiting in shared memory (barriers, signals) notice an abort
-    /// instead of waiting for their timeout.
-    fn watch(&self) {
-        while !self.stop.load(Ordering::Acquire)
+    /// True while the watcher has work: the job runs and this context was not closed.
+    fn watching(&self) -> bool {
+        !self.stop.load(Ordering::Acquire)
             && !self.health.is_failed()
             && !self.health.is_finalized()
-        {
-            std::thread::sleep(WATCH);
-            if self.stop.load(Ordering::Acquire) {
+    }
+
+    /// The watcher thread: while the job is healthy, waits for a PE of this node to die
+    /// (`peers`) and looks for a failure another PE published on the store (`reads_abort`),
+    /// so PEs waiting in shared memory (barriers, signals) notice a death or an abort instead
+    /// of waiting for their timeout. A death seen here is published like any failure, so the
+    /// PEs of other nodes learn it from the `abort` key.
+    fn watch(&self, mut peers: PeerWatch, reads_abort: bool) {
+        while self.watching() {
+            let gone = peers.wait(WATCH);
+            if !self.watching() {
                 break;
+            }
+            if let Some((peer, how)) = gone {
+                let kind = ErrorKind::PeerExited { peer, how };
+                if self.health.fail(kind.clone()) {
+                    self.publish(&kind);
+                }
+                break;
+            }
+            if !reads_abort {
+                continue;
             }
             let found = Python::try_attach(|py| {
                 let key = self.abort_key();
@@ -281,9 +338,27 @@ impl Shared {
         })
     }
 
-    /// Waits up to `slice` for `key`; true once it is set.
-    fn wait_slice(&self, what: &str, key: &str, slice: Duration) -> Result<bool> {
-        if self.has_wait {
+    /// Waits a while (at most `left`) for `key`; true once it is set. With `check`, one poll
+    /// and then a pause of `nap`, which doubles up to [`POLL_MAX`]; with only `wait`, a slice.
+    fn wait_slice(
+        &self,
+        what: &str,
+        key: &str,
+        nap: &mut Duration,
+        left: Duration,
+    ) -> Result<bool> {
+        if self.has_check {
+            let present = self.call(what, "check", |_py, s| {
+                s.call_method1("check", (vec![key.to_string()],))?
+                    .extract::<bool>()
+            })?;
+            if !present {
+                std::thread::sleep((*nap).min(left));
+                *nap = (*nap * 2).min(POLL_MAX);
+            }
+            Ok(present)
+        } else if self.has_wait {
+            let slice = SLICE.min(left.max(Duration::from_millis(1)));
             let r = Python::attach(|py| -> PyResult<std::result::Result<bool, String>> {
                 let td = py
                     .import("datetime")?
@@ -306,15 +381,6 @@ impl Shared {
                     Err(self.fail_here(what, ErrorKind::Bootstrap(format!("wait() failed: {e}"))))
                 }
             }
-        } else if self.has_check {
-            let present = self.call(what, "check", |_py, s| {
-                s.call_method1("check", (vec![key.to_string()],))?
-                    .extract::<bool>()
-            })?;
-            if !present {
-                std::thread::sleep(slice.min(Duration::from_millis(5)));
-            }
-            Ok(present)
         } else {
             // Only a blocking get: it waits as long as the store lets it.
             Ok(true)
@@ -347,19 +413,34 @@ impl Shared {
         })?;
         let text = String::from_utf8_lossy(&raw).to_string();
         let (origin, reason) = text.split_once('\n').unwrap_or(("0", text.as_str()));
+        if let Some(peer) = origin.strip_prefix("exited ").and_then(|p| p.parse().ok()) {
+            return Ok(Some(ErrorKind::PeerExited {
+                peer,
+                how: reason.to_string(),
+            }));
+        }
         Ok(Some(ErrorKind::Aborted {
             origin: origin.parse().unwrap_or(0),
             reason: reason.to_string(),
         }))
     }
 
-    /// Publishes this PE's failure for the others (best effort, never blocks for long).
-    fn publish(&self, reason: &str) {
+    /// Publishes the job's failure for the others (best effort, never blocks for long): a PE's
+    /// death as `exited PEER\nHOW`, so other nodes name that PE, anything else as
+    /// `ORIGIN\nREASON`.
+    fn publish(&self, kind: &ErrorKind) {
+        let msg = match kind {
+            ErrorKind::PeerExited { peer, how } => format!("exited {peer}\n{how}"),
+            other => format!("{}\n{other}", self.rank),
+        };
+        self.publish_raw(msg);
+    }
+
+    fn publish_raw(&self, msg: String) {
         if !matches!(self.source, Source::Store(_)) {
             return;
         }
         let key = self.abort_key();
-        let msg = format!("{}\n{reason}", self.rank);
         let _ = Python::try_attach(|py| {
             let _ = self
                 .obj()
@@ -384,14 +465,21 @@ impl Shared {
                 continue;
             }
             let k = key(r);
+            let mut nap = Duration::from_micros(100);
+            let mut looked = Instant::now();
             loop {
                 self.health.check(self.rank, "bootstrap")?;
                 let left = self.timeout.saturating_sub(start.elapsed());
-                if self.wait_slice(what, &k, SLICE.min(left.max(Duration::from_millis(1))))? {
+                if self.wait_slice(what, &k, &mut nap, left)? {
                     break;
                 }
-                if let Some(kind) = self.peer_failure(what)? {
-                    return Err(self.fail_here(what, kind));
+                // The watcher thread reads the abort key too; this covers a PE whose watcher
+                // could not start, at the same pace.
+                if looked.elapsed() >= WATCH {
+                    looked = Instant::now();
+                    if let Some(kind) = self.peer_failure(what)? {
+                        return Err(self.fail_here(what, kind));
+                    }
                 }
                 if start.elapsed() >= self.timeout {
                     let kind = ErrorKind::Timeout {
@@ -399,7 +487,7 @@ impl Shared {
                         waited: start.elapsed(),
                         missing: (r..self.size).filter(|&p| p != self.rank).collect(),
                     };
-                    self.publish(&kind.to_string());
+                    self.publish(&kind);
                     return Err(self.fail_here(what, kind));
                 }
             }
@@ -419,6 +507,13 @@ impl Shared {
             });
         }
         Ok(out)
+    }
+
+    fn gather(&self, what: &str, data: &[u8]) -> Result<Vec<Vec<u8>>> {
+        match self.source {
+            Source::Store(_) => self.gather_store(what, data),
+            Source::Comm(_) => self.gather_comm(what, data),
+        }
     }
 
     fn gather_comm(&self, what: &str, data: &[u8]) -> Result<Vec<Vec<u8>>> {
@@ -459,10 +554,8 @@ impl Bootstrap for PyBootstrap {
     fn all_gather(&self, what: &str, data: &[u8]) -> Result<Vec<Vec<u8>>> {
         let s = &self.shared;
         s.health.check(s.rank, "bootstrap")?;
-        match s.source {
-            Source::Store(_) => s.gather_store(what, data),
-            Source::Comm(_) => s.gather_comm(what, data),
-        }
+        self.start_watch()?;
+        s.gather(what, data)
     }
 
     fn abort(&self, reason: &str) {
@@ -471,15 +564,14 @@ impl Bootstrap for PyBootstrap {
             origin: s.rank,
             reason: reason.to_string(),
         });
-        s.publish(reason);
+        s.publish_raw(format!("{}\n{reason}", s.rank));
         self.shared.stop.store(true, Ordering::Release);
     }
 
     fn fail_all(&self, kind: ErrorKind) {
         let s = &self.shared;
-        let reason = kind.to_string();
-        if s.health.fail(kind) {
-            s.publish(&reason);
+        if s.health.fail(kind.clone()) {
+            s.publish(&kind);
         }
         self.shared.stop.store(true, Ordering::Release);
     }

@@ -13,6 +13,7 @@ mod env;
 mod health;
 #[cfg(test)]
 mod jobs_tests;
+mod liveness;
 mod node;
 mod secret;
 mod single;
@@ -22,6 +23,7 @@ pub(crate) mod wire;
 
 pub use env::{first_host, LaunchEnv, Launcher, TokenSource};
 pub use health::{Failure, Health};
+pub use liveness::{PeerWatch, ProcId};
 pub use node::{NodeChannel, NodeInfo};
 pub use single::SingleBootstrap;
 pub use tcp::TcpBootstrap;
