@@ -40,6 +40,7 @@ MIN_SLOT = 4096
 
 _region: Optional[_torch.Tensor] = None
 _slot_bytes = 0
+_slots = 0
 _ctx: Optional["weakref.ref[Any]"] = None
 _used: set = set()
 
@@ -64,12 +65,12 @@ def _live() -> bool:
 def reserve() -> None:
     """**Collective over the world** (the default group's creator): the subgroups' staging region
     of the current context, allocated once."""
-    global _region, _slot_bytes, _ctx, _used
-    if _live():
+    global _region, _slot_bytes, _slots, _ctx, _used
+    if _ctx is not None and _core.is_initialized() and _ctx() is _core.context():
         return
     _slot_bytes = _env("SYMHEAP_TDIST_GROUP_STAGING", SLOT, MIN_SLOT)
-    slots = _env("SYMHEAP_TDIST_GROUP_SLOTS", SLOTS, 0)
-    _region = st.empty(slots * _slot_bytes, dtype=_torch.uint8) if slots else None
+    _slots = _env("SYMHEAP_TDIST_GROUP_SLOTS", SLOTS, 0)
+    _region = st.empty(_slots * _slot_bytes, dtype=_torch.uint8) if _slots else None
     _ctx = weakref.ref(_core.context())
     _used = set()
 
@@ -82,8 +83,7 @@ def take(exchange: Callable[[bytes], List[bytes]]) -> Optional[int]:
     if any(s is None for s in seen):
         return None
     busy = set().union(*map(set, seen))
-    assert _region is not None
-    for k in range(_region.numel() // _slot_bytes):
+    for k in range(_slots):
         if k not in busy:
             _used.add(k)
             return k
@@ -106,8 +106,8 @@ def buffer(slot: Optional[int], what: str) -> _torch.Tensor:
     if slot is None or not _live():
         raise SymheapUnsupportedError(
             f"{what}: this symheap subgroup has no staging slot (the default group is not a symheap group, or all "
-            f"{SLOTS if _region is None else _region.numel() // _slot_bytes} slots were taken by live subgroups when "
-            "it was made: raise SYMHEAP_TDIST_GROUP_SLOTS), so it runs collectives on symmetric tensors only"
+            f"{_slots} slots (SYMHEAP_TDIST_GROUP_SLOTS) were taken by live subgroups of its members when it was "
+            "made), so it runs collectives on symmetric tensors only"
         )
     assert _region is not None
     return _region[slot * _slot_bytes : (slot + 1) * _slot_bytes]
