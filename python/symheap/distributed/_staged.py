@@ -43,6 +43,8 @@ _slot_bytes = 0
 _slots = 0
 _ctx: Optional["weakref.ref[Any]"] = None
 _used: set = set()
+# slot -> (the CUDA stream of its last use, whether that stream was capturing a graph then)
+_last_use: dict = {}
 
 
 def _env(name: str, default: int, least: int) -> int:
@@ -73,6 +75,7 @@ def reserve() -> None:
     _region = st.empty(_slots * _slot_bytes, dtype=_torch.uint8) if _slots else None
     _ctx = weakref.ref(_core.context())
     _used = set()
+    _last_use.clear()
 
 
 def take(exchange: Callable[[bytes], List[bytes]]) -> Optional[int]:
@@ -99,6 +102,7 @@ def give(slot: Optional[int]) -> None:
 def forget_groups() -> None:
     """The default group ended: its subgroups' slots are free (the region stays with the context)."""
     _used.clear()
+    _last_use.clear()
 
 
 def buffer(slot: Optional[int], what: str) -> _torch.Tensor:
@@ -110,7 +114,24 @@ def buffer(slot: Optional[int], what: str) -> _torch.Tensor:
             "made), so it runs collectives on symmetric tensors only"
         )
     assert _region is not None
+    if _region.is_cuda:
+        _order_streams(slot, _region.device)
     return _region[slot * _slot_bytes : (slot + 1) * _slot_bytes]
+
+
+def _order_streams(slot: int, device: _torch.device) -> None:
+    """Orders the use of ``slot`` that starts now on the current stream after its last use on
+    any other stream (FSDP issues a group's all-gathers and reduce-scatters from separate
+    streams; both would otherwise write the one slot at once). The host makes calls one after
+    another, so the last use is wholly enqueued on its stream by now, and an event recorded
+    there now covers it. A capture and eager work are not ordered here: torch synchronises the
+    device before a capture starts, and a captured use runs only at replay."""
+    cur = _torch.cuda.current_stream(device)
+    capturing = _torch.cuda.is_current_stream_capturing()
+    prev = _last_use.get(slot)
+    if prev is not None and prev[0] != cur and prev[1] == capturing:
+        cur.wait_stream(prev[0])
+    _last_use[slot] = (cur, capturing)
 
 
 def flat(t: _torch.Tensor) -> _torch.Tensor:
