@@ -345,6 +345,11 @@ def run_all(r: int, n: int) -> None:
     ):
         check(r, n)
         print(f"[PE {r}] ok {check.__name__}", flush=True)
+    if n >= 3:
+        from tdist_groups import check_groups
+
+        check_groups(r, n)
+        print(f"[PE {r}] ok check_groups", flush=True)
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (n,))

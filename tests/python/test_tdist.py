@@ -1,6 +1,8 @@
 """The ``symheap`` backend of torch.distributed across real processes (host backend, CPU
 tensors, ``init_process_group("cpu:symheap")``): every collective torch offers through
-``dist.*`` on random data of every dtype, exact (pe_tdist.py); a divergence and a dead rank
+``dist.*`` on random data of every dtype, exact (pe_tdist.py), and at 3 and 4 ranks on
+subgroups (``new_group`` in any order, disjoint groups, ``new_subgroups``, a 2-D DeviceMesh with
+DTensor: tdist_groups.py); a divergence and a dead rank
 reported on the other ranks through ``dist.*`` as both a ``DistBackendError`` and a
 ``SymheapError``; ``cpu:gloo,cuda:symheap`` giving CPU tensors to gloo."""
 
@@ -15,8 +17,9 @@ import pytest
 from conftest import launch
 
 PE = str(Path(__file__).with_name("pe_tdist.py"))
-# A small mailbox slot, so send/recv of a few KiB moves in several chunks.
-ENV = {"SYMHEAP_P2P_SLOT": "4096"}
+# A small mailbox slot, so send/recv of a few KiB moves in several chunks; a small subgroup
+# staging slot, so subgroup collectives of a few KiB run in several rounds (tdist_groups.py).
+ENV = {"SYMHEAP_P2P_SLOT": "4096", "SYMHEAP_TDIST_GROUP_STAGING": "4096"}
 
 
 def run(n: int, mode: str, timeout: float = 300):

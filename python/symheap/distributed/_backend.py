@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import sys
 from datetime import timedelta
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch as _torch
 import torch.distributed as dist
@@ -34,7 +34,7 @@ import torch.distributed as dist
 from .. import _core, _shmem, _workspace, ops
 from .._core import torch_dtype_name
 from .._native import SymheapUnsupportedError, SymheapValueError
-from . import _groups, _p2p, _reduce, _work
+from . import _groups, _p2p, _reduce, _staged, _work
 from ._errors import dist_errors
 
 NAME = "symheap"
@@ -50,7 +50,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
 
     ``ranks``: the world ranks of the group in group order; ``team``: its symheap team id (0:
     the world); ``others``: device type -> torch backend for devices the user gave another
-    backend."""
+    backend; ``slot``: a subgroup's staging slot (:mod:`._staged`), None for the world."""
 
     def __init__(
         self,
@@ -61,6 +61,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
         others: Dict[str, Any],
         timeout: timedelta,
         default: bool = False,
+        slot: Optional[int] = None,
     ) -> None:
         super().__init__(rank, size)
         self._default = default
@@ -70,6 +71,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
         self._tid = team
         self._others = others
         self._timeout = timeout
+        self._slot = slot
 
     # ---- identity ------------------------------------------------------------------------
 
@@ -104,6 +106,14 @@ class SymheapProcessGroup(dist.ProcessGroup):
     def _n(self) -> int:
         return self.size()
 
+    def _staging(self, what: str, *tensors: _torch.Tensor) -> Optional[_torch.Tensor]:
+        """A subgroup's slot bytes when it must stage ``tensors`` itself (not all symmetric),
+        else None (the world's collectives stage through :mod:`symheap.ops`, which grows its
+        staging on every rank at once)."""
+        if self._tid == 0 or all(ops._zero_copy(t) for t in tensors):
+            return None
+        return _staged.buffer(self._slot, what)
+
     # ---- reductions ----------------------------------------------------------------------
 
     def _all_reduce(self, t: _torch.Tensor, op: Any, what: str) -> None:
@@ -111,7 +121,14 @@ class SymheapProcessGroup(dist.ProcessGroup):
         view, sop = _reduce.for_reduction(t, kind, what)
         if factor is not None:
             t.mul_(factor)
-        ops.all_reduce_(view, sop, self._tid)
+        buf = self._staging(what, view)
+        if buf is None:
+            ops.all_reduce_(view, sop, self._tid)
+            return
+        work = view.contiguous()
+        _staged.all_reduce(_staged.flat(work), sop, self._tid, buf)
+        if work is not view:
+            view.copy_(work)
 
     @dist_errors("all_reduce")
     def allreduce(self, tensors: List[_torch.Tensor], opts: Any = None) -> Any:
@@ -139,7 +156,18 @@ class SymheapProcessGroup(dist.ProcessGroup):
             inp = inp * factor
         sv, sop = _reduce.for_reduction(inp, kind, what)
         dv, _ = _reduce.for_reduction(out, kind, what)
-        ops.reduce_scatter(_flat(sv), sop, self._tid, out=_flat_out(dv))
+        buf = self._staging(what, sv, dv)
+        if buf is None:
+            ops.reduce_scatter(_flat(sv), sop, self._tid, out=_flat_out(dv))
+            return
+        if sv.numel() != self._n() * dv.numel():
+            raise SymheapValueError(
+                f"{what}: the input has {inp.numel()} elements, not {self._n()} times the output's {out.numel()}"
+            )
+        work = dv.contiguous()
+        _staged.reduce_scatter(_staged.flat(work), _staged.flat(sv.contiguous()), sop, self._n(), self._tid, buf)
+        if work is not dv:
+            dv.copy_(work)
 
     @dist_errors("reduce_scatter_tensor")
     def _reduce_scatter_base(self, output: _torch.Tensor, input: _torch.Tensor, opts: Any = None) -> Any:
@@ -190,7 +218,18 @@ class SymheapProcessGroup(dist.ProcessGroup):
     def _gather(self, out: _torch.Tensor, inp: _torch.Tensor) -> None:
         if out.dtype != inp.dtype:
             raise SymheapValueError(f"all_gather: dtypes differ (output {out.dtype}, input {inp.dtype})")
-        ops.all_gather(_reduce.bytes_view(inp), self._tid, out=_reduce.bytes_view(out))
+        buf = self._staging("all_gather", inp, out)
+        if buf is None:
+            ops.all_gather(_reduce.bytes_view(inp), self._tid, out=_reduce.bytes_view(out))
+            return
+        if out.numel() != self._n() * inp.numel():
+            raise SymheapValueError(
+                f"all_gather: the output has {out.numel()} elements, not {self._n()} times the input's {inp.numel()}"
+            )
+        work = out.contiguous()
+        _staged.all_gather(_staged.as_bytes(work), _staged.as_bytes(inp.contiguous()), self._n(), self._tid, buf)
+        if work is not out:
+            out.copy_(work)
 
     @dist_errors("all_gather_into_tensor")
     def _allgather_base(self, output: _torch.Tensor, input: _torch.Tensor, opts: Any = None) -> Any:
@@ -240,7 +279,14 @@ class SymheapProcessGroup(dist.ProcessGroup):
             return other.broadcast(tensors, opts)
         root = _root(opts, self._n(), "broadcast")
         for t in tensors:
-            ops.broadcast_(_reduce.bytes_view(t), root, self._tid)
+            buf = self._staging("broadcast", t)
+            if buf is None:
+                ops.broadcast_(_reduce.bytes_view(t), root, self._tid)
+                continue
+            work = t.contiguous()
+            _staged.broadcast(_staged.as_bytes(work), root, self._tid, buf)
+            if work is not t:
+                t.copy_(work)
         return _work.done(tensors)
 
     def _alltoallv(self, out: _torch.Tensor, inp: _torch.Tensor, osplit: List[int], isplit: List[int]) -> None:
@@ -248,7 +294,8 @@ class SymheapProcessGroup(dist.ProcessGroup):
         destination region at the same offset on every member (the largest output), then the
         source (symheap's uneven alltoall wants both symmetric). The native call gets the
         addresses itself: a region of no rows (a gather's non-root) is still a place in the
-        heap, where torch reports an empty tensor's address as 0."""
+        heap, where torch reports an empty tensor's address as 0. A subgroup moves the bytes
+        through its slot in rounds (:func:`._staged.alltoallv`)."""
         o, i = _reduce.bytes_view(out), _reduce.bytes_view(inp)
         if o.dim() == 0 or i.dim() == 0:
             raise SymheapValueError("all_to_all_single: split sizes need tensors of at least one dimension")
@@ -263,6 +310,14 @@ class SymheapProcessGroup(dist.ProcessGroup):
                     f"summing to the {name}'s {rows} rows"
                 )
         es = o.element_size()
+        if self._tid != 0:
+            buf = _staged.buffer(self._slot, "all_to_all")
+            work, rb = o.contiguous(), row * es
+            ob, ib = [s * rb for s in osplit], [s * rb for s in isplit]
+            _staged.alltoallv(_staged.as_bytes(work), _staged.as_bytes(i.contiguous()), ob, ib, self._tid, buf)
+            if work is not o:
+                o.copy_(work)
+            return
         sizes = _torch.tensor([o.numel() * es, i.numel() * es], dtype=_torch.int64, device=_symheap_device())
         ops.all_reduce_(sizes, "max", self._tid)
         top_out, top_in = (int(v) for v in sizes.tolist())
@@ -295,7 +350,11 @@ class SymheapProcessGroup(dist.ProcessGroup):
             return other.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
         if output.dtype != input.dtype:
             raise SymheapValueError(f"all_to_all_single: dtypes differ (output {output.dtype}, input {input.dtype})")
-        if not output_split_sizes and not input_split_sizes:
+        if (
+            not output_split_sizes
+            and not input_split_sizes
+            and self._staging("all_to_all_single", input, output) is None
+        ):
             ops.alltoall(_reduce.bytes_view(input), self._tid, out=_reduce.bytes_view(output))
         else:
             n = self._n()
@@ -519,10 +578,13 @@ def _create(opts: Any) -> SymheapProcessGroup:
     timeout: timedelta = opts.timeout
     ranks = [int(r) for r in opts.global_ranks_in_group] or list(range(size))
     tid = _groups.team_for(store, rank, size, ranks, timeout)
-    if not opts.global_ranks_in_group:
+    default = not opts.global_ranks_in_group
+    if default:
         _p2p.setup()
+        _staged.reserve()
+    slot = _groups.slot_for(store, rank, size, timeout) if tid != 0 else None
     others = _others(store, rank, size, timeout)
-    return SymheapProcessGroup(rank, size, ranks, tid, others, timeout, default=not opts.global_ranks_in_group)
+    return SymheapProcessGroup(rank, size, ranks, tid, others, timeout, default=default, slot=slot)
 
 
 def register() -> None:

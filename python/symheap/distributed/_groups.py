@@ -6,17 +6,19 @@ first), which is then used as it is. A group of every rank is the world team (id
 of a subset, in any order (``new_group``, ``new_subgroups``, a DeviceMesh dimension), becomes the
 team ``Context.team_from_ranks(ranks, exchange)`` makes: torch runs the creator on the members
 only, so the members agree among themselves, ``exchange`` being an all-gather of bytes over the
-group's store in group order.
+group's store in group order. Its collectives on ordinary tensors stage through a slot of a
+region the default group reserved (:mod:`._staged`): a subgroup allocates nothing.
 """
 
 from __future__ import annotations
 
 import os
 from datetime import timedelta
-from typing import Any, Callable, List, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 from .. import _core, ops
 from .._native import SymheapMismatchError, SymheapUnsupportedError
+from . import _staged
 
 # Whether this module made the context (then it finalizes it when the default group goes).
 _owns_context = False
@@ -46,16 +48,18 @@ def _context(store: Any, rank: int, size: int, timeout: timedelta) -> None:
     _owns_context = True
 
 
-def exchange_over(store: Any, rank: int, size: int, timeout: timedelta) -> Callable[[bytes], List[bytes]]:
+def exchange_over(
+    store: Any, rank: int, size: int, timeout: timedelta, prefix: str = "symheap-x"
+) -> Callable[[bytes], List[bytes]]:
     """An all-gather of bytes among a group's members over its store, in group order: call
-    ``k`` sets ``symheap-x/{k}/{rank}`` and reads every member's key."""
+    ``k`` sets ``{prefix}/{k}/{rank}`` and reads every member's key."""
     count = [0]
 
     def exchange(data: bytes) -> List[bytes]:
         k = count[0]
         count[0] += 1
-        store.set(f"symheap-x/{k}/{rank}", bytes(data))
-        keys = [f"symheap-x/{k}/{r}" for r in range(size)]
+        store.set(f"{prefix}/{k}/{rank}", bytes(data))
+        keys = [f"{prefix}/{k}/{r}" for r in range(size)]
         store.wait(keys, timeout)
         return [bytes(store.get(key)) for key in keys]
 
@@ -75,19 +79,23 @@ def team_for(store: Any, rank: int, size: int, ranks: Sequence[int], timeout: ti
     n = _core.native()
     if list(ranks) == list(range(n.n_pes)):
         return 0
-    make = getattr(n, "team_from_ranks", None)
-    if make is None:
-        raise SymheapUnsupportedError(
-            f"new_group: a symheap group of ranks {list(ranks)} (not the whole world of {n.n_pes}) needs "
-            "Context.team_from_ranks, which this build of symheap lacks"
-        )
-    team = make(list(ranks), exchange_over(store, rank, size, timeout))
+    team = n.team_from_ranks(list(ranks), exchange_over(store, rank, size, timeout))
     return ops.team_id(team)
 
 
+def slot_for(store: Any, rank: int, size: int, timeout: timedelta) -> Optional[int]:
+    """The staging slot of a new subgroup, agreed among its members (see :mod:`._staged`)."""
+    return _staged.take(exchange_over(store, rank, size, timeout, "symheap-slot"))
+
+
 def release(pg: Any) -> None:
-    """At ``destroy_process_group``: the default group's end finalizes a context it made."""
+    """At a group's shutdown: a subgroup gives its staging slot back; the default group's end
+    ends its subgroups' slots and finalizes a context it made."""
     global _owns_context
-    if getattr(pg, "_default", False) and _owns_context and _core.is_initialized():
+    if not getattr(pg, "_default", False):
+        _staged.give(getattr(pg, "_slot", None))
+        return
+    _staged.forget_groups()
+    if _owns_context and _core.is_initialized():
         _owns_context = False
         _core.finalize()
