@@ -144,7 +144,7 @@ impl Context {
     /// Collective: allocates `bytes` aligned to `alignment`. Allocation needs no communication
     /// unless the heap must grow or reclaim; it is not a synchronisation point.
     ///
-    /// Fails with [`ErrorKind::OutOfMemory`] on every PE alike when the request does not fit
+    /// Fails with [`ErrorKind::OutOfMemory`](crate::ErrorKind::OutOfMemory) on every PE alike when the request does not fit
     /// the heap's capacity, or when some PE could not get the memory to grow its heap (the
     /// error names it; no PE's heap grows and the context stays usable).
     pub fn allocate_bytes(&self, bytes: u64, alignment: u64) -> Result<SymmetricBuffer> {
