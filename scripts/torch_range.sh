@@ -7,8 +7,8 @@
 # build and tests instead of adding to CI's time. `run` installs WHEEL into each and runs a
 # focused subset of the host-backend tests there: every private torch function symheap uses
 # (test_torch_private.py), symmetric CPU tensors across 2 PEs, the torch.library ops and their
-# fake kernels, and the MoE Triton kernels under Triton's interpreter (TRITON_INTERPRET=1)
-# across 2 processes. The main suite runs everything on the pinned stack (target/venv).
+# fake kernels, the MoE Triton kernels under Triton's interpreter (TRITON_INTERPRET=1)
+# across 2 processes, and every torch.distributed collective on the symheap backend at 3 ranks. The main suite runs everything on the pinned stack (target/venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TESTS=(
@@ -17,6 +17,9 @@ TESTS=(
   test_torch_ops.py::test_ops_fake_kernels
   "test_torch_ops.py::test_ops_collectives[2]"
   "test_moe.py::test_moe_triton_kernels_interpreted[2-cases0]"
+  # The torch.distributed backend (its ProcessGroup subclass meets torch's private protocol:
+  # torch 2.15 renamed the single-tensor forms and asks for _get_backend), subgroups included.
+  "test_tdist.py::test_every_collective[3]"
 )
 case "${1:-}" in
   prepare)

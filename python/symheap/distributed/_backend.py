@@ -103,6 +103,13 @@ class SymheapProcessGroup(dist.ProcessGroup):
             return None
         return self._others.get(tensors[0].device.type)
 
+    def _get_backend(self, device: Any) -> Any:
+        """The backend of ``device``, as torch asks for it (torch 2.15 does before
+        ``batch_isend_irecv``, to see whether it coalesces): the gloo backend of a device the
+        user gave gloo, else this group, which is its own backend."""
+        kind = device.type if isinstance(device, _torch.device) else _torch.device(device).type
+        return (self._others or {}).get(kind, self)
+
     def _n(self) -> int:
         return self.size()
 
@@ -402,6 +409,35 @@ class SymheapProcessGroup(dist.ProcessGroup):
             for j, o in enumerate(outs):
                 o.copy_(out[j * k : (j + 1) * k].view(o.shape))
         return _work.done(output_lists[0] if output_lists else [])
+
+    @dist_errors("gather_single")
+    def gather_single(self, output: _torch.Tensor, input: _torch.Tensor, opts: Any = None) -> Any:
+        """torch 2.15's gather into one tensor: the root's ``output`` gets every member's
+        ``input`` in member order (other members pass an empty ``output``)."""
+        other = self._other([input])
+        if other is not None:
+            return other.gather_single(output, input, opts)
+        root, n = _root(opts, self._n(), "gather"), self._n()
+        inp = _flat(input.contiguous())
+        k = inp.numel()
+        at_root = self.rank() == root
+        if at_root and (output.numel() != n * k or output.dtype != input.dtype):
+            raise SymheapValueError(
+                f"gather: the output has {output.numel()} {output.dtype} elements, not {n} times the input's "
+                f"{k} {input.dtype}"
+            )
+        work = output.contiguous() if at_root else inp.new_empty((0,))
+        self._alltoallv(work.view(-1), inp, [k] * n if at_root else [0] * n, [k if r == root else 0 for r in range(n)])
+        if at_root and work is not output:
+            output.copy_(work)
+        return _work.done([output])
+
+    # torch 2.15 calls the single-tensor forms by these names (it keeps the older ones too).
+    all_gather_single = _allgather_base
+    reduce_scatter_single = _reduce_scatter_base
+    all_to_all_single = alltoall_base
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     @dist_errors("scatter")
     def scatter(self, outputs: List[_torch.Tensor], input_lists: List[List[_torch.Tensor]], opts: Any = None) -> Any:
