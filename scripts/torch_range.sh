@@ -8,7 +8,8 @@
 # focused subset of the host-backend tests there: every private torch function symheap uses
 # (test_torch_private.py), symmetric CPU tensors across 2 PEs, the torch.library ops and their
 # fake kernels, the MoE Triton kernels under Triton's interpreter (TRITON_INTERPRET=1)
-# across 2 processes, and every torch.distributed collective on the symheap backend at 3 ranks. The main suite runs everything on the pinned stack (target/venv).
+# across 2 processes, and every torch.distributed collective on the symheap backend at 3
+# ranks. The main suite runs everything on the pinned stack (target/venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TESTS=(
