@@ -40,7 +40,7 @@ def test_symheap_triton_without_triton_says_so() -> None:
         "try:\n"
         "    import symheap.triton\n"
         "except ImportError as e:\n"
-        "    assert 'pip install triton' in str(e), e\n"
+        "    assert 'pip install \"symheap[triton]\"' in str(e), e\n"
         "else:\n"
         "    raise SystemExit('no ImportError')\n"
     )
