@@ -302,7 +302,9 @@ def combine_sum_kernel(
         res = _bf16_rtne(acc)
     else:
         res = acc.to(out.dtype.element_ty)
-    tl.store(out + t * hidden + col, res, mask=cm & (t < n_tok))
+    # The token test as a block, not a scalar: Triton 3.9's interpreter refuses a block mask
+    # and-ed with a scalar ("mask has unsupported dtype"); compiled code is the same either way.
+    tl.store(out + t * hidden + col, res, mask=cm & (tl.full([BH], t, tl.int32) < n_tok))
 
 
 @triton.jit
