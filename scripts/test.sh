@@ -4,7 +4,9 @@
 # Needs Rust and a python3 (a bare interpreter is enough: nothing is installed into it). Every
 # Python package the tests use (maturin, zig, NVRTC, NumPy, pytest, ruff, torch, Triton) goes into
 # the project-local venv target/venv, and the lowest and newest torch and Triton into
-# target/venv-torch-min and target/venv-torch-new (scripts/torch_range.sh). Outside target/ it
+# target/venv-torch-min and target/venv-torch-new (scripts/torch_range.sh). Peak disk is about
+# 15 GB (venvs, pip keeps no cache); SYMHEAP_LOW_DISK=1 removes what the later steps no longer
+# need (target/debug after its last use, each torch-range venv after its tests). Outside target/ it
 # installs one thing, said before it does: Open MPI (apt-get install openmpi-bin, through sudo when not root) when mpirun is
 # missing; SYMHEAP_NO_APT=1 installs nothing and skips the tests that need mpirun, naming them
 # at the end. Each step says what it runs; a failing step is named with its exit status, so
@@ -18,21 +20,6 @@ T0=$SECONDS
 VENV="$PWD/target/venv"
 step "project venv ($VENV, from scripts/requirements-test.txt)" scripts/venv.sh "$VENV"
 export PATH="$VENV/bin:$PATH"
-# The lowest and newest torch/Triton venvs download in the background while Rust builds and tests
-# (network, not CPU); the step near the end waits for them (its log is shown if they failed).
-RANGE_LOG="$PWD/target/torch-range-prepare.log"
-echo "test.sh: making target/venv-torch-min and -new in the background (log: $RANGE_LOG)" >&2
-setsid scripts/torch_range.sh prepare >"$RANGE_LOG" 2>&1 &
-RANGE_PID=$!
-# Its own session, so a failing step stops it with pip and everything under it.
-trap 'kill -- "-$RANGE_PID" 2>/dev/null || true' EXIT
-range_tests() {
-  local rc=0
-  wait "$RANGE_PID" || rc=$?
-  cat "$RANGE_LOG" >&2
-  [ "$rc" -eq 0 ] || { echo "test.sh: making the torch range venvs failed (exit status $rc)" >&2; return "$rc"; }
-  scripts/torch_range.sh run "$1"
-}
 step "NVRTC setup on a fresh machine (bare python3, set -euo pipefail)" scripts/check_nvrtc_env.sh
 # NVRTC from the venv, so every CUDA kernel and the device header compile in the tests (no GPU).
 # shellcheck source=nvrtc_env.sh
@@ -70,7 +57,13 @@ step "install the wheel into the test venv" \
 # From tests/python, so `import symheap` is the installed wheel, not python/ in this checkout.
 pytest_all() { (cd tests/python && python -m pytest -q -p no:cacheprovider -rs .); }
 step "pytest (multi-PE, host backend; torch on CPU)" pytest_all
+# Nothing after this point uses the debug build (the pytest step is its last user: the tests that
+# launch through target/debug/symheap); on a small CI disk it makes room for the range venvs.
+if [ "${SYMHEAP_LOW_DISK:-0}" = 1 ]; then
+  echo "test.sh: SYMHEAP_LOW_DISK=1: removing target/debug ($(du -sh target/debug | cut -f1))" >&2
+  rm -rf target/debug
+fi
 step "the lowest supported torch/Triton and the newest on the index (scripts/torch_range.sh)" \
-  range_tests "$WHEEL"
+  scripts/torch_range.sh "$WHEEL"
 echo "test.sh: every step passed in $((SECONDS - T0)) s" >&2
 open_mpi_skipped_note

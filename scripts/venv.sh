@@ -27,7 +27,9 @@ case "$REQ" in
   *) size="$(grep -cvE '^\s*(#|$)' "$REQ") packages" ;;
 esac
 echo "venv.sh: installing $REQ into $VENV ($size)" >&2
-if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$REQ" >&2; then
+# No pip cache: torch's wheels with their CUDA libraries are ~3 GB, and a cached copy beside the
+# installed one doubled what a small CI disk had to hold.
+if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir -r "$REQ" >&2; then
   echo "venv.sh: pip install -r $REQ into $VENV failed (see pip's message above)" >&2
   exit 1
 fi
