@@ -1,9 +1,13 @@
 """PE side of test_tdist.py, under the launcher: torch.distributed with the ``symheap`` backend
-(``dist.init_process_group("cpu:symheap")``), every collective through ``dist.*`` on random
-data of every dtype, exact against values each rank computes from every rank's seeded data.
+(``dist.init_process_group("cpu:symheap")``), every collective through ``dist.*`` on random data
+of every dtype, exact against values each rank computes from every rank's seeded data.
 ``argv[1]``: ``all`` (the checks, prints ``PASS tdist``), ``diverge`` (ranks make different
-calls), ``dead`` (the last rank dies), ``gloo`` (``cpu:gloo,cuda:symheap``: CPU tensors go to
-gloo). Not collected by pytest."""
+calls), ``dead`` (the last rank dies), ``dead-group`` (the last rank dies before a ``new_group``
+of it and others), ``late-group`` (it lives but never calls ``new_group``), ``gloo``
+(``cpu:gloo,cuda:symheap``: CPU tensors go to gloo). ``argv[2]``: ``cpu`` (default) or ``cuda``:
+the same checks on CUDA tensors over ``cuda:symheap`` (rank r on GPU ``LOCAL_RANK`` mod the GPU
+count, made torch's default device; seeded data is drawn on the CPU and moved). Not collected by
+pytest."""
 
 from __future__ import annotations
 
@@ -27,21 +31,23 @@ FLOAT8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 def data(rank: int, salt: int, shape, dtype: torch.dtype) -> torch.Tensor:
     """Rank ``rank``'s tensor for check ``salt``: small integers (exact in every dtype's sums
     of a few ranks), wide for the integer types' wrapping checks."""
+    return cpu_data(rank, salt, shape, dtype).to(torch.get_default_device())
+
+
+def cpu_data(rank: int, salt: int, shape, dtype: torch.dtype) -> torch.Tensor:
     g = torch.Generator().manual_seed(rank * 7919 + salt * 104729)
+    c = {"generator": g, "device": "cpu"}
     if dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=g).bool()
+        return torch.randint(0, 2, shape, **c).bool()
     if dtype in INTS:
         info = torch.iinfo(dtype)
-        return torch.randint(
-            max(info.min, -(1 << 40)), min(info.max, 1 << 40), shape, generator=g, dtype=torch.int64
-        ).to(dtype)
+        return torch.randint(max(info.min, -(1 << 40)), min(info.max, 1 << 40), shape, dtype=torch.int64, **c).to(dtype)
     if dtype in FLOAT8:
-        return torch.randint(-8, 8, shape, generator=g).to(torch.float32).to(dtype)
+        return torch.randint(-8, 8, shape, **c).to(torch.float32).to(dtype)
     if dtype.is_complex:
-        return torch.complex(
-            torch.randint(-50, 50, shape, generator=g).double(), torch.randint(-50, 50, shape, generator=g).double()
-        ).to(dtype)
-    return torch.randint(-50, 50, shape, generator=g).to(dtype)
+        re, im = torch.randint(-50, 50, shape, **c).double(), torch.randint(-50, 50, shape, **c).double()
+        return torch.complex(re, im).to(dtype)
+    return torch.randint(-50, 50, shape, **c).to(dtype)
 
 
 def fold(xs: List[torch.Tensor], fn: Callable) -> torch.Tensor:
@@ -206,8 +212,8 @@ def check_rooted(r: int, n: int) -> None:
 
 def split_matrix(n: int, salt: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(salt)
-    m = torch.randint(0, 6, (n, n), generator=g)
-    m[torch.rand((n, n), generator=g) < 0.3] = 0
+    m = torch.randint(0, 6, (n, n), generator=g, device="cpu")
+    m[torch.rand((n, n), generator=g, device="cpu") < 0.3] = 0
     return m
 
 
@@ -330,7 +336,8 @@ def check_direct_share(r: int, n: int) -> None:
 
 
 def run_all(r: int, n: int) -> None:
-    assert dist.get_backend() == "cpu:symheap", dist.get_backend()
+    kind = torch.get_default_device().type
+    assert dist.get_backend() == f"{kind}:symheap", dist.get_backend()
     for check in (
         check_all_reduce,
         check_gathers,
@@ -352,7 +359,7 @@ def run_all(r: int, n: int) -> None:
         print(f"[PE {r}] ok check_groups", flush=True)
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh("cpu", (n,))
+    mesh = init_device_mesh(kind, (n,))
     t = torch.ones(2)
     dist.all_reduce(t, group=mesh.get_group())
     same(t, torch.full((2,), float(n)), "device mesh group")
@@ -392,9 +399,55 @@ def run_dead(r: int, n: int) -> None:
     raise AssertionError("the dead rank went unnoticed")
 
 
+def group_without_dead(r: int, n: int, die: Callable[[], None]) -> None:
+    """Ranks 0..n-3 and n-1 make a group (a subgroup to symheap: its members agree on a team over
+    torch's store); rank n-1 runs ``die`` instead, rank n-2 is not a member. The members print
+    how long their ``new_group`` took to fail and its error."""
+    dist.barrier()
+    if r == n - 1:
+        die()
+    t0 = time.monotonic()
+    try:
+        g = dist.new_group([*range(n - 2), n - 1])
+    except SymheapError as e:
+        assert isinstance(e, dist.DistBackendError), type(e).__mro__
+        print(f"[PE {r}] FAILED after {time.monotonic() - t0:.2f}s: {type(e).__name__}: {e}", flush=True)
+        # Rank 0 serves torch's store: the others see their own failure before it goes.
+        time.sleep(1)
+        os._exit(0)
+    if r == n - 2:
+        assert g == dist.GroupMember.NON_GROUP_MEMBER, g
+        # Alive until the members have failed (a PE that exits is a failure too, which would
+        # hide theirs): past the 2 s a death may take to be named, and past the late test's
+        # timeout of 3 s.
+        time.sleep(8)
+        os._exit(0)
+    raise AssertionError("new_group returned without its last member")
+
+
+def run_dead_group(r: int, n: int) -> None:
+    group_without_dead(r, n, lambda: os._exit(3))
+
+
+def run_late_group(r: int, n: int) -> None:
+    """The last member lives but never makes the group."""
+
+    def late() -> None:
+        time.sleep(float(os.environ["SYMHEAP_TIMEOUT"]) + 5)
+        os._exit(0)
+
+    group_without_dead(r, n, late)
+
+
 def main() -> None:
     mode = sys.argv[1]
-    dist.init_process_group("cpu:gloo,cuda:symheap" if mode == "gloo" else "cpu:symheap")
+    kind = sys.argv[2] if len(sys.argv) > 2 else "cpu"
+    if kind == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
+        dev = torch.device("cuda", local % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+        torch.set_default_device(dev)
+    dist.init_process_group("cpu:gloo,cuda:symheap" if mode == "gloo" else f"{kind}:symheap")
     r, n = dist.get_rank(), dist.get_world_size()
     if mode == "all":
         run_all(r, n)
@@ -402,6 +455,10 @@ def main() -> None:
         run_diverge(r, n)
     elif mode == "dead":
         run_dead(r, n)
+    elif mode == "dead-group":
+        run_dead_group(r, n)
+    elif mode == "late-group":
+        run_late_group(r, n)
     elif mode == "gloo":
         t = torch.full((3,), float(r))
         dist.all_reduce(t)

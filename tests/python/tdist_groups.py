@@ -1,10 +1,10 @@
 """Subgroups on the ``symheap`` backend, for pe_tdist.py's ``all`` at 3 and 4 ranks: ``new_group``
 of ranks in any order, two disjoint groups used alternately, a group sharing ranks with others,
-``new_subgroups``, a 2-D DeviceMesh with DTensor redistributes over each dimension, torch's
-non-member behaviour, and a group with no staging slot left. The tensors are ordinary CPU
-tensors, small and larger than the staging slot (test_tdist.py sets it to 4096 bytes), so the
-subgroup collectives run in rounds. Exact expected values from every rank's seeded data. Not
-collected by pytest."""
+``new_subgroups``, a 2-D DeviceMesh with DTensor redistributes over each dimension, torch's non-
+member behaviour, and a group with no staging slot left. The tensors are ordinary tensors of
+torch's default device (CPU, or CUDA in pe_tdist's cuda mode), small and larger than the staging
+slot (test_tdist.py sets it to 4096 bytes), so the subgroup collectives run in rounds. Exact
+expected values from every rank's seeded data. Not collected by pytest."""
 
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ SIZES = (5, 3001)
 
 def data(rank: int, salt: int, shape, dtype=torch.float32) -> torch.Tensor:
     g = torch.Generator().manual_seed(rank * 7919 + salt * 104729)
-    return torch.randint(-50, 50, shape, generator=g).to(dtype)
+    # Drawn on the CPU (the generator's device), then on the default device (CUDA in pe_tdist's
+    # cuda mode).
+    return torch.randint(-50, 50, shape, generator=g, device="cpu").to(dtype).to(torch.get_default_device())
 
 
 def same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
@@ -61,7 +63,7 @@ def on_group(r: int, ranks: List[int], g, salt: int) -> None:
         same(t, data(me, salt + 3, (k,)), f"scatter {k} over {ranks}")
     # Uneven all_to_all_single: member i sends split[i][j] rows of 700 int64 (5600 bytes) to j.
     gen = torch.Generator().manual_seed(salt)
-    split = torch.randint(0, 3, (m, m), generator=gen).tolist()
+    split = torch.randint(0, 3, (m, m), generator=gen, device="cpu").tolist()
 
     def rows(i: int, j: int) -> torch.Tensor:
         base = (salt * 100 + i * 10 + j) * 10000
@@ -129,7 +131,7 @@ def check_mesh(r: int, n: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    mesh = init_device_mesh(torch.get_default_device().type, (2, 2), mesh_dim_names=("dp", "tp"))
     dp, tp = mesh["dp"].get_group(), mesh["tp"].get_group()
     assert dist.get_process_group_ranks(dp) == [r % 2, r % 2 + 2]
     assert dist.get_process_group_ranks(tp) == [r - r % 2, r - r % 2 + 1]

@@ -14,7 +14,7 @@ use crate::buffer::{numel, parse_dtype, HeapView, SymmetricBuffer};
 use crate::convert::{
     atomic_args, coll_params, from_bits, parse_algo, parse_cmp, parse_signal_op, stream_or,
 };
-use crate::errors::{to_py, value_error, IntoPyResult};
+use crate::errors::{is_symheap_error, to_py, value_error, IntoPyResult};
 use crate::store::{PyBootstrap, Source, Watcher};
 use crate::team::{py_exchange, ranks_arg, PyTeam};
 
@@ -159,6 +159,14 @@ impl PyContext {
     #[getter]
     fn n_pes(&self) -> usize {
         self.c().n_pes()
+    }
+
+    /// Raises the job's failure (a PE that exited, an abort, a divergence) as an error of
+    /// `new_group`, does nothing while the job is healthy; local, never waits. The
+    /// torch.distributed backend polls it while it waits on torch's store for the members of a
+    /// group being made, which symheap's watch does not see.
+    fn check_alive_new_group(&self) -> PyResult<()> {
+        self.c().check_alive("new_group").py()
     }
 
     /// How long any wait may take (`SYMHEAP_TIMEOUT` or `init(timeout=)`), in nanoseconds: the
@@ -775,6 +783,12 @@ impl PyContext {
         });
         match r {
             Ok(team) => Ok(PyTeam { team }),
+            // A symheap error of the exchange itself (the torch backend's wait on its store
+            // names a PE that exited, or times out naming who did not join) is the failure the
+            // caller should see, class and all, not a bootstrap error wrapped around it.
+            Err(_) if raised.as_ref().is_some_and(|c| is_symheap_error(py, c)) => {
+                Err(raised.expect("checked above"))
+            }
             Err(e) => {
                 let err = to_py(e);
                 if let Some(cause) = raised {

@@ -79,6 +79,11 @@ static CLASSES: [PyOnceLock<Py<PyType>>; 7] = [
     PyOnceLock::new(),
 ];
 
+/// Whether `e` is a `SymheapError` (any of its subclasses, the Python layer's included).
+pub fn is_symheap_error(py: Python<'_>, e: &PyErr) -> bool {
+    class(py, Class::Base).is_ok_and(|base| e.is_instance(py, &base))
+}
+
 /// The class object for `c` (made on first use).
 pub fn class(py: Python<'_>, c: Class) -> PyResult<Bound<'_, PyType>> {
     if let Some(t) = CLASSES[c.slot()].get(py) {

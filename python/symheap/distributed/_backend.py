@@ -33,9 +33,9 @@ import torch.distributed as dist
 
 from .. import _core, _shmem, _workspace, ops
 from .._core import torch_dtype_name
-from .._native import SymheapUnsupportedError, SymheapValueError
+from .._native import SymheapError, SymheapUnsupportedError, SymheapValueError
 from . import _groups, _p2p, _reduce, _staged, _work
-from ._errors import dist_errors
+from ._errors import as_dist_error, dist_errors
 
 NAME = "symheap"
 
@@ -604,11 +604,15 @@ def _others(store: Any, rank: int, size: int, timeout: timedelta) -> Dict[str, A
 
 def create(opts: Any, backend_options: Any = None) -> SymheapProcessGroup:
     """torch's creator of a ``symheap`` group (``extended_api``): runs on the group's members
-    only, in the same order on each."""
-    return _create(opts)
+    only, in the same order on each. Its errors name torch's call: ``init_process_group`` for
+    the default group, ``new_group`` for the others."""
+    call = "new_group" if opts.global_ranks_in_group else "init_process_group"
+    try:
+        return _create(opts)
+    except SymheapError as e:
+        raise as_dist_error(e, call).with_traceback(e.__traceback__) from None
 
 
-@dist_errors("init_process_group")
 def _create(opts: Any) -> SymheapProcessGroup:
     store, rank, size = opts.store, int(opts.group_rank), int(opts.group_size)
     timeout: timedelta = opts.timeout
@@ -618,7 +622,7 @@ def _create(opts: Any) -> SymheapProcessGroup:
     if default:
         _p2p.setup()
         _staged.reserve()
-    slot = _groups.slot_for(store, rank, size, timeout) if tid != 0 else None
+    slot = _groups.slot_for(store, rank, size, timeout, ranks) if tid != 0 else None
     others = _others(store, rank, size, timeout)
     return SymheapProcessGroup(rank, size, ranks, tid, others, timeout, default=default, slot=slot)
 

@@ -13,11 +13,12 @@ region the default group reserved (:mod:`._staged`): a subgroup allocates nothin
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 from typing import Any, Callable, List, Optional, Sequence
 
 from .. import _core, ops
-from .._native import SymheapMismatchError, SymheapUnsupportedError
+from .._native import SymheapMismatchError, SymheapTimeoutError, SymheapUnsupportedError
 from . import _staged
 
 # Whether this module made the context (then it finalizes it when the default group goes).
@@ -43,16 +44,35 @@ def _context(store: Any, rank: int, size: int, timeout: timedelta) -> None:
         store=dist.PrefixStore("symheap/", store),
         rank=rank,
         world_size=size,
+        device=_torch_device(),
         timeout=float(env) if env else secs,
     )
     _owns_context = True
 
 
+def _torch_device() -> Optional[int]:
+    """The GPU the program chose with ``torch.cuda.set_device`` before ``init_process_group``
+    (what NCCL's users do), so symheap's CUDA context is on the same one; None when torch's CUDA
+    is not initialised (then init's default: ``SYMHEAP_DEVICE``, else ``LOCAL_RANK`` mod the
+    GPU count)."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return int(torch.cuda.current_device())
+    return None
+
+
 def exchange_over(
-    store: Any, rank: int, size: int, timeout: timedelta, prefix: str = "symheap-x"
+    store: Any,
+    rank: int,
+    size: int,
+    timeout: timedelta,
+    prefix: str = "symheap-x",
+    ranks: Optional[Sequence[int]] = None,
 ) -> Callable[[bytes], List[bytes]]:
     """An all-gather of bytes among a group's members over its store, in group order: call
-    ``k`` sets ``{prefix}/{k}/{rank}`` and reads every member's key."""
+    ``k`` sets ``{prefix}/{k}/{rank}`` and reads every member's key. ``ranks``: the members'
+    world ranks, for the timeout's message."""
     count = [0]
 
     def exchange(data: bytes) -> List[bytes]:
@@ -60,10 +80,50 @@ def exchange_over(
         count[0] += 1
         store.set(f"{prefix}/{k}/{rank}", bytes(data))
         keys = [f"{prefix}/{k}/{r}" for r in range(size)]
-        store.wait(keys, timeout)
+        _wait_alive(store, keys, timeout, list(ranks) if ranks is not None else list(range(size)))
         return [bytes(store.get(key)) for key in keys]
 
     return exchange
+
+
+def _wait_alive(store: Any, keys: List[str], timeout: timedelta, ranks: List[int]) -> None:
+    """``store.wait(keys, timeout)`` that also ends when symheap's watch saw a PE exit (or the
+    job fail otherwise) meanwhile: a member that died while the group is being made is named
+    at once instead of at the timeout (``SYMHEAP_TIMEOUT`` when set, as for every symheap wait).
+    Polls the store, 0.2 ms apart at first, 20 ms at most."""
+    native = _core.native() if _core.is_initialized() else None
+    env = os.environ.get("SYMHEAP_TIMEOUT", "").strip()
+    secs = float(env) if env else timeout.total_seconds()
+    deadline = time.monotonic() + secs
+    pause = 0.0002
+    while not _check(store, keys, native):
+        if native is not None:
+            native.check_alive_new_group()
+        if time.monotonic() >= deadline:
+            missing = [ranks[i] for i, key in enumerate(keys) if not store.check([key])]
+            err = SymheapTimeoutError(
+                f"new_group: ranks {missing} of the group {ranks} did not join it within {secs:g} s"
+            )
+            err.call, err.missing = "new_group", missing  # type: ignore[attr-defined]
+            err.pe = native.my_pe if native is not None else None  # type: ignore[attr-defined]
+            raise err
+        time.sleep(pause)
+        pause = min(pause * 2, 0.02)
+
+
+def _check(store: Any, keys: List[str], native: Any) -> bool:
+    """``store.check(keys)``; when the store fails (its host, rank 0's process, died: torch
+    raises ``DistNetworkError``), the job's failure that symheap's watch records meanwhile (the
+    first PE that exited) is raised instead, if it comes within a second."""
+    try:
+        return bool(store.check(keys))
+    except Exception:
+        if native is not None:
+            end = time.monotonic() + 1.0
+            while time.monotonic() < end:
+                native.check_alive_new_group()
+                time.sleep(0.005)
+        raise
 
 
 def team_for(store: Any, rank: int, size: int, ranks: Sequence[int], timeout: timedelta) -> int:
@@ -79,13 +139,14 @@ def team_for(store: Any, rank: int, size: int, ranks: Sequence[int], timeout: ti
     n = _core.native()
     if list(ranks) == list(range(n.n_pes)):
         return 0
-    team = n.team_from_ranks(list(ranks), exchange_over(store, rank, size, timeout))
+    team = n.team_from_ranks(list(ranks), exchange_over(store, rank, size, timeout, ranks=ranks))
     return ops.team_id(team)
 
 
-def slot_for(store: Any, rank: int, size: int, timeout: timedelta) -> Optional[int]:
-    """The staging slot of a new subgroup, agreed among its members (see :mod:`._staged`)."""
-    return _staged.take(exchange_over(store, rank, size, timeout, "symheap-slot"))
+def slot_for(store: Any, rank: int, size: int, timeout: timedelta, ranks: Sequence[int]) -> Optional[int]:
+    """The staging slot of a new subgroup of world ``ranks``, agreed among its members (see
+    :mod:`._staged`)."""
+    return _staged.take(exchange_over(store, rank, size, timeout, "symheap-slot", ranks))
 
 
 def release(pg: Any) -> None:

@@ -88,6 +88,14 @@ impl Context {
         self.inner.world
     }
 
+    /// `Ok` while the job is healthy, else its failure (a PE that exited, an abort, a
+    /// divergence) as the error of `call`, as symheap's next operation would raise it. Local:
+    /// never waits, never communicates. For code that waits on something symheap does not see
+    /// (another library's store, a user's flag) and must not outlive a dead peer.
+    pub fn check_alive(&self, call: &'static str) -> Result<()> {
+        self.inner.check(call)
+    }
+
     /// This PE's index among the PEs of its node.
     pub fn local_rank(&self) -> usize {
         self.inner.node.local_rank
