@@ -1,18 +1,21 @@
-"""Host cost of the symheap torch.distributed backend per small eager collective (CPU tensors,
-host backend), against ``symheap.distributed.*`` called directly and against gloo, in the same
-run on the same tensors.
+"""Host cost of the symheap torch.distributed backend per small eager collective, against
+``symheap.distributed.*`` called directly and against torch's own backend for the device (gloo
+on CPU tensors, NCCL on CUDA tensors), in the same run on the same tensors.
 
-    python bench/tdist_host_cost.py                     # 1 rank (no launcher needed)
+    python bench/tdist_host_cost.py                     # 1 rank, CPU tensors, host backend
+    python bench/tdist_host_cost.py --cuda              # 1 rank, CUDA tensors: cuda:symheap vs NCCL
     python -m symheap.launch -n 2 -- python bench/tdist_host_cost.py
 
-Prints a table (median over trials of the mean of a back-to-back loop, microseconds per call)
-on rank 0. A comparison with NCCL needs a GPU (CUDA tensors, ``cuda:symheap`` vs ``nccl``).
+Prints a table (median over trials of the mean of a back-to-back loop, microseconds per call;
+on CUDA each trial ends with a stream synchronize, so a call queued faster than the GPU runs it
+is not counted as free) on rank 0.
 """
 
 from __future__ import annotations
 
 import os
 import statistics
+import sys
 import time
 from typing import Callable, Dict, List
 
@@ -24,15 +27,25 @@ ITERS = int(os.environ.get("ITERS", "300"))
 TRIALS = int(os.environ.get("TRIALS", "7"))
 
 
+CUDA = "--cuda" in sys.argv[1:]
+
+
+def drain() -> None:
+    if CUDA:
+        torch.cuda.synchronize()
+
+
 def timed(fn: Callable[[], object]) -> float:
     for _ in range(20):
         fn()
+    drain()
     dist.barrier()
     runs: List[float] = []
     for _ in range(TRIALS):
         t0 = time.perf_counter()
         for _ in range(ITERS):
             fn()
+        drain()
         runs.append((time.perf_counter() - t0) / ITERS * 1e6)
     return statistics.median(runs)
 
@@ -40,9 +53,14 @@ def timed(fn: Callable[[], object]) -> float:
 def main() -> None:
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
-    dist.init_process_group("cpu:symheap")
+    if CUDA:
+        local = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
+        torch.cuda.set_device(local % torch.cuda.device_count())
+        torch.set_default_device("cuda")
+    dist.init_process_group("cuda:symheap" if CUDA else "cpu:symheap")
     n = dist.get_world_size()
-    gloo = dist.new_group(backend="gloo")
+    peer_name = "nccl" if CUDA else "gloo"
+    gloo = dist.new_group(backend=peer_name)
     x = torch.ones(16)
     big = torch.empty(16 * n)
     small = torch.empty(16)
@@ -80,20 +98,23 @@ def main() -> None:
             try:
                 got[impl] = timed(fn)
             except RuntimeError as e:  # gloo lacks some collectives on CPU (reduce_scatter)
+                drain()
                 got[impl] = float("nan")
                 if dist.get_rank() == 0:
                     print(f"# {name} {impl}: {str(e).splitlines()[0][:100]}")
         rows.append((name, got))
     if dist.get_rank() == 0:
+        where = "CUDA" if CUDA else "CPU"
         print(
-            f"# {n} rank(s), 16 float32 CPU tensors, us per call (median of {TRIALS} x {ITERS}); "
-            "ratio = dist.* symheap / direct"
+            f"# {n} rank(s), 16 float32 {where} tensors, us per call (median of {TRIALS} x {ITERS}); "
+            f"ratios: dist.* symheap / direct, dist.* symheap / dist.* {peer_name}"
         )
-        print(f"{'collective':<24} {'dist.* symheap':>15} {'direct':>9} {'gloo':>9} {'ratio':>7}")
+        head = f"{'collective':<24} {'dist.* symheap':>15} {'direct':>9} {peer_name:>9}"
+        print(f"{head} {'/direct':>8} {'/' + peer_name:>8}")
         for name, g in rows:
             print(
                 f"{name:<24} {g['backend']:>15.1f} {g['direct']:>9.1f} {g['gloo']:>9.1f} "
-                f"{g['backend'] / g['direct']:>7.2f}"
+                f"{g['backend'] / g['direct']:>8.2f} {g['backend'] / g['gloo']:>8.2f}"
             )
     dist.destroy_process_group()
 

@@ -14,6 +14,11 @@
 # every run in a new /tmp/symheap-ab.* (or DIR). The Open MPI peer is skipped (mpicc is kept
 # off PATH: it measures no symheap code) unless --mpi.
 #
+# --gpu: the GPU sweep instead (no --host; e.g. `-n 1 --gpu A B -- coll --op all_reduce`), each
+# row's CUDA-graph and eager times compared apart. Both binaries then compile their kernels with
+# the machine's NVRTC (SYMHEAP_KERNEL_IMAGE=nvrtc, each in its own kernel cache), so what differs
+# is the code, not which compiler built the shipped images.
+#
 # Needs only the two executables and python3 (standard library): no Rust, no Python packages.
 # Build them from two commits, e.g.
 #   git worktree add --detach /tmp/ab-b COMMIT_B
@@ -30,6 +35,7 @@ ap.add_argument("-n", "--pes", type=int, default=2)
 ap.add_argument("-o", "--out")
 ap.add_argument("-t", "--threshold", type=float, default=0.10, help="the bar, as a fraction (0.10: 10 %%)")
 ap.add_argument("--mpi", action="store_true", help="let the bench run its Open MPI peer")
+ap.add_argument("--gpu", action="store_true", help="the GPU sweep (kernels compiled by NVRTC for both)")
 argv = sys.argv[1:]
 extra = []
 if "--" in argv:
@@ -45,10 +51,16 @@ out = args.out or tempfile.mkdtemp(prefix="symheap-ab.")
 os.makedirs(out, exist_ok=True)
 
 env = dict(os.environ)
+envs = {"A": dict(env), "B": dict(env)}
+if args.gpu:
+    for k in envs:
+        envs[k]["SYMHEAP_KERNEL_IMAGE"] = "nvrtc"
+        envs[k]["SYMHEAP_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"symheap-ab-cache-{k}.")
 if not args.mpi:
     # The bench compiles its MPI peer with the mpicc on PATH: without one it skips the peer.
     keep = [d for d in env.get("PATH", "").split(":") if d and not os.path.exists(os.path.join(d, "mpicc"))]
-    env["PATH"] = ":".join(keep)
+    for e in envs.values():
+        e["PATH"] = ":".join(keep)
 
 
 def digest(p):
@@ -63,31 +75,47 @@ def loadavg():
 
 print(f"A = {bins['A']} (sha256 {digest(bins['A'])})")
 print(f"B = {bins['B']} (sha256 {digest(bins['B'])})")
-print(f"bench {' '.join(extra)} --host -n {args.pes}; {args.rounds} rounds, alternated; {os.cpu_count()} CPUs; "
+where = "" if args.gpu else " --host"
+print(f"bench {' '.join(extra)}{where} -n {args.pes}; {args.rounds} rounds, alternated; {os.cpu_count()} CPUs; "
       f"load average {loadavg()} at the start; JSON in {out}")
 times = {}  # (op, bytes) -> {"A": [..], "B": [..]}, one per round
+
+
+def measured(doc):
+    """(op, bytes) -> microseconds of one run's JSON: the host's {"rows": [...]} or the GPU's
+    list of rows, whose graph and eager times count as two ops."""
+    seen = set()
+    if isinstance(doc, dict):
+        for row in doc["rows"]:
+            key = (row["op"], row["bytes"])
+            if key not in seen:  # put/get rows repeat once per peer, same symheap time
+                seen.add(key)
+                yield key, row["symheap_s"] * 1e6
+        return
+    for row in doc:
+        for mode in ("graph", "eager"):
+            t = row.get(f"{mode}_us")
+            key = (f"{row['op']} {row['dtype']} {mode}", row["bytes"])
+            if t and key not in seen:
+                seen.add(key)
+                yield key, t
 order = []
 t0 = time.time()
 for r in range(1, args.rounds + 1):
     pair = ["A", "B"] if r % 2 else ["B", "A"]
     for k in pair:
         f = os.path.join(out, f"round{r}-{k}.json")
-        cmd = [bins[k], "bench", *extra, "--host", "-n", str(args.pes), "--json", f]
+        cmd = [bins[k], "bench", *extra, *([] if args.gpu else ["--host"]), "-n", str(args.pes), "--json", f]
         with open(os.path.join(out, f"round{r}-{k}.log"), "w") as log:
-            rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=envs[k])
         if rc != 0:
             sys.exit(f"ab_host_bench: round {r}, {k} exited {rc}: {' '.join(cmd)} (log in {out})")
         with open(f) as fh:
-            seen = set()
-            for row in json.load(fh)["rows"]:
-                key = (row["op"], row["bytes"])
-                if key in seen:  # put/get rows repeat once per peer, same symheap time
-                    continue
-                seen.add(key)
+            for key, t in measured(json.load(fh)):
                 if key not in times:
                     times[key] = {"A": [], "B": []}
                     order.append(key)
-                times[key][k].append(row["symheap_s"] * 1e6)
+                times[key][k].append(t)
     print(f"round {r}/{args.rounds} done ({' '.join(pair)}), {time.time() - t0:.0f} s, load {loadavg()}", file=sys.stderr)
 
 
