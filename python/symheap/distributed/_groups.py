@@ -17,6 +17,8 @@ import time
 from datetime import timedelta
 from typing import Any, Callable, List, Optional, Sequence
 
+import torch
+
 from .. import _core, ops
 from .._native import SymheapMismatchError, SymheapTimeoutError, SymheapUnsupportedError
 from . import _staged
@@ -55,8 +57,6 @@ def _torch_device() -> Optional[int]:
     (what NCCL's users do), so symheap's CUDA context is on the same one; None when torch's CUDA
     is not initialised (then init's default: ``SYMHEAP_DEVICE``, else ``LOCAL_RANK`` mod the
     GPU count)."""
-    import torch
-
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return int(torch.cuda.current_device())
     return None
