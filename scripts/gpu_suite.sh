@@ -24,6 +24,8 @@
 # (MoE dispatch/combine against the NCCL path, DeepEP and torch's all_to_all_vdev_2d). Packages the GPU machine lacks travel as wheels in
 # .whl/ (git-ignored) and are installed into /tmp/site first.
 #   ONLY_PEERS=1 scripts/gpu_suite.sh run   just the peers and `symheap bench coll` merging them
+# AB_BEFORE=PATH (another build of the command) adds an alternated before/after of the
+# collectives at one PE (AB_ROUNDS, AB_OPS, AB_SIZES).
 # Shorter calls (the device budget is 30 minutes a session): SKIP_NODES (the simulated-node
 # scenarios and benchmarks), SKIP_COLD (one cold run only),
 # SKIP_SELFTEST, PES (default 1,2,4), SKIP_PES8, PES8_ONLY (scenarios at 8 PEs), SKIP_DIVERGE,
@@ -224,6 +226,15 @@ run)
   # The command as pip installs it (python -m symheap = the console script), on the GPU.
   step pip-command 60 env SYMHEAP_BACKEND=cuda python3 -m symheap launch -n 2 -- python3 -m symheap info
   NGPU=$(nvidia-smi -L | wc -l)
+  # Before/after on the GPU (AB_BEFORE: another build of the command, e.g. the commit before a
+  # change to how kernels launch): symheap's collective times at one PE, alternated rounds, both
+  # builds compiling their kernels with this machine's NVRTC (scripts/ab_host_bench.sh --gpu).
+  if [ -n "${AB_BEFORE:-}" ]; then
+    step ab-gpu "${AB_LIMIT:-200}" scripts/ab_host_bench.sh --gpu -r "${AB_ROUNDS:-4}" -n 1 -o "$OUTDIR/ab" \
+      "$AB_BEFORE" "$B" -- coll --op "${AB_OPS:-all_reduce,all_gather,reduce_scatter,broadcast,alltoall}" \
+      --sizes "${AB_SIZES:-8,64K,4M}"
+    grep -E "^\||^A =|^B =" "$OUTDIR/ab-gpu.log" || true
+  fi
   # NCCL takes one rank per GPU: with one GPU its scenario runs at 1 PE only.
   SKIP=()
   [ "$NGPU" -lt 2 ] && SKIP=(--skip coll-nccl)
@@ -257,6 +268,10 @@ run)
     GO="--gpu-only"
     [ "${GPU_ONLY:-1}" = 0 ] && GO=""
     [ "${SKIP_TORCH:-0}" = 1 ] || step python-torch "${PYTEST_LIMIT:-600}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs $GO ${TORCH_TESTS:-test_torch.py test_fused.py test_torch_ops_gpu.py test_nodes_gpu.py test_gemm.py test_moe.py test_torch_programs.py}"
+    # The torch.distributed backend's host time per small eager call against NCCL's, one rank,
+    # CUDA tensors (bench/tdist_host_cost.py --cuda).
+    [ "${SKIP_TORCH:-0}" = 1 ] || step tdist-host-cost "${TDIST_COST_LIMIT:-120}" python3 bench/tdist_host_cost.py --cuda
+    [ "${SKIP_TORCH:-0}" = 1 ] || sed -n '/^# /,$p' "$OUTDIR/tdist-host-cost.log"
     # Providers (native heap, NVSHMEM, torch SymmetricMemory) under one Triton and one CUDA C++
     # kernel, and the Triton device library's compile and hint checks.
     [ "${SKIP_PROVIDERS:-0}" = 1 ] || step python-providers "${PROVIDERS_LIMIT:-300}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs $GO test_providers_gpu.py test_nvshmem_coexist_gpu.py test_providers.py test_triton_compile.py"
