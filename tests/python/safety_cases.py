@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import os
+import random
 import sys
 import time
 import zlib
@@ -139,6 +140,20 @@ def case_object_bytes() -> None:
     got = symheap.all_gather_object_bytes(bytes([me]) * (3 * me + 1))
     assert [len(g) for g in got] == [3 * r + 1 for r in range(n)], [len(g) for g in got]
     assert all(g == bytes([r]) * (3 * r + 1) for r, g in enumerate(got))
+    # Empty contributions: on PE 0 only (the others once waited for it until the timeout, as
+    # the empty payload skipped its exchange), on every PE (n empty parts, not an empty list),
+    # and random lengths with zeros among them.
+    got = symheap.all_gather_object_bytes(bytes([me]) * (3 * me))
+    assert got == [bytes([r]) * (3 * r) for r in range(n)], got
+    assert symheap.all_gather_object_bytes(b"") == [b""] * n
+    for k in range(4):
+        parts = [_random_part(k, r) for r in range(n)]
+        assert symheap.all_gather_object_bytes(parts[me]) == parts, k
+
+
+def _random_part(k: int, r: int) -> bytes:
+    rng = random.Random(1000 * k + r)
+    return rng.randbytes(rng.choice([0, 0, 1, 5, 300]))
 
 
 # ---- divergence: one PE (the last) makes a different call; every PE must name it at once ----

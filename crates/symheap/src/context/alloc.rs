@@ -148,7 +148,7 @@ impl Inner {
                 let spare = [u8::from(self.backend.can_spare(chunk))];
                 let votes = {
                     let mut ts = self.teams.world_team.lock();
-                    self.sync_point(&mut st, &mut ts, call, &spare)?
+                    self.sync_point(&mut st, &mut ts, call, Some(&spare))?
                 };
                 match st.try_alloc(bytes, span, align) {
                     Some(b) => {

@@ -72,14 +72,18 @@ impl Inner {
         st: &mut HeapState,
         ts: &mut team::TeamState,
         call: &'static str,
-        payload: &[u8],
+        payload: Option<&[u8]>,
     ) -> Result<Vec<Vec<u8>>> {
         // Every PE meets at the shared-memory barrier first, whatever it exchanges next: a PE
         // in a different call meets it there too and the mismatch is named, instead of one PE
-        // waiting on the bootstrap while another waits on the barrier.
-        if self.world_fast_sync(ts, call)? && payload.is_empty() {
+        // waiting on the bootstrap while another waits on the barrier. Only a barrier (no
+        // payload on any PE: the call decides, never the bytes) may end there; an exchange
+        // whose payload happened to be empty on one PE once skipped the bootstrap on that PE
+        // alone and left the others waiting for it.
+        if self.world_fast_sync(ts, call)? && payload.is_none() {
             return Ok(Vec::new());
         }
+        let payload = payload.unwrap_or_default();
         let ledger = ts.ledger.encode();
         self.poll_releases();
         let releases = self.mem.heap.take_releases();
@@ -119,14 +123,17 @@ impl Inner {
 
     /// A host collective point for `call`: records `call(args)` in the world ledger, then
     /// exchanges ledgers (failing every PE, with the first differing call named, when they
-    /// diverged), reclaims what every PE released, and gathers `payload` from every PE (an
-    /// empty payload may come back as an empty vector). Every PE must reach it, in the same
-    /// order as its other collective calls; a PE that does not is named by the timeout error.
+    /// diverged), reclaims what every PE released, and with `Some(payload)` gathers it from
+    /// every PE (one part per PE, empty ones included); `None` is a barrier (which may come
+    /// back as an empty vector). Whether there is a payload must be the same on every PE for
+    /// the same call: it decides whether the PEs exchange through the bootstrap after the
+    /// shared-memory barrier. Every PE must reach it, in the same order as its other collective
+    /// calls; a PE that does not is named by the timeout error.
     pub(crate) fn collective(
         &self,
         call: &'static str,
         args: String,
-        payload: &[u8],
+        payload: Option<&[u8]>,
     ) -> Result<Vec<Vec<u8>>> {
         self.check(call)?;
         let mut st = self.mem.lock_heap();
@@ -166,7 +173,7 @@ impl Inner {
         let mut st = self.mem.lock_heap();
         let mut ts = self.teams.world_team.lock();
         self.record_on(&self.teams.world_team, &mut ts, "finalize", String::new());
-        self.sync_point(&mut st, &mut ts, "finalize", &[])?;
+        self.sync_point(&mut st, &mut ts, "finalize", None)?;
         drop((ts, st));
         if let Some(Ok(mpi)) = self.comms.mpi.get() {
             mpi.finish();

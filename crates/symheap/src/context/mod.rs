@@ -304,7 +304,7 @@ impl Context {
     /// released buffers are reclaimed.
     pub fn barrier_all(&self) -> Result<()> {
         self.inner
-            .collective("barrier_all", String::new(), &[])
+            .collective("barrier_all", String::new(), None)
             .map(|_| ())
     }
 
@@ -313,7 +313,7 @@ impl Context {
     /// checked; the contributions may differ in length (gathering them is what it is for).
     pub fn all_gather_bytes(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
         self.inner
-            .collective("all_gather_bytes", String::new(), data)
+            .collective("all_gather_bytes", String::new(), Some(data))
     }
 
     /// Heap occupancy on this PE (the same on every PE at collective points).

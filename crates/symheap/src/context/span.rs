@@ -119,7 +119,11 @@ impl Inner {
             inter_id: ids.as_ref().ok().and_then(|i| i.0),
             all_id: ids.as_ref().ok().and_then(|i| i.1),
         };
-        let parts = self.collective(call, "setup across nodes (NCCL)".into(), &hello.encode())?;
+        let parts = self.collective(
+            call,
+            "setup across nodes (NCCL)".into(),
+            Some(&hello.encode()),
+        )?;
         let all: Vec<Hello> = parts
             .iter()
             .enumerate()

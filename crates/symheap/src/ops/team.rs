@@ -229,7 +229,7 @@ impl Context {
         free: u64,
     ) -> Result<((u64, u64), u64, Option<[u8; UNIQUE_ID_BYTES]>)> {
         let hello = self.inner.split_hello(members, spans, free);
-        let parts = self.inner.collective(call, args, &hello.encode())?;
+        let parts = self.inner.collective(call, args, Some(&hello.encode()))?;
         let split_at = self.inner.teams.world_team.lock().ledger.digest();
         let all: Vec<SplitHello> = parts
             .iter()

@@ -82,7 +82,7 @@ impl Provider for NativeHeap {
     /// Collective: `Context::barrier_all`.
     fn barrier(&self) -> Result<()> {
         self.inner
-            .collective("barrier_all", String::new(), &[])
+            .collective("barrier_all", String::new(), None)
             .map(|_| ())
     }
 

@@ -283,7 +283,7 @@ impl Nvshmem {
         let Some(session) = st.session.take() else {
             return Ok(());
         };
-        if let Err(e) = self.inner.collective(CALL, String::new(), &[]) {
+        if let Err(e) = self.inner.collective(CALL, String::new(), None) {
             // Dropping a Session leaves NVSHMEM initialised (see `Session`).
             drop(session);
             return Err(e);
@@ -326,7 +326,7 @@ fn exchange_unique_id(
         Ok((_, found, uid)) => [&[1u8][..], &found.to_bytes()[..], &uid[..]].concat(),
         Err(m) => [&[0u8][..], m.as_bytes()].concat(),
     };
-    let all = inner.collective(CALL, String::new(), &payload)?;
+    let all = inner.collective(CALL, String::new(), Some(&payload))?;
     let (api, _, _) = prepared.map_err(|m| unsupported(CALL, m).with_pe(rank))?;
     for (r, p) in all.iter().enumerate() {
         if p.first() != Some(&1) {
@@ -380,7 +380,7 @@ fn start_session(
         Ok(_) => vec![1u8],
         Err(m) => [&[0u8][..], m.as_bytes()].concat(),
     };
-    let all = inner.collective("Nvshmem::new (started)", String::new(), &status)?;
+    let all = inner.collective("Nvshmem::new (started)", String::new(), Some(&status))?;
     let session = started.map_err(|m| {
         err(
             CALL,
@@ -438,7 +438,7 @@ fn probe_offsets(inner: &Arc<Inner>, mut session: Session) -> Result<(Session, V
         Some(_) if !on_my_node.is_empty() && reach == 0 => 2,
         Some(_) => 1,
     };
-    let verdicts = inner.collective("Nvshmem::new (probe)", String::new(), &[verdict])?;
+    let verdicts = inner.collective("Nvshmem::new (probe)", String::new(), Some(&[verdict]))?;
     let with = |code: u8| -> Vec<usize> {
         (0..world)
             .filter(|&r| verdicts.get(r).and_then(|v| v.first()) == Some(&code))
@@ -515,7 +515,7 @@ impl Provider for Nvshmem {
         let serial = st.serial;
         st.serial += 1;
         self.inner
-            .collective(CALL, format!("{} #{serial}", human_bytes(bytes)), &[])?;
+            .collective(CALL, format!("{} #{serial}", human_bytes(bytes)), None)?;
         self.bind()?;
         let session = st.session.as_mut().expect("checked above");
         let ptr = session.malloc(span).ok_or_else(|| {
@@ -571,8 +571,11 @@ impl Provider for Nvshmem {
         if st.session.is_none() {
             return Err(self.finalized_error(CALL));
         }
-        self.inner
-            .collective(CALL, format!("{} #{}", human_bytes(a.bytes), a.serial), &[])?;
+        self.inner.collective(
+            CALL,
+            format!("{} #{}", human_bytes(a.bytes), a.serial),
+            None,
+        )?;
         self.bind()?;
         let session = st.session.as_mut().expect("checked above");
         if !session.free(a.ptr) {
@@ -589,7 +592,7 @@ impl Provider for Nvshmem {
         let Some(session) = st.session.as_ref() else {
             return Err(self.finalized_error(CALL));
         };
-        self.inner.collective(CALL, String::new(), &[])?;
+        self.inner.collective(CALL, String::new(), None)?;
         self.bind()?;
         session.barrier_all();
         Ok(())

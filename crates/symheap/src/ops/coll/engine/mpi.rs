@@ -68,7 +68,7 @@ fn world_mpi<'a>(cx: &'a Context, call: &'static str, args: String) -> Result<&'
         .mpi
         .get_or_init(|| Mpi::open(inner.rank, inner.world));
     let status: &[u8] = if opened.is_ok() { &[1] } else { &[0] };
-    let all = inner.collective(call, args, status)?;
+    let all = inner.collective(call, args, Some(status))?;
     let missing: Vec<usize> = (0..all.len())
         .filter(|&r| all[r].first() != Some(&1))
         .collect();

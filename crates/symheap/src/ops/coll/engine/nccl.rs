@@ -52,7 +52,8 @@ impl Engine for NcclEngine {
         // The host form over the world meets over the rendezvous first (recording the call);
         // otherwise the call is recorded as it is enqueued.
         let args = if host_form && !p.t.spans {
-            cx.inner.collective(call, r.text(cx, p, None, false), &[])?;
+            cx.inner
+                .collective(call, r.text(cx, p, None, false), None)?;
             None
         } else {
             Some(r.text(cx, p, Some("across nodes"), false))
