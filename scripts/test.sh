@@ -4,9 +4,9 @@
 # Needs Rust and a python3 (a bare interpreter is enough: nothing is installed into it). Every
 # Python package the tests use (maturin, zig, NVRTC, NumPy, pytest, ruff, torch, Triton) goes into
 # the project-local venv target/venv, and the lowest and newest torch and Triton into
-# target/venv-torch-min and target/venv-torch-new (scripts/torch_range.sh). Peak disk is about
-# 15 GB (venvs, pip keeps no cache); SYMHEAP_LOW_DISK=1 removes what the later steps no longer
-# need (target/debug after its last use, each torch-range venv after its tests). Outside target/ it
+# target/venv-torch-min and target/venv-torch-new (scripts/torch_range.sh), one after the other
+# at the end (pip keeps no cache). SYMHEAP_LOW_DISK=1 (CI) removes what the later steps no longer
+# need: target/debug and target/venv once pytest passed, each range venv after its tests. Outside target/ it
 # installs one thing, said before it does: Open MPI (apt-get install openmpi-bin, through sudo when not root) when mpirun is
 # missing; SYMHEAP_NO_APT=1 installs nothing and skips the tests that need mpirun, naming them
 # at the end. Each step says what it runs; a failing step is named with its exit status, so
@@ -19,6 +19,7 @@ T0=$SECONDS
 
 VENV="$PWD/target/venv"
 step "project venv ($VENV, from scripts/requirements-test.txt)" scripts/venv.sh "$VENV"
+ORIG_PATH="$PATH"
 export PATH="$VENV/bin:$PATH"
 step "NVRTC setup on a fresh machine (bare python3, set -euo pipefail)" scripts/check_nvrtc_env.sh
 # NVRTC from the venv, so every CUDA kernel and the device header compile in the tests (no GPU).
@@ -57,11 +58,14 @@ step "install the wheel into the test venv" \
 # From tests/python, so `import symheap` is the installed wheel, not python/ in this checkout.
 pytest_all() { (cd tests/python && python -m pytest -q -p no:cacheprovider -rs .); }
 step "pytest (multi-PE, host backend; torch on CPU)" pytest_all
-# Nothing after this point uses the debug build (the pytest step is its last user: the tests that
-# launch through target/debug/symheap); on a small CI disk it makes room for the range venvs.
+# Nothing after this point uses the debug build or the test venv (the range step has its own
+# venvs and takes the wheel file); on a small CI disk they make room for the range venvs.
 if [ "${SYMHEAP_LOW_DISK:-0}" = 1 ]; then
-  echo "test.sh: SYMHEAP_LOW_DISK=1: removing target/debug ($(du -sh target/debug | cut -f1))" >&2
-  rm -rf target/debug
+  echo "test.sh: SYMHEAP_LOW_DISK=1: removing target/debug ($(du -sh target/debug | cut -f1)) and $VENV" \
+    "($(du -sh "$VENV" | cut -f1))" >&2
+  rm -rf target/debug "$VENV"
+  export PATH="$ORIG_PATH"
+  unset SYMHEAP_NVRTC_LIB
 fi
 step "the lowest supported torch/Triton and the newest on the index (scripts/torch_range.sh)" \
   scripts/torch_range.sh "$WHEEL"
