@@ -648,7 +648,9 @@ def _describe(x: Any, what: str) -> Arr:
         return Arr(
             obj=x,
             kind="torch",
-            ptr=x.data_ptr(),
+            # torch reports 0 as the address of every empty tensor; symheap needs where it is
+            # (an empty slice of a symmetric tensor is at a symmetric offset the other PEs use).
+            ptr=x.data_ptr() if numel else x.untyped_storage().data_ptr() + x.storage_offset() * x.element_size(),
             nbytes=numel * x.element_size(),
             numel=numel,
             dtype=dtype,

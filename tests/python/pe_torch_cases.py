@@ -180,6 +180,52 @@ def case_torch_coll() -> None:
 
 
 @case
+def case_torch_empty() -> None:
+    """Empty tensors (torch gives every one address 0: an empty slice of a symmetric tensor,
+    symheap's own empty tensors) where symmetric memory is taken: an uneven alltoall in which PE
+    0 receives nothing and the last PE sends nothing, each PE passing the rows it sends and
+    receives as slices of symmetric arrays (empty there), exact against every PE's rows;
+    collectives, put and get of 0 elements on every PE."""
+    import symheap.torch as st
+    import torch
+
+    me, n = symheap.my_pe(), symheap.n_pes()
+    gen = torch.Generator().manual_seed(zlib.crc32(b"torch_empty"))
+
+    def rows(i: int, j: int, k: int) -> torch.Tensor:
+        base = (i * 31 + j) * 1000
+        return torch.arange(base, base + 2 * k, dtype=torch.int64).view(k, 2)
+
+    for _ in range(3):
+        m = torch.randint(0, 5, (n, n), generator=gen)
+        m[:, 0] = 0  # nobody sends to PE 0
+        m[n - 1, :] = 0  # the last PE sends nothing
+        send, recv = m[me].tolist(), m[:, me].tolist()
+        cap = int(max(m.sum(0).max(), m.sum(1).max()))
+        src = st.empty((cap, 2), dtype=torch.int64)[: sum(send)]
+        src.copy_(torch.cat([rows(me, j, send[j]) for j in range(n)]))
+        buf = st.full((cap + 1, 2), -1, dtype=torch.int64)
+        dst = buf[: sum(recv)]
+        assert (src.numel() == 0) == (src.data_ptr() == 0) and (dst.numel() == 0) == (dst.data_ptr() == 0)
+        symheap.barrier_all()
+        symheap.alltoall(dst, src, output_split_sizes=recv, input_split_sizes=send)
+        symheap.barrier_all()
+        assert torch.equal(dst.cpu(), torch.cat([rows(i, me, recv[i]) for i in range(n)])), (m, dst)
+        assert (buf[sum(recv) :].cpu() == -1).all(), "written past the received rows"
+    a, b = st.empty(0, dtype=torch.float32), st.empty(0, dtype=torch.float32)
+    assert a.data_ptr() == 0
+    symheap.all_reduce(a, b, "sum")
+    symheap.all_reduce(a)
+    symheap.broadcast(a, b, root=n - 1)
+    symheap.all_gather(st.empty(0, dtype=torch.float32), b)
+    symheap.reduce_scatter(a, st.empty(0, dtype=torch.float32), "max")
+    symheap.alltoall(a, b)
+    symheap.put(a, b, pe=(me + 1) % n)
+    symheap.get(a, b, pe=(me + 1) % n)
+    symheap.barrier_all()
+
+
+@case
 def case_torch_release_order() -> None:
     """A CUDA tensor deleted right after an asynchronous put into it (still pending behind a
     closed gate on a stream) is not reused by any PE until the put finished; then it is. The

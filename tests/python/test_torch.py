@@ -13,6 +13,13 @@ def test_torch_cpu_tensors(torch_module, n: int) -> None:
     run_cases(n, "torch", "torch_coll")
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_torch_empty_tensors(torch_module, n: int) -> None:
+    """Empty tensors (address 0 in torch) in every call that takes symmetric memory, an uneven
+    alltoall with PEs that send or receive nothing among them."""
+    run_cases(n, "torch_empty")
+
+
 def test_init_from_torch_distributed(torch_module) -> None:
     """init() with torch.distributed initialised (gloo) runs the rendezvous over its store."""
     run_cases(2, "torch_dist")
@@ -21,7 +28,7 @@ def test_init_from_torch_distributed(torch_module) -> None:
 def test_cuda_tensors(cuda_gpus: int) -> None:
     """CUDA tensors on the CUDA backend, one PE per GPU (up to 2)."""
     n = min(cuda_gpus, 2)
-    run_cases(n, "torch", "torch_coll", env={"SYMHEAP_BACKEND": "cuda"})
+    run_cases(n, "torch", "torch_coll", "torch_empty", env={"SYMHEAP_BACKEND": "cuda"})
 
 
 def test_cuda_release_is_stream_ordered(cuda_gpus: int) -> None:
