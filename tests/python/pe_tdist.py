@@ -418,9 +418,8 @@ def group_without_dead(r: int, n: int, die: Callable[[], None]) -> None:
     if r == n - 2:
         assert g == dist.GroupMember.NON_GROUP_MEMBER, g
         # Alive until the members have failed (a PE that exits is a failure too, which would
-        # hide theirs): past the 2 s a death may take to be named, and past the late test's
-        # timeout of 3 s.
-        time.sleep(8)
+        # hide theirs): past the 2 s a death may take to be named, or the late test's timeout.
+        time.sleep(min(float(os.environ["SYMHEAP_TIMEOUT"]), 2.5) + 1.5)
         os._exit(0)
     raise AssertionError("new_group returned without its last member")
 
@@ -433,7 +432,7 @@ def run_late_group(r: int, n: int) -> None:
     """The last member lives but never makes the group."""
 
     def late() -> None:
-        time.sleep(float(os.environ["SYMHEAP_TIMEOUT"]) + 5)
+        time.sleep(float(os.environ["SYMHEAP_TIMEOUT"]) + 2)
         os._exit(0)
 
     group_without_dead(r, n, late)
