@@ -82,17 +82,17 @@ times = {}  # (op, bytes) -> {"A": [..], "B": [..]}, one per round
 
 
 def measured(doc):
-    """(op, bytes) -> microseconds of one run's JSON: the host's {"rows": [...]} or the GPU's
-    list of rows, whose graph and eager times count as two ops."""
+    """(op, bytes) -> microseconds of one run's JSON rows: the host's (``symheap_s``) or the
+    GPU's, whose graph and eager times count as two ops."""
     seen = set()
-    if isinstance(doc, dict):
-        for row in doc["rows"]:
+    rows = doc["rows"] if isinstance(doc, dict) else doc
+    for row in rows:
+        if "symheap_s" in row:
             key = (row["op"], row["bytes"])
             if key not in seen:  # put/get rows repeat once per peer, same symheap time
                 seen.add(key)
                 yield key, row["symheap_s"] * 1e6
-        return
-    for row in doc:
+            continue
         for mode in ("graph", "eager"):
             t = row.get(f"{mode}_us")
             key = (f"{row['op']} {row['dtype']} {mode}", row["bytes"])

@@ -24,6 +24,7 @@ errors are torch's ``DistBackendError`` and symheap's error class at once (:mod:
 
 from __future__ import annotations
 
+import struct
 import sys
 from datetime import timedelta
 from typing import Any, Dict, List, Optional, Sequence
@@ -325,9 +326,13 @@ class SymheapProcessGroup(dist.ProcessGroup):
             if work is not o:
                 o.copy_(work)
             return
-        sizes = _torch.tensor([o.numel() * es, i.numel() * es], dtype=_torch.int64, device=_symheap_device())
-        ops.all_reduce_(sizes, "max", self._tid)
-        top_out, top_in = (int(v) for v in sizes.tolist())
+        # The largest output and input of any member size the regions, the same on every PE.
+        # A host exchange, not a device all_reduce read back: that synchronised the stream on
+        # every call and cannot run in a CUDA graph capture (torch.compile's reduce-overhead
+        # captures all_to_all_single with its split sizes as constants).
+        parts = _core.native().all_gather_bytes(struct.pack("<QQ", o.numel() * es, i.numel() * es))
+        sizes = [struct.unpack("<QQ", p) for p in parts]
+        top_out, top_in = max(s[0] for s in sizes), max(s[1] for s in sizes)
         team = ops._team(self._tid)
         off = _workspace.aligned(max(top_out, 1))
         buf = _workspace.staging(team, off + _workspace.aligned(max(top_in, 1)))
@@ -558,14 +563,6 @@ def _prod(xs: Sequence[int]) -> int:
     for x in xs:
         p *= int(x)
     return p
-
-
-def _symheap_device() -> _torch.device:
-    return (
-        _torch.device("cuda", _core.native().device_ordinal)
-        if _core.native().backend == "cuda"
-        else _torch.device("cpu")
-    )
 
 
 # ---- the creator ---------------------------------------------------------------------------
