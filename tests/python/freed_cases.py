@@ -268,6 +268,9 @@ def case_atomic_values() -> None:
         refused(["float32"], symheap.atomic_swap, f, bad, nxt)
     assert symheap.atomic_fetch(f, nxt) == 2.5
     d = sn.zeros(2, dtype=np.float64)
+    # Every PE has zeroed its copy before the next PE writes into it (an allocation that fits
+    # does not synchronise; without this the zeroing could land after the write).
+    symheap.barrier_all()
     symheap.atomic_set(d, 1e300, nxt)
     assert symheap.atomic_fetch(d, nxt) == 1e300
     refused(["float64"], symheap.atomic_set, d, 10**400, nxt)
