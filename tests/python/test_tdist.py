@@ -65,10 +65,11 @@ def test_divergence_named_on_every_rank(torch_module) -> None:
         assert "all_reduce" in line.group(1) and "all_gather" in line.group(1), line.group(1)
 
 
-def dead_rank_reports(timeout_s: int, mode: str = "dead") -> list:
-    """(seconds, message) of ranks 0 and 1 after rank 2 died, under SYMHEAP_TIMEOUT."""
+def reports(n: int, mode: str, timeout_s: int, tag: str) -> list:
+    """(seconds, line, message) of ranks 0 and 1 printing ``[PE r] TAG after Ss: message`` in
+    ``mode`` at ``n`` ranks, under SYMHEAP_TIMEOUT."""
     p = launch(
-        3,
+        n,
         [sys.executable, PE, mode],
         env={**ENV, "SYMHEAP_TIMEOUT": str(timeout_s)},
         timeout=120,
@@ -77,11 +78,18 @@ def dead_rank_reports(timeout_s: int, mode: str = "dead") -> list:
     out = p.stdout + p.stderr
     found = []
     for r in range(2):
-        m = re.search(rf"\[PE {r}\] DEAD after ([0-9.]+)s: (.*)", p.stdout)
+        m = re.search(rf"\[PE {r}\] {tag} after ([0-9.]+)s: (.*)", p.stdout)
         assert m, out
-        assert "PE 2" in m.group(2), m.group(0)
-        found.append((float(m.group(1)), m.group(0)))
+        found.append((float(m.group(1)), m.group(0), m.group(2)))
     return found
+
+
+def dead_rank_reports(timeout_s: int) -> list:
+    """(seconds, line) of ranks 0 and 1 after rank 2 died, under SYMHEAP_TIMEOUT."""
+    found = reports(3, "dead", timeout_s, "DEAD")
+    for _, line, msg in found:
+        assert "PE 2" in msg, line
+    return [(secs, line) for secs, line, _ in found]
 
 
 def test_dead_rank_named_within_2s(torch_module) -> None:
@@ -95,20 +103,7 @@ def test_dead_rank_named_within_2s(torch_module) -> None:
 def group_failures(mode: str, timeout_s: int) -> list:
     """(seconds, message) of members 0 and 1 of a new_group whose member 3 died (``dead-group``)
     or never came (``late-group``), 4 ranks, under SYMHEAP_TIMEOUT."""
-    p = launch(
-        4,
-        [sys.executable, PE, mode],
-        env={**ENV, "SYMHEAP_TIMEOUT": str(timeout_s)},
-        timeout=120,
-        launcher_args=("--grace", "60"),
-    )
-    out = p.stdout + p.stderr
-    found = []
-    for r in range(2):
-        m = re.search(rf"\[PE {r}\] FAILED after ([0-9.]+)s: (.*)", p.stdout)
-        assert m, out
-        found.append((float(m.group(1)), m.group(2)))
-    return found
+    return [(secs, msg) for secs, _, msg in reports(4, mode, timeout_s, "FAILED")]
 
 
 def test_dead_rank_named_during_new_group(torch_module) -> None:
