@@ -198,6 +198,16 @@ mod tests {
     use std::process::Command;
     use std::time::Instant;
 
+    /// The first exit `w` sees, waiting at most 5 s.
+    fn first_exit(w: &mut PeerWatch) -> Option<(usize, String)> {
+        let t0 = Instant::now();
+        let mut seen = None;
+        while seen.is_none() && t0.elapsed() < Duration::from_secs(5) {
+            seen = w.wait(Duration::from_millis(200));
+        }
+        seen
+    }
+
     fn id_of(pid: u32) -> ProcId {
         let me = ProcId::me().expect("this test needs /proc");
         let (_, start) = proc_state(pid as i32).expect("child's stat");
@@ -227,10 +237,7 @@ mod tests {
         let mut w = PeerWatch::new(&ids, 0);
         assert_eq!(w.len(), 1);
         let t0 = Instant::now();
-        let mut seen = None;
-        while seen.is_none() && t0.elapsed() < Duration::from_secs(5) {
-            seen = w.wait(Duration::from_millis(200));
-        }
+        let seen = first_exit(&mut w);
         // The child is a zombie until reaped: its end is seen before the wait.
         let (rank, how) = seen.expect("the exit was not seen");
         assert_eq!(rank, 1);
@@ -253,10 +260,7 @@ mod tests {
         }
         assert_eq!(w.wait(Duration::from_millis(1)), None);
         let t0 = Instant::now();
-        let mut seen = None;
-        while seen.is_none() && t0.elapsed() < Duration::from_secs(5) {
-            seen = w.wait(Duration::from_millis(200));
-        }
+        let seen = first_exit(&mut w);
         assert_eq!(seen.map(|s| s.0), Some(1));
         assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
         child.wait().expect("reap");
