@@ -5,19 +5,26 @@ on CPU tensors, NCCL on CUDA tensors), in the same run on the same tensors.
     python bench/tdist_host_cost.py                     # 1 rank, CPU tensors, host backend
     python bench/tdist_host_cost.py --cuda              # 1 rank, CUDA tensors: cuda:symheap vs NCCL
     python -m symheap.launch -n 2 -- python bench/tdist_host_cost.py
+    python bench/tdist_host_cost.py --cuda --profile    # also: where each call's host time goes
 
-Prints a table (median over trials of the mean of a back-to-back loop, microseconds per call;
-on CUDA each trial ends with a stream synchronize, so a call queued faster than the GPU runs it
-is not counted as free) on rank 0.
+
+Prints on rank 0 a table of host time per call: the median over trials of a back-to-back
+loop's time until its last call returned, divided by the calls (the issue's measure: what the
+CPU spends per call). On CUDA a second table gives the time per call until the GPU finished
+the loop (each trial ends with a synchronize): when it is larger, the GPU, not the host, set
+the pace.
 """
 
 from __future__ import annotations
 
+import cProfile
+import io
 import os
+import pstats
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 import symheap.distributed as sd
 import torch
@@ -28,6 +35,7 @@ TRIALS = int(os.environ.get("TRIALS", "7"))
 
 
 CUDA = "--cuda" in sys.argv[1:]
+PROFILE = "--profile" in sys.argv[1:]
 
 
 def drain() -> None:
@@ -35,19 +43,41 @@ def drain() -> None:
         torch.cuda.synchronize()
 
 
-def timed(fn: Callable[[], object]) -> float:
+def timed(fn: Callable[[], object]) -> Tuple[float, float]:
+    """(host us per call, us per call until the device finished), medians over trials."""
     for _ in range(20):
         fn()
     drain()
     dist.barrier()
-    runs: List[float] = []
+    host: List[float] = []
+    wall: List[float] = []
     for _ in range(TRIALS):
         t0 = time.perf_counter()
         for _ in range(ITERS):
             fn()
+        t1 = time.perf_counter()
         drain()
-        runs.append((time.perf_counter() - t0) / ITERS * 1e6)
-    return statistics.median(runs)
+        t2 = time.perf_counter()
+        host.append((t1 - t0) / ITERS * 1e6)
+        wall.append((t2 - t0) / ITERS * 1e6)
+    return statistics.median(host), statistics.median(wall)
+
+
+def profile(label: str, fn: Callable[[], object]) -> None:
+    """Prints the functions where ``fn``'s host time goes (cProfile, own time first)."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(ITERS):
+        fn()
+    drain()
+    prof.disable()
+    if dist.get_rank() != 0:
+        return
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(18)
+    body = out.getvalue()
+    print(f"## profile: {label} ({ITERS} calls)")
+    print(body[body.find("ncalls") :].rstrip())
 
 
 def main() -> None:
@@ -99,23 +129,27 @@ def main() -> None:
                 got[impl] = timed(fn)
             except RuntimeError as e:  # gloo lacks some collectives on CPU (reduce_scatter)
                 drain()
-                got[impl] = float("nan")
+                got[impl] = (float("nan"), float("nan"))
                 if dist.get_rank() == 0:
                     print(f"# {name} {impl}: {str(e).splitlines()[0][:100]}")
         rows.append((name, got))
+    if PROFILE:  # every rank runs the calls (they are collective), rank 0 prints
+        for name, impls in cases.items():
+            for impl in ("backend", "direct"):
+                profile(f"{name} {impl}", impls[impl])
     if dist.get_rank() == 0:
         where = "CUDA" if CUDA else "CPU"
-        print(
-            f"# {n} rank(s), 16 float32 {where} tensors, us per call (median of {TRIALS} x {ITERS}); "
-            f"ratios: dist.* symheap / direct, dist.* symheap / dist.* {peer_name}"
-        )
-        head = f"{'collective':<24} {'dist.* symheap':>15} {'direct':>9} {peer_name:>9}"
-        print(f"{head} {'/direct':>8} {'/' + peer_name:>8}")
-        for name, g in rows:
+        tables = (("host time", 0), ("until the GPU finished", 1)) if CUDA else (("host time", 0),)
+        for what, i in tables:
             print(
-                f"{name:<24} {g['backend']:>15.1f} {g['direct']:>9.1f} {g['gloo']:>9.1f} "
-                f"{g['backend'] / g['direct']:>8.2f} {g['backend'] / g['gloo']:>8.2f}"
+                f"# {n} rank(s), 16 float32 {where} tensors, us per call, {what} (median of {TRIALS} x {ITERS}); "
+                f"ratios: dist.* symheap / direct, dist.* symheap / dist.* {peer_name}"
             )
+            head = f"{'collective':<24} {'dist.* symheap':>15} {'direct':>9} {peer_name:>9}"
+            print(f"{head} {'/direct':>8} {'/' + peer_name:>8}")
+            for name, g in rows:
+                b, d, p = g["backend"][i], g["direct"][i], g["gloo"][i]
+                print(f"{name:<24} {b:>15.1f} {d:>9.1f} {p:>9.1f} {b / d:>8.2f} {b / p:>8.2f}")
     dist.destroy_process_group()
 
 

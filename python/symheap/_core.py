@@ -765,6 +765,16 @@ def check_team(team: Any, what: str = "team", allow_none: bool = True) -> Any:
     return team
 
 
+def current_stream_handle(device_index: int) -> int:
+    """The handle of torch's current stream on CUDA device ``device_index`` (what
+    ``torch.cuda.current_stream(i).cuda_stream`` says, without making a Stream object: that
+    costs more than the rest of a small eager collective's host work)."""
+    t = _torch()
+    if not t.cuda.is_initialized():
+        t.cuda.init()  # what current_stream() does first (the raw call would skip torch's setup)
+    return int(t._C._cuda_getCurrentRawStream(device_index))
+
+
 def device_stream(device_index: Optional[int], stream: Optional[int]) -> Optional[int]:
     """The stream a CUDA operation on device ``device_index`` (None: this PE's) goes on:
     ``stream`` if given, else torch's current stream of that device; None (run on the host) on
@@ -775,8 +785,7 @@ def device_stream(device_index: Optional[int], stream: Optional[int]) -> Optiona
         return int(getattr(stream, "cuda_stream", stream))
     t = _torch()
     if t is not None and t.cuda.is_available():
-        dev = device_index if device_index is not None else native().device_ordinal
-        return int(t.cuda.current_stream(dev).cuda_stream)
+        return current_stream_handle(device_index if device_index is not None else native().device_ordinal)
     return 0
 
 

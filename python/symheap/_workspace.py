@@ -43,9 +43,17 @@ Size = Tuple[int, ...]
 ALIGN = 256
 
 
+_cuda: Optional[bool] = None
+
+
 def capturing() -> bool:
     """Whether the current CUDA stream is capturing a graph (never on a machine without CUDA)."""
-    return _torch.cuda.is_available() and _torch.cuda.is_current_stream_capturing()
+    global _cuda
+    if _cuda is None:
+        # Asked once: torch.cuda.is_available() costs more than the rest of a small eager
+        # collective's staging, and a process's GPUs do not come or go while it runs.
+        _cuda = bool(_torch.cuda.is_available())
+    return _cuda and _torch.cuda.is_current_stream_capturing()
 
 
 def aligned(nbytes: int) -> int:
@@ -145,6 +153,7 @@ def _forget() -> None:
     with the context), and runs its ``on_forget``."""
     global _owner
     _owner = None
+    _members.clear()
     for p in _pools:
         p._spaces.clear()
         p._retired.clear()
@@ -286,17 +295,29 @@ def stream_key() -> int:
     n = _core.native()
     if n.backend != "cuda":
         return 0
-    return int(_torch.cuda.current_stream(n.device_ordinal).cuda_stream)
+    return _core.current_stream_handle(n.device_ordinal)
+
+
+# Team -> its members (a call into the native layer each time otherwise); teams are hashable
+# and live until finalize, which clears this with the workspaces.
+_members: Dict[Optional[Team], Tuple[int, ...]] = {}
 
 
 def _staging_key(team: Optional[Team]) -> Tuple[Tuple[int, ...], int]:
-    members = tuple(range(_core.native().n_pes)) if team is None else tuple(team.members)
+    members = _members.get(team)
+    if members is None:
+        members = tuple(range(_core.native().n_pes)) if team is None else tuple(team.members)
+        _members[team] = members
     return (members, stream_key())
 
 
 def staging(team: Optional[Team], nbytes: int) -> _torch.Tensor:
     """A symmetric uint8 tensor of at least ``nbytes`` for ``team`` on the current stream; grows
     the staging when needed (collective over the world, see above)."""
+    return _staging_workspace(team, nbytes).regions["buf"]
+
+
+def _staging_workspace(team: Optional[Team], nbytes: int) -> Workspace:
     key = _staging_key(team)
     n = _core.native().n_pes
     if team is not None and team.n_pes() != n:
@@ -309,7 +330,7 @@ def staging(team: Optional[Team], nbytes: int) -> _torch.Tensor:
                 "symheap.ops.reserve_workspace(nbytes, team) on every PE first (on the capture stream before a "
                 "CUDA graph capture), or pass symmetric tensors"
             )
-    return _staging.get(key, (nbytes,)).regions["buf"]
+    return _staging.get(key, (nbytes,))
 
 
 def reserve_staging(nbytes: int, team: Optional[Team] = None) -> None:
@@ -317,6 +338,25 @@ def reserve_staging(nbytes: int, team: Optional[Team] = None) -> None:
     at least ``nbytes`` (every PE calls it, members of ``team`` or not)."""
     nbytes = _core.index_arg(nbytes, "workspace bytes")
     _staging.reserve(_staging_key(team), (nbytes,), "reserve_workspace")
+
+
+def staging_views(team: Optional[Team], parts: Sequence[Tuple[_torch.Tensor, bool]]) -> List[Optional[_torch.Tensor]]:
+    """For each ``(tensor, staged)`` of ``parts``: a view of the staging of ``team`` on the
+    current stream with the tensor's dtype and shape when ``staged``, else None. Every part,
+    staged or not, takes an aligned slot in order, so the size (and the growth, collective
+    over the world) is the same on every PE whichever of its tensors are symmetric. The views
+    are cut once per workspace and layout (cutting them costs more than a small collective)."""
+    layout = tuple((t.dtype, tuple(t.shape), staged) for t, staged in parts)
+    need = sum(aligned(t.numel() * t.element_size()) for t, _ in parts)
+    ws = _staging_workspace(team, need)
+    views = ws.cache.get(layout)
+    if views is None:
+        buf, off, views = ws.regions["buf"], 0, []
+        for t, staged in parts:
+            views.append(region(buf, off, t) if staged else None)
+            off += aligned(t.numel() * t.element_size())
+        ws.cache[layout] = views
+    return list(views)
 
 
 def region(buf: _torch.Tensor, offset: int, like: Any, shape: Any = None) -> _torch.Tensor:

@@ -47,6 +47,7 @@ peers' memory): they are registered as side-effecting, so compilers keep them in
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 try:
@@ -243,7 +244,29 @@ def _record(ts: Sequence[_torch.Tensor]) -> None:
         return
     for t in cuda:
         if not _zero_copy(t):
-            t.record_stream(_torch.cuda.current_stream(t.device))
+            t.record_stream(_current_stream(t.get_device()))
+
+
+# (device, stream handle) -> torch's Stream object of it: current_stream() makes a new Python
+# object each call, which cost more than the collective's own host work; a handle names one
+# stream while it lives, and torch's pooled streams live as long as the process.
+_stream_objs: Dict[Tuple[int, int], Any] = {}
+
+
+def _current_stream(device: int) -> Any:
+    """torch's current stream of CUDA ``device`` (a cached Stream object)."""
+    key = (device, _core.current_stream_handle(device))
+    s = _stream_objs.get(key)
+    if s is None:
+        s = _stream_objs[key] = _torch.cuda.current_stream(device)
+    return s
+
+
+# (collective, team id, bytes per block, dtype) -> whether its CUDA kernel takes ordinary
+# buffers, for the context in _local_of (the answer depends only on the context's settings and
+# teams; asking the native layer each call was a third of a small collective's host time).
+_local: Dict[Tuple[str, int, int, _torch.dtype], bool] = {}
+_local_of: Any = None
 
 
 def _in_place(t: _torch.Tensor, coll: Optional[Tuple[str, _torch.Tensor, int]], tid: int) -> bool:
@@ -251,12 +274,22 @@ def _in_place(t: _torch.Tensor, coll: Optional[Tuple[str, _torch.Tensor, int]], 
     sizing the call, blocks of it per member)`` and its CUDA kernel at that size touches the
     buffers on this PE only (one-shot all_reduce and reduce_scatter, the exchange kernels of
     all_gather, alltoall and broadcast: see ``coll_takes_local_buffers``)."""
+    global _local_of
     if coll is None or not t.is_cuda or not t.is_contiguous():
         return False
-    if t.device.index != _core.native().device_ordinal:
+    if t.get_device() != _core.native().device_ordinal:
         return False
     name, sizing, per = coll
-    return _shmem._takes_local(name, _team(tid), _core.describe(sizing, name), per=per)
+    ctx = _core.context()
+    if _local_of is None or _local_of() is not ctx:
+        _local.clear()
+        _local_of = weakref.ref(ctx)
+    key = (name, tid, sizing.numel() * sizing.element_size() // max(per, 1), sizing.dtype)
+    ok = _local.get(key)
+    if ok is None:
+        ok = _shmem._takes_local(name, _team(tid), _core.describe(sizing, name), per=per)
+        _local[key] = ok
+    return ok
 
 
 def _stage(
@@ -271,19 +304,37 @@ def _stage(
     direct = [_zero_copy(t) or _in_place(t, coll, tid) for t, _ in parts]
     if all(direct):
         return [t for t, _ in parts]
-    need = sum(_workspace.aligned(t.numel() * t.element_size()) for t, _ in parts)
-    buf = _workspace.staging(_team(tid), need)
-    out, off = [], 0
-    for (t, copy_in), d in zip(parts, direct):
-        if d:
+    views = _workspace.staging_views(_team(tid), [(t, not d) for (t, _), d in zip(parts, direct)])
+    out = []
+    for (t, copy_in), r in zip(parts, views):
+        if r is None:
             out.append(t)
         else:
-            r = _workspace.region(buf, off, t)
             if copy_in:
                 r.copy_(t)
             out.append(r)
-        off += _workspace.aligned(t.numel() * t.element_size())
     return out
+
+
+def _address(t: _torch.Tensor) -> int:
+    """Where ``t``'s elements start (torch says 0 for every empty tensor; see ``_describe``)."""
+    return t.data_ptr() if t.numel() else t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size()
+
+
+def _launch(kind: str, tid: int, d: _torch.Tensor, s: _torch.Tensor, count: int, **params: Any) -> None:
+    """Collective ``kind`` of ``count`` elements on buffers :func:`_stage` gave (contiguous:
+    symmetric memory, or ordinary memory of this PE's GPU its kernel reads in place), on
+    torch's current stream, straight to the native call: it checks every address range
+    itself (a wrong buffer is an error, never a bad access), so describing and checking them
+    here a second time, as the general ``symheap.*`` entry must, only cost host time."""
+    ctx = _core.native()
+    dtype = torch_dtype_name(s.dtype)
+    stream = None
+    if d.is_cuda:
+        if kind in ("all_reduce", "reduce_scatter") and dtype not in _shmem._DEVICE_REDUCE_DTYPES:
+            _shmem._host_sync()
+        stream = _core.current_stream_handle(d.get_device())
+    ctx.collective(kind, _team(tid), _address(d), _address(s), count, dtype, stream, **params)
 
 
 def _reduce(op: str) -> str:
@@ -309,7 +360,7 @@ def _all_reduce_(tensor: _torch.Tensor, op: str = "sum", team: int = 0) -> None:
         _finish_avg(tensor, op, team)
         return
     (s,) = _stage(team, [(tensor, True)], ("all_reduce", tensor, 1))
-    _shmem.all_reduce(s, op=_reduce(op), team=_team(team))
+    _launch("all_reduce", team, s, s, s.numel(), op=_reduce(op))
     _finish_avg(s, op, team)
     if s is not tensor:
         tensor.copy_(s)
@@ -328,7 +379,7 @@ def _all_reduce(input: _torch.Tensor, op: str = "sum", team: int = 0) -> _torch.
     _check_op(op, input, "all_reduce")
     out = _torch.empty_like(input, memory_format=_torch.contiguous_format)
     s, d = _stage(team, [(input, True), (out, False)], ("all_reduce", input, 1))
-    _shmem.all_reduce(d, s, op=_reduce(op), team=_team(team))
+    _launch("all_reduce", team, d, s, s.numel(), op=_reduce(op))
     _finish_avg(d, op, team)
     if d is not out:
         out.copy_(d)
@@ -343,18 +394,18 @@ def _(input: _torch.Tensor, op: str = "sum", team: int = 0) -> _torch.Tensor:
     return _torch.empty_like(input, memory_format=_torch.contiguous_format)
 
 
-def _run_exchange(coll: str, run: Callable[..., None], out: _torch.Tensor, input: _torch.Tensor, team: int) -> None:
-    """all_gather or alltoall (``run``) of ``input`` into ``out``, staged where needed."""
+def _run_exchange(coll: str, out: _torch.Tensor, input: _torch.Tensor, team: int) -> None:
+    """all_gather or alltoall of ``input`` into ``out``, staged where needed."""
     per = _n(team) if coll == "alltoall" else 1
     d, s = _stage(team, [(out, False), (input, True)], (coll, input, per))
-    run(d, s, team=_team(team))
+    _launch(coll, team, d, s, s.numel() // per)
     if d is not out:
         out.copy_(d.view(out.shape))
     _record([out, input])
 
 
 def _run_gather(out: _torch.Tensor, input: _torch.Tensor, team: int) -> None:
-    _run_exchange("all_gather", _shmem.all_gather, out, input, team)
+    _run_exchange("all_gather", out, input, team)
 
 
 @_custom_op("symheap::all_gather_into", mutates_args=("out",))
@@ -385,7 +436,7 @@ def _(input: _torch.Tensor, team: int = 0) -> _torch.Tensor:
 
 def _run_scatter(out: _torch.Tensor, input: _torch.Tensor, op: str, team: int) -> None:
     d, s = _stage(team, [(out, False), (input, True)], ("reduce_scatter", out, 1))
-    _shmem.reduce_scatter(d, s, op=_reduce(op), team=_team(team))
+    _launch("reduce_scatter", team, d, s, d.numel(), op=_reduce(op))
     _finish_avg(d, op, team)
     if d is not out:
         out.copy_(d)
@@ -420,7 +471,7 @@ def _(input: _torch.Tensor, op: str = "sum", team: int = 0) -> _torch.Tensor:
 
 
 def _run_alltoall(out: _torch.Tensor, input: _torch.Tensor, team: int) -> None:
-    _run_exchange("alltoall", _shmem.alltoall, out, input, team)
+    _run_exchange("alltoall", out, input, team)
 
 
 @_custom_op("symheap::alltoall_into", mutates_args=("out",))
@@ -460,7 +511,7 @@ def _broadcast_(tensor: _torch.Tensor, root: int = 0, team: int = 0) -> None:
     _dtype(tensor, "broadcast")
     _check_root(root, _n(team))
     (s,) = _stage(team, [(tensor, True)], ("broadcast", tensor, 1))
-    _shmem.broadcast(s, root=root, team=_team(team))
+    _launch("broadcast", team, s, s, s.numel(), root=root)
     if s is not tensor:
         tensor.copy_(s)
     _record([tensor])

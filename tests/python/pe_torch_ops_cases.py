@@ -133,6 +133,9 @@ def case_ops_coll() -> None:
     so.all_reduce_(t)
     _eq(t, big.sum(0, dtype=torch.int32), "grown workspace")
     assert so.workspace_usage()["bytes"] >= 70_000 * 4
+    # The same small calls again: their staging views are cut from the new buffer, not reused
+    # from the one the growth freed.
+    _check_collectives(me, n, "after growth")
     # RMA and signals through the ops: put to the right neighbour, signal, wait, get back.
     nxt, prv = (me + 1) % n, (me - 1) % n
     d = _data("rma", n, (16,), torch.int64)

@@ -22,6 +22,7 @@ PRIVATE = [
     ("torch.distributed._symmetric_memory", "empty", (2, 6), "providers.torch_symm_mem"),
     ("torch.distributed._symmetric_memory", "rendezvous", (2, 6), "providers.torch_symm_mem"),
     ("torch._C._distributed_c10d", "_create_work_from_future", (2, 8), "distributed/_work.py: the backend's works"),
+    ("torch._C", "_cuda_getCurrentRawStream", (2, 5), "_core.current_stream_handle: the stream of an eager call"),
 ]
 
 
