@@ -42,7 +42,6 @@ from ._core import (
     check_pe,
     check_team,
     default_stream,
-    device_stream,
     index_arg,
     local,
     native,
@@ -619,19 +618,6 @@ def all_reduce(
         raise SymheapValueError(f"all_reduce: destination has {d.numel} elements, source {s.numel}")
     stream = _coll_stream(d, stream, True)
     native().collective("all_reduce", team, d.ptr, s.ptr, d.numel, d.dtype, stream, op=op, algo=algo)
-
-
-def all_reduce_symmetric_tensor(t: Any, dtype: str, op: str, team: Optional[Team]) -> None:
-    """In-place :func:`all_reduce` of a tensor its caller knows to be contiguous symmetric
-    memory on this PE's device (``symheap.ops``'s zero-copy case), on torch's current stream:
-    no second description of ``t``. The native call checks the address range itself, so a
-    wrong belief is an error, never a bad access."""
-    ctx = native()
-    if ctx.backend == "cuda" and dtype not in _DEVICE_REDUCE_DTYPES:
-        _host_sync()
-    idx = t.get_device()
-    stream = device_stream(idx if idx >= 0 else None, None)
-    ctx.collective("all_reduce", team, t.data_ptr(), t.data_ptr(), t.numel(), dtype, stream, op=op)
 
 
 @api

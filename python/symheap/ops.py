@@ -235,15 +235,15 @@ def _zero_copy(t: _torch.Tensor) -> bool:
     return bool(n.is_symmetric(t.data_ptr(), max(t.numel() * t.element_size(), 1)))
 
 
-def _record(ts: Sequence[_torch.Tensor]) -> None:
+def _record(ts: Sequence[_torch.Tensor], ordinary: bool = False) -> None:
     """Stream-ordered lifetime of ordinary CUDA tensors: like torch's own collectives, note that
     the current stream used them, so the caching allocator does not hand their memory to
-    another stream before this work ran."""
+    another stream before this work ran (``ordinary``: the caller knows none is symmetric)."""
     cuda = [t for t in ts if t.is_cuda]
     if not cuda or _torch.cuda.is_current_stream_capturing():
         return
     for t in cuda:
-        if not _zero_copy(t):
+        if ordinary or not _zero_copy(t):
             t.record_stream(_current_stream(t.get_device()))
 
 
@@ -296,12 +296,15 @@ def _stage(
     tid: int,
     parts: Sequence[Tuple[_torch.Tensor, bool]],
     coll: Optional[Tuple[str, _torch.Tensor, int]] = None,
+    direct: Optional[List[bool]] = None,
 ) -> List[_torch.Tensor]:
     """For each ``(tensor, copy_in)``: the tensor itself when zero-copy (symmetric, or an
     ordinary CUDA tensor the kernel of ``coll`` reads in place), else a region of the
     workspace of (team, current stream) with its shape and dtype, filled from it when
-    ``copy_in``. Sized by all parts, so every PE grows at the same call."""
-    direct = [_zero_copy(t) or _in_place(t, coll, tid) for t, _ in parts]
+    ``copy_in``. Sized by all parts, so every PE grows at the same call. ``direct``: which
+    parts are zero-copy, when the caller already asked."""
+    if direct is None:
+        direct = [_zero_copy(t) or _in_place(t, coll, tid) for t, _ in parts]
     if all(direct):
         return [t for t, _ in parts]
     views = _workspace.staging_views(_team(tid), [(t, not d) for (t, _), d in zip(parts, direct)])
@@ -351,20 +354,18 @@ def _finish_avg(t: _torch.Tensor, op: str, tid: int) -> None:
 
 @_custom_op("symheap::all_reduce_", mutates_args=("tensor",))
 def _all_reduce_(tensor: _torch.Tensor, op: str = "sum", team: int = 0) -> None:
-    dtype = _dtype(tensor, "all_reduce")
+    _dtype(tensor, "all_reduce")
     _check_op(op, tensor, "all_reduce")
     if _zero_copy(tensor):
-        # The common case (a symmetric tensor) straight to the native call: half of an eager
-        # op's host time was describing and checking it a second time in the general path.
-        _shmem.all_reduce_symmetric_tensor(tensor, dtype, _reduce(op), _team(team))
+        _launch("all_reduce", team, tensor, tensor, tensor.numel(), op=_reduce(op))
         _finish_avg(tensor, op, team)
         return
-    (s,) = _stage(team, [(tensor, True)], ("all_reduce", tensor, 1))
+    (s,) = _stage(team, [(tensor, True)], direct=[_in_place(tensor, ("all_reduce", tensor, 1), team)])
     _launch("all_reduce", team, s, s, s.numel(), op=_reduce(op))
     _finish_avg(s, op, team)
     if s is not tensor:
         tensor.copy_(s)
-    _record([tensor])
+    _record([tensor], ordinary=True)
 
 
 @_all_reduce_.register_fake

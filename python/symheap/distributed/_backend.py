@@ -42,7 +42,10 @@ NAME = "symheap"
 
 
 def _flat(t: _torch.Tensor) -> _torch.Tensor:
-    """``t`` as a flat view when contiguous, else a contiguous flat copy."""
+    """``t`` as a flat view when contiguous, else a contiguous flat copy (``t`` itself when it
+    is one already: a view costs more host time than a small collective's native call)."""
+    if t.dim() == 1 and t.is_contiguous():
+        return t
     return t.reshape(-1)
 
 
@@ -65,6 +68,9 @@ class SymheapProcessGroup(dist.ProcessGroup):
         slot: Optional[int] = None,
     ) -> None:
         super().__init__(rank, size)
+        # torch's rank() and size() are calls into C++ that cost more than a dict lookup; the
+        # collectives ask for them on every call.
+        self._rank, self._size = rank, size
         self._default = default
         self._name = ""
         self._desc = "undefined"
@@ -112,7 +118,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
         return (self._others or {}).get(kind, self)
 
     def _n(self) -> int:
-        return self.size()
+        return self._size
 
     def _staging(self, what: str, *tensors: _torch.Tensor) -> Optional[_torch.Tensor]:
         """A subgroup's slot bytes when it must stage ``tensors`` itself (not all symmetric),
@@ -217,7 +223,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
         root = _root(opts, self._n(), "reduce")
         for t in tensors:
             # Every member reduces (symheap has no rooted reduction); only the root keeps it.
-            target = t if self.rank() == root else t.clone()
+            target = t if self._rank == root else t.clone()
             self._all_reduce(target, _opt(opts, "reduceOp"), "reduce")
         return _work.done(tensors)
 
@@ -403,12 +409,10 @@ class SymheapProcessGroup(dist.ProcessGroup):
         root, n = _root(opts, self._n(), "gather"), self._n()
         inp = _flat(inputs[0])
         k = inp.numel()
-        out = inp.new_empty((n * k if self.rank() == root else 0,))
+        out = inp.new_empty((n * k if self._rank == root else 0,))
         # Only the root receives: member j sends its k elements to the root, nothing elsewhere.
-        self._alltoallv(
-            out, inp, [k] * n if self.rank() == root else [0] * n, [k if r == root else 0 for r in range(n)]
-        )
-        if self.rank() == root:
+        self._alltoallv(out, inp, [k] * n if self._rank == root else [0] * n, [k if r == root else 0 for r in range(n)])
+        if self._rank == root:
             outs = output_lists[0]
             _check_list(outs, n, inputs[0], "gather gather_list")
             for j, o in enumerate(outs):
@@ -425,7 +429,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
         root, n = _root(opts, self._n(), "gather"), self._n()
         inp = _flat(input.contiguous())
         k = inp.numel()
-        at_root = self.rank() == root
+        at_root = self._rank == root
         if at_root and (output.numel() != n * k or output.dtype != input.dtype):
             raise SymheapValueError(
                 f"gather: the output has {output.numel()} {output.dtype} elements, not {n} times the input's "
@@ -452,14 +456,14 @@ class SymheapProcessGroup(dist.ProcessGroup):
         root, n = _root(opts, self._n(), "scatter"), self._n()
         out = outputs[0]
         k = out.numel()
-        if self.rank() == root:
+        if self._rank == root:
             _check_list(input_lists[0], n, out, "scatter scatter_list")
             inp = _torch.cat([_flat(t) for t in input_lists[0]])
         else:
             inp = out.new_empty((0,))
         flat = out.new_empty((k,))
         self._alltoallv(
-            flat, inp, [k if r == root else 0 for r in range(n)], [k] * n if self.rank() == root else [0] * n
+            flat, inp, [k if r == root else 0 for r in range(n)], [k] * n if self._rank == root else [0] * n
         )
         out.copy_(flat.view(out.shape))
         return _work.done(outputs)
@@ -506,7 +510,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
     def _world(self, peer: int, what: str) -> int:
         if not 0 <= peer < self._n():
             raise SymheapValueError(f"{what}: peer {peer} is not a member of a group of {self._n()}")
-        if peer == self.rank():
+        if peer == self._rank:
             raise SymheapValueError(f"{what}: a rank cannot send to or receive from itself")
         return self._ranks[peer]
 
@@ -548,7 +552,9 @@ def _check_list(ts: Sequence[_torch.Tensor], n: int, like: _torch.Tensor, what: 
 
 
 def _flat_out(t: _torch.Tensor) -> _torch.Tensor:
-    return t.view(-1) if t.is_contiguous() else t
+    if t.dim() == 1 or not t.is_contiguous():
+        return t
+    return t.view(-1)
 
 
 def _even(t: _torch.Tensor, n: int, what: str) -> List[int]:
