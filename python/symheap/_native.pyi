@@ -247,6 +247,8 @@ class Context:
         """Collective over the team."""
     def team_sync(self, team: Optional[Team] = None) -> None:
         """Collective over the team."""
+    def team_max(self, team: Optional[Team], value: int) -> int:
+        """Collective over the team: the largest member's ``value`` (on the host)."""
     def world_team(self) -> Team: ...
     def team_split_strided(self, parent: Team, start: int, stride: int, size: int) -> Team:
         """Collective over the parent team."""

@@ -70,6 +70,27 @@ def run_cases(
     return p
 
 
+def run_cases_mpirun(n: int, *cases: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Runs PE cases of pe_cases.py at ``n`` PEs under Open MPI's mpirun with every PE on its
+    own node (they share no memory: the host backend's collectives go through Open MPI), and
+    asserts every PE passed every case."""
+    import shutil
+
+    if shutil.which("mpirun") is None:
+        pytest.fail("mpirun not found: install Open MPI (scripts/test.sh does: apt-get install openmpi-bin)")
+    cmd = ["mpirun", "--oversubscribe", "-n", str(n)]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    cmd += [sys.executable, str(PE_CASES), *cases]
+    env = clean_env({"PE_CASES_NODE_PER_PE": "1", "SYMHEAP_TIMEOUT": "60"})
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    for c in cases:
+        assert p.stdout.count(f"PASS {c}") == n, out
+    return p
+
+
 def pytest_addoption(parser) -> None:
     parser.addoption(
         "--gpu-only",

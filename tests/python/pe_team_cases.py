@@ -60,6 +60,9 @@ def _collectives(team, members: List[int], data: np.ndarray, bufs) -> None:
     symheap.alltoall(dst, src, team=team)
     want = np.stack([data[m, : k * K].reshape(k, K)[i] * 10 + i for m in members])
     assert np.array_equal(dst, want), "alltoall"
+    # The host-side max the torch backend's staged uneven all_to_all agrees its rounds with.
+    got = symheap._core.native().team_max(team, int(data[me, 1]) + 1000)
+    assert got == int(data[members, 1].max()) + 1000, ("team_max", got, data[members, 1])
     symheap.barrier(team)
 
 
@@ -98,12 +101,42 @@ def case_teams_any() -> None:
         symheap.team_destroy(nested)
         symheap.team_destroy(team)
         symheap.barrier_all()
+    # team_max over the world (the bootstrap's exchange) and on a team this PE is not in.
+    v = rng.integers(0, 1 << 62, size=n)
+    assert symheap._core.native().team_max(None, int(v[me])) == int(v.max())
+    if n > 1:
+        alone = symheap.team_split_ranks(None, [0])
+        assert symheap._core.native().team_max(alone, 7 + me) == 7 + me
+        symheap.team_destroy(alone)
     raises(SymheapValueError, symheap.team_split_ranks, None, [])
     raises(SymheapValueError, symheap.team_split_ranks, None, [n])
     raises(SymheapValueError, symheap.team_split_ranks, None, [0, 0])
     raises(SymheapValueError, symheap.team_split_ranks, None, [-1])
     raises(SymheapValueError, symheap.team_split_ranks, None, 3)
     assert me in range(n)
+    symheap.barrier_all()
+
+
+@case
+def case_team_max_across_nodes() -> None:
+    """Run with every PE on its own node: the world's team_max meets through the bootstrap
+    across the nodes; a team spanning nodes has no memory its members share, so its team_max
+    is refused as unsupported on each member (the torch backend then reduces on the device
+    instead); a team of one meets in its own memory."""
+    import symheap._core as core
+    from symheap import SymheapUnsupportedError
+
+    me, n = symheap.my_pe(), symheap.n_pes()
+    v = rng_for("team_max_nodes").integers(0, 1 << 62, size=n)
+    assert core.native().team_max(None, int(v[me])) == int(v.max())
+    spanning = symheap.team_split_ranks(None, [0, n - 1])
+    if spanning.is_valid:
+        raises(SymheapUnsupportedError, core.native().team_max, spanning, 5)
+    symheap.team_destroy(spanning)
+    alone = symheap.team_split_ranks(None, [1])
+    if alone.is_valid:
+        assert core.native().team_max(alone, int(v[me])) == int(v[1])
+    symheap.team_destroy(alone)
     symheap.barrier_all()
 
 

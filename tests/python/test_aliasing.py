@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_cases
+from conftest import run_cases, run_cases_mpirun
 
 PES = [1, 2, 4, 8]
 
@@ -50,23 +50,4 @@ def test_in_place_forms_across_nodes_under_mpirun(n: int) -> None:
     """The in-place and refusal cases with every PE on its own node under Open MPI's mpirun:
     the host backend runs each collective through Open MPI (MPI_IN_PLACE), on the world and,
     at 3 PEs, on a split that spans nodes."""
-    import os
-    import shutil
-    import subprocess
-    import sys
-
-    from conftest import HERE, ROOT, clean_env
-
-    if shutil.which("mpirun") is None:
-        pytest.fail("mpirun not found: install Open MPI (scripts/test.sh does: apt-get install openmpi-bin)")
-    cmd = ["mpirun", "--oversubscribe", "-n", str(n)]
-    if os.geteuid() == 0:
-        cmd.append("--allow-run-as-root")
-    cases = ["alias_in_place", "alias_refused"]
-    cmd += [sys.executable, str(HERE / "pe_cases.py"), *cases]
-    env = clean_env({"PE_CASES_NODE_PER_PE": "1", "SYMHEAP_TIMEOUT": "60"})
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    out = p.stdout + p.stderr
-    assert p.returncode == 0, out
-    for c in cases:
-        assert p.stdout.count(f"PASS {c}") == n, out
+    run_cases_mpirun(n, "alias_in_place", "alias_refused", timeout=600)

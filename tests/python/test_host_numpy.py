@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_cases
+from conftest import run_cases, run_cases_mpirun
 
 PES = [1, 2, 4]
 
@@ -84,21 +84,4 @@ def test_collectives_across_nodes_under_mpirun(n: int) -> None:
     """The collectives case (every collective, four dtypes, every op, in and out of place,
     against NumPy) with every PE on its own node under Open MPI's mpirun: the PEs share no
     memory, so the host backend runs each collective through Open MPI."""
-    import os
-    import shutil
-    import subprocess
-    import sys
-
-    from conftest import HERE, ROOT, clean_env
-
-    if shutil.which("mpirun") is None:
-        pytest.fail("mpirun not found: install Open MPI (scripts/test.sh does: apt-get install openmpi-bin)")
-    cmd = ["mpirun", "--oversubscribe", "-n", str(n)]
-    if os.geteuid() == 0:
-        cmd.append("--allow-run-as-root")
-    cmd += [sys.executable, str(HERE / "pe_cases.py"), "collectives"]
-    env = clean_env({"PE_CASES_NODE_PER_PE": "1", "SYMHEAP_TIMEOUT": "60"})
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    out = p.stdout + p.stderr
-    assert p.returncode == 0, out
-    assert p.stdout.count("PASS collectives") == n, out
+    run_cases_mpirun(n, "collectives")

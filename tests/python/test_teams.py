@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_cases
+from conftest import run_cases, run_cases_mpirun
 
 
 @pytest.mark.parametrize("n", [1, 2, 4, 8])
 def test_split_by_any_list_of_ranks(n: int) -> None:
     """The world reversed, random lists, nested splits: every collective exact; bad lists."""
     run_cases(n, "teams_any")
+
+
+def test_team_max_across_nodes_under_mpirun() -> None:
+    """Every PE its own node (Open MPI's mpirun): team_max over the world, on a team of one,
+    and refused (as unsupported, on every member) for a team spanning nodes."""
+    run_cases_mpirun(3, "team_max_across_nodes")
 
 
 @pytest.mark.parametrize("n", [2, 4])

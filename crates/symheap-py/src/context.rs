@@ -725,6 +725,14 @@ impl PyContext {
         py.detach(move || ctx.team_sync(&t)).py()
     }
 
+    /// Collective over `team` (None: the world): the largest of the members' `value`s, met on
+    /// the host with no device work. Raises SymheapUnsupportedError for a team spanning nodes.
+    #[pyo3(signature = (team, value))]
+    fn team_max(&self, py: Python<'_>, team: Option<&PyTeam>, value: u64) -> PyResult<u64> {
+        let (ctx, t) = (self.ctx.clone(), self.team_or_world(team));
+        py.detach(move || ctx.team_max(&t, value)).py()
+    }
+
     /// The team of all PEs.
     fn world_team(&self) -> PyTeam {
         PyTeam {

@@ -217,21 +217,31 @@ def _offsets(sizes: Sequence[int]) -> List[int]:
     return out
 
 
+def _longest(nat: Any, team: Any, mine: int, tid: int, buf: _torch.Tensor) -> int:
+    """The largest of the members' ``mine``: met on the host; a team spanning nodes (its
+    members share no memory to meet in) reduces it on the device and reads it back."""
+    try:
+        return int(nat.team_max(team, mine))
+    except SymheapUnsupportedError:
+        top = _torch.tensor([mine], dtype=_torch.int64, device=buf.device)
+        all_reduce(top, "max", tid, buf)
+        return int(top.item())
+
+
 def alltoallv(
     out: _torch.Tensor, inp: _torch.Tensor, osplit: Sequence[int], isplit: Sequence[int], tid: int, buf: _torch.Tensor
 ) -> None:
     """Uneven all_to_all of bytes: ``isplit[j]`` bytes of ``inp`` to member j, ``osplit[j]``
     bytes from member j into ``out``, in rounds of at most a slot part per peer: the members
-    agree on the number of rounds (the largest split of any member) first."""
+    agree on the number of rounds (the largest split of any member) first, on the host (no
+    device work, so no stream sync, and a CUDA graph capture can take the call)."""
     n = len(isplit)
-    top = _torch.tensor([max([*isplit, *osplit, 0])], dtype=_torch.int64, device=buf.device)
-    all_reduce(top, "max", tid, buf)
-    longest = int(top.item())
+    nat = _core.native()
+    team = ops._team(tid)
+    longest = _longest(nat, team, max([*isplit, *osplit, 0]), tid, buf)
     c = _per(buf, 2 * n, 1)
     at = n * c
     ioff, ooff = _offsets(isplit), _offsets(osplit)
-    nat = _core.native()
-    team = ops._team(tid)
     stream = _core.device_stream(buf.get_device() if buf.is_cuda else None, None)
     dtype = torch_dtype_name(_torch.uint8)
     for base in range(0, longest, c):

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use crate::context::team::Team;
 use crate::context::Context;
-use crate::error::{invalid, Result};
+use crate::error::{invalid, Error, ErrorKind, Result};
 
 impl Context {
     /// The team of all PEs.
@@ -47,6 +47,49 @@ impl Context {
         self.inner.team_sync_point(t, &mut st, call, 0).map(|_| ())
     }
 
+    /// Collective over `team`: the largest of the members' `value`s, met on the host with no
+    /// device work (small control data, such as the number of rounds every member of a staged
+    /// collective must run, which each member alone does not know). Every member calls it in
+    /// the same order with its other collectives (the call is ledger-checked). On INVALID it
+    /// returns `value`; a team whose members span nodes is `Unsupported` (its members share no
+    /// memory to meet in; the world team is not: it meets through the bootstrap).
+    pub fn team_max(&self, team: &Team, value: u64) -> Result<u64> {
+        const CALL: &str = "team_max";
+        let Some(t) = self.inner.team_inner(team, CALL)? else {
+            return Ok(value);
+        };
+        if t.slot == 0 {
+            let parts = self.all_gather_bytes(&value.to_le_bytes())?;
+            return Ok(parts.iter().fold(value, |m, p| m.max(le_u64(p))));
+        }
+        if t.spans {
+            return Err(Error::new(
+                Some(self.my_pe()),
+                CALL,
+                ErrorKind::Unsupported("a team whose members span nodes".into()),
+            ));
+        }
+        let mut st = t.lock();
+        self.inner.record_on(t, &mut st, CALL, String::new());
+        let mut stage = |at: u64| {
+            self.inner.control.write(at, &value.to_le_bytes());
+            Ok(0)
+        };
+        self.inner
+            .team_sync_staged(t, &mut st, CALL, 0, false, &mut stage)?;
+        // The members' payloads stay readable until this PE's barrier after next on the team.
+        let a = self.inner.area();
+        let mut top = value;
+        for &m in &t.members {
+            let mut w = [0u8; 8];
+            self.inner
+                .control
+                .read(a.payload(m, t.slot, st.epoch), &mut w);
+            top = top.max(u64::from_le_bytes(w));
+        }
+        Ok(top)
+    }
+
     /// Collective over `team`: destroys it, freeing its slot. A no-op on INVALID; the world team
     /// cannot be destroyed.
     pub fn team_destroy(&self, team: Team) -> Result<()> {
@@ -80,4 +123,12 @@ impl Context {
         *self.inner.teams.slots() &= !(1 << t.slot);
         Ok(())
     }
+}
+
+/// The first eight bytes of `p` as a little-endian u64 (zeros where `p` is shorter).
+fn le_u64(p: &[u8]) -> u64 {
+    let mut w = [0u8; 8];
+    let n = p.len().min(8);
+    w[..n].copy_from_slice(&p[..n]);
+    u64::from_le_bytes(w)
 }
