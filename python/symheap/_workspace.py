@@ -266,6 +266,8 @@ class Pool:
 
 # The smallest staging buffer (bytes).
 MIN_STAGING = 64 << 10
+# Layouts whose views a staging workspace keeps cut (see staging_views).
+MAX_LAYOUTS = 256
 
 
 def _pow2(size: Size) -> Size:
@@ -351,6 +353,8 @@ def staging_views(team: Optional[Team], parts: Sequence[Tuple[_torch.Tensor, boo
     ws = _staging_workspace(team, need)
     views = ws.cache.get(layout)
     if views is None:
+        if len(ws.cache) >= MAX_LAYOUTS:
+            ws.cache.clear()  # shapes that vary call to call (sequence lengths) stay bounded
         buf, off, views = ws.regions["buf"], 0, []
         for t, staged in parts:
             views.append(region(buf, off, t) if staged else None)

@@ -136,6 +136,14 @@ def case_ops_coll() -> None:
     # The same small calls again: their staging views are cut from the new buffer, not reused
     # from the one the growth freed.
     _check_collectives(me, n, "after growth")
+    # Shapes that vary call to call (sequence lengths): exact, and the views kept stay bounded.
+    from symheap import _workspace
+
+    for rows in range(1, _workspace.MAX_LAYOUTS + 40):
+        v = torch.full((rows, 3), me + 1, dtype=torch.int64)
+        so.all_reduce_(v)
+        assert bool((v == n * (n + 1) // 2).all()), f"all_reduce_ of {rows} rows"
+    assert all(len(w.cache) <= _workspace.MAX_LAYOUTS for w in _workspace._staging.workspaces())
     # RMA and signals through the ops: put to the right neighbour, signal, wait, get back.
     nxt, prv = (me + 1) % n, (me - 1) % n
     d = _data("rma", n, (16,), torch.int64)
