@@ -287,6 +287,8 @@ def _in_place(t: _torch.Tensor, coll: Optional[Tuple[str, _torch.Tensor, int]], 
     key = (name, tid, sizing.numel() * sizing.element_size() // max(per, 1), sizing.dtype)
     ok = _local.get(key)
     if ok is None:
+        if len(_local) >= 4096:
+            _local.clear()  # sizes that vary call to call stay bounded
         ok = _shmem._takes_local(name, _team(tid), _core.describe(sizing, name), per=per)
         _local[key] = ok
     return ok
