@@ -306,6 +306,9 @@ _members: Dict[Optional[Team], Tuple[int, ...]] = {}
 
 
 def _staging_key(team: Optional[Team]) -> Tuple[Tuple[int, ...], int]:
+    # Tied to the current context first: a context that ended without finalize leaves its
+    # members (another world size) in _members until bind() notices the new one.
+    bind()
     members = _members.get(team)
     if members is None:
         members = tuple(range(_core.native().n_pes)) if team is None else tuple(team.members)
