@@ -38,6 +38,12 @@ def test_fused_cuda(cuda_gpus: int) -> None:
     run_cases(2, *CPU_CASES, env=_gpu_env(), timeout=600)
 
 
+def test_fused_cuda_one_pe(cuda_gpus: int) -> None:
+    """At one PE the op is one add + RMSNorm kernel with no workspace: the same cases (exact,
+    random, 0 tokens, FP8, errors, compiled) and CUDA graph replays."""
+    run_cases(1, *CPU_CASES, "fused_cuda_graph", env=_gpu_env(), timeout=600)
+
+
 def test_fused_cuda_graph(cuda_gpus: int) -> None:
     """Captured in a CUDA graph, 20 replays with new inputs, each checked; eager again after."""
     run_cases(2, "fused_cuda_graph", env=_gpu_env(), timeout=600)
@@ -140,3 +146,43 @@ def test_kernel_fp8_compiles(kernel_ptx: Any, fp8: int) -> None:
 def test_kernel_without_hint_compiles(kernel_ptx: Any) -> None:
     """A hidden size whose rows are not 16-byte aligned compiles without the hint."""
     assert "st.global" in kernel_ptx(1024, 0, "fp16", None)
+
+
+@pytest.mark.parametrize("fp8", [0, 2])
+def test_one_pe_kernel_has_no_protocol(fp8: int) -> None:
+    """The one-PE kernel (the all_reduce is the identity there) compiles for sm_90 with
+    16-byte vector loads and stores and none of the collective protocol: no atomics, no
+    system-scope fences or acquire loads, no timed wait."""
+    try:
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+    except ImportError:
+        pytest.skip("triton is not installed (pip install triton)")
+    k = importlib.import_module("symheap.fused._kernels")
+    sig = {
+        "x_ptr": "*bf16",
+        "res_ptr": "*bf16",
+        "w_ptr": "*bf16",
+        "out_ptr": "*fp8e4nv" if fp8 else "*bf16",
+        "res_out_ptr": "*bf16",
+        "scale_ptr": "*fp32",
+        "H": "i32",
+        "stride_x": "i32",
+        "stride_r": "i32",
+        "stride_o": "i32",
+        "stride_ro": "i32",
+        "eps": "fp32",
+        "BLOCK": "constexpr",
+        "FP8": "constexpr",
+    }
+    div = ("H", "stride_x", "stride_r", "stride_o", "stride_ro")
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (a, t) in enumerate(sig.items()) if t[0] == "*" or a in div}
+    src = ASTSource(fn=k.add_rmsnorm_kernel, signature=sig, constexprs={"BLOCK": 8192, "FP8": fp8}, attrs=attrs)
+    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": k.num_warps_one_pe(8192)})
+    lines = _instructions(c.asm["ptx"])
+    assert any(re.match(r"ld\.global(\.\w+)*\.v4\.b32", x) for x in lines), "no 16-byte vector loads"
+    if not fp8:
+        assert any(re.match(r"st\.global(\.\w+)*\.v4\.b32", x) for x in lines), "no 16-byte vector stores"
+    assert not [x for x in lines if x.startswith(("atom", "red.", "fence", "membar", "trap"))]
+    assert not [x for x in lines if ".acquire" in x or "%globaltimer" in x]

@@ -12,7 +12,8 @@ CUDA backend: **one kernel per PE** on torch's current stream (the Triton kernel
 :mod:`symheap.fused._kernels`: a one-shot push into a symmetric staging workspace, one release
 flag per CTA and PE carrying a device-side epoch, double buffering by epoch parity; its module
 docstring gives the protocol). ``x`` and ``residual`` are ordinary tensors; no host
-synchronisation, capturable.
+synchronisation, capturable. At one PE the all_reduce is the identity: one add + RMSNorm
+kernel, one CTA per row, with no workspace (nothing to warm up before capture).
 
 Host backend (CPU tensors): symheap's host ``all_reduce`` of ``x`` (in fp32, through a
 symmetric staging buffer), then the residual add and RMSNorm in fp32 with torch on the CPU.
@@ -185,6 +186,11 @@ def _cuda_path(
         raise SymheapUnsupportedError(
             f"all_reduce_residual_rmsnorm: hidden size {h} is larger than the CUDA kernel's {MAX_HIDDEN_CUDA}"
         )
+    if _core.native().n_pes == 1:
+        # The all_reduce of one PE is the identity: no workspace, no staging, no flags.
+        scale = scale_in if fp8 == 1 else (scale_out if fp8 == 2 else weight)
+        _launch_on(x.device, k.launch_one_pe, x, residual, weight, out, residual_out, scale, float(eps), fp8)
+        return
     esize = x.element_size()
     w = _workspace_for(team, t * h * esize)
     slot_elems = w.size[0] // esize

@@ -156,6 +156,38 @@ def fused_ar_rmsnorm_kernel(
         tl.atomic_xchg(ctr_ptr, epoch, sem="release", scope="gpu")
 
 
+@triton.jit
+def add_rmsnorm_kernel(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    res_out_ptr,
+    scale_ptr,
+    H,
+    stride_x,
+    stride_r,
+    stride_o,
+    stride_ro,
+    eps,
+    BLOCK: tl.constexpr,
+    FP8: tl.constexpr,
+):
+    """The op at one PE, where the all_reduce is the identity: nothing to stage, no flags, no
+    epoch. One row per CTA and as many CTAs as rows (no CTA waits for another, so they need
+    not be resident at once), the same arithmetic as the kernel above (fp32 add, one
+    rounding, RMS of the rounded row)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    cmask = cols < H
+    v = tl.load(x_ptr + row * stride_x + cols, mask=cmask, other=0.0).to(tl.float32)
+    v += tl.load(res_ptr + row * stride_r + cols, mask=cmask, other=0.0).to(tl.float32)
+    r = v.to(res_out_ptr.dtype.element_ty)
+    tl.store(res_out_ptr + row * stride_ro + cols, r, mask=cmask)
+    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    _norm_store(r, w, eps, H, out_ptr + row * stride_o, scale_ptr, row, cols, cmask, FP8)
+
+
 def num_warps_for(hidden: int) -> int:
     """``num_warps`` for a row of ``hidden`` elements held in registers."""
     if hidden <= 2048:
@@ -215,4 +247,48 @@ def launch(
         FP8=fp8,
         HINT=hint,
         num_warps=num_warps_for(hidden),
+    )
+
+
+def num_warps_one_pe(hidden: int) -> int:
+    """``num_warps`` of the one-PE kernel: 16 to 32 bytes of a row per thread, so that each
+    SM holds several rows in flight (its CTAs are independent)."""
+    if hidden <= 1024:
+        return 2
+    if hidden <= 4096:
+        return 4
+    if hidden <= 8192:
+        return 8
+    return 16
+
+
+def launch_one_pe(
+    x: _torch.Tensor,
+    residual: _torch.Tensor,
+    weight: _torch.Tensor,
+    out: _torch.Tensor,
+    residual_out: _torch.Tensor,
+    scale: _torch.Tensor,
+    eps: float,
+    fp8: int,
+) -> None:
+    """Launches the one-PE kernel on torch's current stream, one CTA per row of ``x``. Every
+    argument is checked by the caller."""
+    rows, hidden = x.shape
+    add_rmsnorm_kernel[(rows,)](
+        x,
+        residual,
+        weight,
+        out,
+        residual_out,
+        scale,
+        hidden,
+        x.stride(0),
+        residual.stride(0),
+        out.stride(0),
+        residual_out.stride(0),
+        eps,
+        BLOCK=triton.next_power_of_2(hidden),
+        FP8=fp8,
+        num_warps=num_warps_one_pe(hidden),
     )
