@@ -46,6 +46,12 @@ def test_gemm_cuda(cuda_gpus: int) -> None:
     run_cases(2, *CPU_CASES, env=_gpu_env(), timeout=600)
 
 
+def test_gemm_cuda_one_pe(cuda_gpus: int) -> None:
+    """At one PE both ops are one cuBLAS GEMM with fp32 reductions (nothing to gather or
+    reduce): exact and random cases, errors, the custom ops compiled."""
+    run_cases(1, *CPU_CASES, env=_gpu_env(), timeout=600)
+
+
 def test_gemm_cuda_4pe(cuda_gpus: int) -> None:
     """The Triton kernels at 4 PEs (sharing the GPUs there are): exact and random cases."""
     run_cases(4, "gemm_exact", "gemm_random", env=_gpu_env(), timeout=600)

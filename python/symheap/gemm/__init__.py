@@ -33,6 +33,8 @@ CUDA backend (:mod:`symheap.gemm._kernels` gives the protocol):
       arrives, on the whole GPU; the consumer acknowledges each shard it multiplied, and a PE
       pushes its next call's shard only after every peer's acknowledgement (the slots are
       single, so a captured copy's fixed destination is safe to replay).
+    * at one PE (nothing to gather or reduce) both are one cuBLAS GEMM with fp32 reductions
+      into ``out``: no workspace, no flags, no tuning.
     No host synchronisation inside; flags carry an epoch the kernels advance on the device
     (graph replays work); slots are double-buffered by epoch parity against reuse. The
     workspace is made on the first call (collective: an allocation on every PE) and grown by a
@@ -247,11 +249,25 @@ def _check_cuda(x: _torch.Tensor, what: str) -> None:
         raise SymheapValueError(f"{what}: symheap's memory of this PE is on {st.device()}, the tensors on {x.device}")
 
 
+def _one_pe(a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor, gathered: Optional[_torch.Tensor]) -> None:
+    """Either op at one PE, where the gather and the reduction are the identity: cuBLAS with
+    fp32 reductions (the kernels' numerics: each element the fp32 sum over K, rounded once)
+    straight into ``out``; no workspace, no flags, no tuning."""
+    from . import _kernels as k  # Triton (see above)
+
+    with _torch.cuda.device(a.device), k._ExactMath():
+        _torch.mm(a, b, out=out)
+        if gathered is not None:
+            gathered.copy_(a)
+
+
 def _cuda_ag(a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor, gathered: Optional[_torch.Tensor]) -> None:
     from . import _kernels as k  # Triton (see above)
 
     members = _members(None, None, "all_gather_matmul")
     npes = len(members)
+    if npes == 1:
+        return _one_pe(a, b, out, gathered)
     with _torch.cuda.device(a.device):
         sms = _sms(a.device)
         cfg = _tune.choose("ag", a.shape[0], npes, b, a.dtype, k.ag_gemm_sms(sms, npes), a.device)
@@ -294,6 +310,8 @@ def _cuda_rs(a: _torch.Tensor, b: _torch.Tensor, out: _torch.Tensor) -> None:
     from . import _kernels as k  # Triton (see above)
 
     members = _members(None, None, "matmul_reduce_scatter")
+    if len(members) == 1:
+        return _one_pe(a, b, out, None)
     need = _rs_needs(out.shape[0], out.shape[1], out.element_size())
     w = _pool.get(("rs", members), need, "matmul_reduce_scatter")
     slot_bytes, flag_stride = w.size
