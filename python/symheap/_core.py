@@ -603,6 +603,9 @@ def numpy_dtype_name(dt: Any) -> str:
     return name
 
 
+_OWN_NAMES = frozenset(_native.DTYPES)
+
+
 def dtype_name(dtype: Any) -> str:
     """symheap's name of ``dtype``, which means what NumPy or torch mean by it: a
     ``torch.dtype``; anything ``numpy.dtype()`` takes (a NumPy dtype or scalar type, a Python
@@ -612,6 +615,8 @@ def dtype_name(dtype: Any) -> str:
     knows (``"f32"``) raise :class:`SymheapValueError`."""
     if dtype is None:
         raise SymheapValueError("dtype must be given (a NumPy or torch dtype)")
+    if type(dtype) is str and dtype in _OWN_NAMES:
+        return dtype  # symheap's own names mean what NumPy means by them
     t = _torch()
     if t is not None and isinstance(dtype, t.dtype):
         return torch_dtype_name(dtype)

@@ -73,8 +73,9 @@ def _new(shape: Tuple[int, ...], dtype: str, dev: Any, zero: bool = False) -> _t
     buf = _core.allocate(shape, dtype, zero=zero)
     if buf.device.startswith("cuda"):
         # Like PyTorch's allocator: the allocating stream's later work on the tensor (torch's own
-        # kernels, which symheap does not see) finishes before the memory can be reused.
-        buf.record_stream(_torch.cuda.current_stream(_torch.device(buf.device)).cuda_stream)
+        # kernels, which symheap does not see) finishes before the memory can be reused. The raw
+        # handle: a torch Stream object costs more than the rest of the allocation's host work.
+        buf.record_stream(_core.current_stream_handle(int(buf.device.partition(":")[2] or 0)))
     return _core.register_tensor(_torch.from_dlpack(buf), buf)
 
 
@@ -182,7 +183,8 @@ def allocate_symmetric(*size: Any, dtype: Any = None, device: Any = None) -> Tup
     synchronisation. Translation: ``peer_bases[to] + (ptr - peer_bases[from])``, valid for
     pointers of any allocation. Do not write into ``peer_bases``."""
     t = empty(*size, dtype=dtype, device=device)
-    return t, _table_tensor(t)
+    # The allocation just made: its table without describing the tensor again.
+    return t, _torch.from_dlpack(_core.origin(t).peer_bases_view())
 
 
 @api
@@ -252,9 +254,15 @@ def free(x: _torch.Tensor) -> None:
     same. A tensor made here (or a view of one) frees the allocation it was made from, so
     freeing it twice raises; a tensor made elsewhere (``torch.from_dlpack``) frees the live
     allocation it starts."""
+    ptr = int(x.data_ptr()) if isinstance(x, _torch.Tensor) else None
+    buf = _core.origin(x) if ptr is not None else None
+    if buf is not None and not buf.freed and buf.addr == ptr:
+        # A tensor made here that starts its live allocation (the usual call): its owner, found
+        # through its storage, is all there is to check.
+        buf.free()
+        return
     _core.describe(x, "tensor")
     ptr = int(x.data_ptr())
-    buf = _core.origin(x)
     if buf is None:
         buf = _core.allocation_of(ptr, freed=True)
     if buf is not None and buf.freed:
