@@ -1,0 +1,393 @@
+"""Each operation's own work at one PE on one GPU, against the best local reference in the same
+process (issue 44's table): what a single GPU can measure exactly while the multi-GPU peers
+(NCCL, FlashInfer, DeepEP) are out of reach.
+
+    python3 bench/local_work.py [--json FILE] [--only fused,gemm,host,alloc] [--quick]
+
+Sections (one PE, CUDA backend; no launcher needed):
+  fused   symheap.fused.all_reduce_residual_rmsnorm against torch.compile'd ``x + r`` then
+          ``F.rms_norm`` (compiled per shape, static), bf16 and fp16, hidden 2880 / 5120 / 7168
+          / 8192, tokens 1 to 8192; CUDA-graph median (graphs of 50 calls / 50); at >= 2048
+          tokens the bandwidth over the bytes the op must move (x, residual in; residual_out,
+          out out) as a fraction of the HBM peak (memory clock x bus width) and of a measured
+          device copy.
+  gemm    all_gather_matmul and matmul_reduce_scatter against cuBLAS on the same operands with
+          the same numerics (fp32 reductions: torch.mm with reduced-precision reductions off),
+          M 256 to 16384, K and N 1024 to 16384; also the Triton engine's own GEMM (its
+          heuristic configuration at npes = 1, the local work it does at n >= 2), for reference.
+  host    host time per small eager call (16 float32, median over trials of 300-call loops):
+          symheap.all_reduce (symmetric tensor), symheap.ops.all_reduce_, symheap.distributed.*
+          and torch.distributed over the ``cuda:symheap`` backend, against torch.distributed
+          over NCCL, one rank, same tensors.
+  alloc   symheap.torch.allocate_symmetric / symheap.torch.empty of 1 MiB, each freed, against
+          torch's caching allocator.
+
+Prints one table per section; ``ratio`` is symheap's speed relative to the reference
+(reference time / symheap time: >= 1 means symheap is as fast or faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+
+HIDDEN = (2880, 5120, 7168, 8192)
+TOKENS = (1, 32, 128, 512, 2048, 8192)
+GEMM_M = (256, 2048, 16384)
+GEMM_KN = ((1024, 1024), (4096, 4096), (1024, 16384), (16384, 1024), (16384, 16384))
+
+
+def graph_us(fn: Callable[[], Any], iters: int = 50, trials: int = 7) -> float:
+    """Median over ``trials`` of (a CUDA graph of ``iters`` calls) / ``iters``, in µs."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(iters):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(trials):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0 / iters)
+    del g
+    return statistics.median(times)
+
+
+def gpu_us(fn: Callable[[], Any]) -> float:
+    """:func:`graph_us` with as many calls per graph as fill ~20 ms (at most 50): the GPU time
+    of kernels of any length, without the host's launch cost."""
+    est = event_us(fn, trials=1, min_ms=0.5)
+    return graph_us(fn, iters=max(3, min(50, int(20000 / max(est, 1.0)))), trials=5)
+
+
+def event_us(fn: Callable[[], Any], trials: int = 5, min_ms: float = 2.0) -> float:
+    """Median over ``trials`` of back-to-back eager calls timed by CUDA events (enough calls
+    per trial for ``min_ms``); for kernels long enough that launch gaps do not count."""
+    fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    reps = max(1, min(200, int(min_ms / max(a.elapsed_time(b), 1e-3))))
+    times = []
+    for _ in range(trials):
+        a.record()
+        for _ in range(reps):
+            fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0 / reps)
+    return statistics.median(times)
+
+
+def host_us(fn: Callable[[], Any], iters: int = 300, trials: int = 7) -> float:
+    """Median over trials of a back-to-back loop's host time per call (drained between)."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(trials):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        out.append((time.perf_counter() - t0) / iters * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(out)
+
+
+def hbm_peak_bytes_per_s(dev: int) -> Optional[float]:
+    """The HBM peak from the memory clock and bus width (cupy's device properties), or None."""
+    try:
+        import cupy
+
+        p = cupy.cuda.runtime.getDeviceProperties(dev)
+        return 2.0 * p["memoryClockRate"] * 1e3 * p["memoryBusWidth"] / 8
+    except Exception:  # noqa: BLE001 - cupy missing or a property it lacks: no peak column
+        return None
+
+
+def copy_bytes_per_s(dev: torch.device) -> float:
+    """A device-to-device copy of 1 GiB (read + write), the measured floor of a streaming kernel."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    us = event_us(lambda: dst.copy_(src), trials=5, min_ms=20.0)
+    return 2.0 * src.numel() / (us * 1e-6)
+
+
+# ---- fused all_reduce + residual + RMSNorm ---------------------------------------------------------
+
+
+def _fused_one(dev: torch.device, dtype: Any, h: int, t: int, comp: Callable[..., Any], eps: float) -> Dict[str, Any]:
+    import symheap.fused as fu
+
+    g = torch.Generator(device=dev).manual_seed(t * 7 + h)
+    x = torch.randn(t, h, dtype=dtype, device=dev, generator=g)
+    r = torch.randn(t, h, dtype=dtype, device=dev, generator=g)
+    w = torch.randn(h, dtype=dtype, device=dev, generator=g)
+    out, ro = torch.empty_like(x), torch.empty_like(x)
+    mine = graph_us(lambda: fu.all_reduce_residual_rmsnorm(x, r, w, eps, out=out, residual_out=ro))
+    want_y, want_r = comp(x, r, w)
+    assert torch.equal(ro, want_r), f"fused residual_out differs from x + r at {t}x{h} {dtype}"
+    theirs = graph_us(lambda: comp(x, r, w))
+    diff = float((out.float() - want_y.float()).abs().max())
+    return {
+        "section": "fused", "dtype": str(dtype).split(".")[1], "hidden": h, "tokens": t, "symheap_us": mine,
+        "compiled_us": theirs, "ratio": theirs / mine, "max_abs_diff": diff,
+        "moved_bytes": 4 * t * h * x.element_size() + h * x.element_size(),
+    }  # fmt: skip
+
+
+def bench_fused(rows: List[Dict[str, Any]], dev: torch.device, quick: bool) -> None:
+    torch._dynamo.config.cache_size_limit = 1024
+    eps = 1e-6
+
+    def ref(x, r, w):
+        ro = x + r
+        return torch.nn.functional.rms_norm(ro, (x.shape[-1],), w, eps), ro
+
+    peak = hbm_peak_bytes_per_s(dev.index)
+    floor = copy_bytes_per_s(dev)
+    dtypes = (torch.bfloat16,) if quick else (torch.bfloat16, torch.float16)
+    for dtype in dtypes:
+        for h in HIDDEN[-1:] if quick else HIDDEN:
+            comp = torch.compile(ref, dynamic=False)
+            for t in TOKENS:
+                row = _fused_one(dev, dtype, h, t, comp, eps)
+                bps = row["moved_bytes"] / (row["symheap_us"] * 1e-6)
+                row.update(symheap_gbps=bps / 1e9, hbm_frac=bps / peak if peak else None, copy_frac=bps / floor)
+                rows.append(row)
+    rows.append({"section": "fused-floor", "hbm_peak_gbps": peak / 1e9 if peak else None, "copy_gbps": floor / 1e9})
+
+
+def report_fused(rows: List[Dict[str, Any]]) -> List[str]:
+    fl = [r for r in rows if r["section"] == "fused-floor"]
+    out = ["## fused all_reduce + residual + RMSNorm at 1 PE vs torch.compile'd add + rms_norm (CUDA-graph µs)"]
+    if fl:
+        pk = fl[0]["hbm_peak_gbps"]
+        out.append(f"HBM peak {pk:.0f} GB/s; measured device copy {fl[0]['copy_gbps']:.0f} GB/s" if pk else "")
+    out.append("| dtype | hidden | tokens | symheap µs | compiled µs | ratio | GB/s | of HBM peak | of copy |")
+    out.append("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if r["section"] != "fused":
+            continue
+        big = r["tokens"] >= 2048
+        hbm = f"{r['hbm_frac']:.0%}" if big and r["hbm_frac"] else ""
+        cp = f"{r['copy_frac']:.0%}" if big else ""
+        out.append(
+            f"| {r['dtype']} | {r['hidden']} | {r['tokens']} | {r['symheap_us']:.2f} | {r['compiled_us']:.2f} | "
+            f"{r['ratio']:.2f} | {r['symheap_gbps']:.0f} | {hbm} | {cp} |"
+        )
+    return out
+
+
+# ---- GEMM-overlap operations -----------------------------------------------------------------------
+
+
+def _gemm_one(dev: torch.device, m: int, k: int, n: int, sms: int, arch: Any) -> Dict[str, Any]:
+    import symheap.gemm as gm
+    import symheap.gemm._kernels as gk
+    import symheap.gemm._tune as tune
+
+    g = torch.Generator(device=dev).manual_seed(m + k + n)
+    a = torch.randn(m, k, dtype=torch.bfloat16, device=dev, generator=g)
+    b = torch.randn(n, k, dtype=torch.bfloat16, device=dev, generator=g).t()  # a Linear weight
+    c = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
+
+    def cublas() -> None:
+        with gk._ExactMath():
+            torch.mm(a, b, out=c)
+
+    ref = gpu_us(cublas)
+    ag = gpu_us(lambda: gm.all_gather_matmul(a, b, out=c))
+    rs = gpu_us(lambda: gm.matmul_reduce_scatter(a, b, out=c))
+    want = c.clone()
+    cublas()
+    assert torch.equal(c, want), f"matmul_reduce_scatter differs from cuBLAS at {m}x{k}x{n}"
+    try:
+        tri = gpu_us(tune.local_runner("rs", gk.config(m, n, k, arch), a, b, sms, c))
+    except Exception as e:  # noqa: BLE001 - a shape the heuristic cannot run: say so
+        print(f"# triton engine {m}x{k}x{n}: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
+        tri = float("nan")
+    return {
+        "section": "gemm", "m": m, "k": k, "n": n, "cublas_us": ref, "ag_us": ag, "rs_us": rs, "triton_us": tri,
+        "ag_ratio": ref / ag, "rs_ratio": ref / rs, "triton_ratio": ref / tri,
+    }  # fmt: skip
+
+
+def bench_gemm(rows: List[Dict[str, Any]], dev: torch.device, quick: bool) -> None:
+    import symheap.gemm._kernels as gk
+
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    arch = gk._arch(dev)
+    shapes = [(m, k, n) for m in GEMM_M for (k, n) in GEMM_KN]
+    for m, k, n in shapes[:4] if quick else shapes:
+        rows.append(_gemm_one(dev, m, k, n, sms, arch))
+
+
+def report_gemm(rows: List[Dict[str, Any]]) -> List[str]:
+    out = [
+        "## GEMM-overlap ops at 1 PE vs cuBLAS (fp32 reductions), bf16, B a transposed Linear weight (CUDA-graph µs)",
+        "| M | K | N | cuBLAS µs | all_gather_matmul ratio | matmul_reduce_scatter ratio | Triton GEMM ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r["section"] == "gemm":
+            out.append(
+                f"| {r['m']} | {r['k']} | {r['n']} | {r['cublas_us']:.1f} | {r['ag_ratio']:.2f} | "
+                f"{r['rs_ratio']:.2f} | {r['triton_ratio']:.2f} |"
+            )
+    return out
+
+
+# ---- host time per eager call ----------------------------------------------------------------------
+
+
+def bench_host(rows: List[Dict[str, Any]], dev: torch.device, nccl: Any) -> None:
+    import symheap
+    import symheap.distributed as sd
+    import symheap.ops as sops
+    import symheap.torch as st
+
+    x = torch.ones(16, device=dev)
+    sym = st.empty(16, dtype=torch.float32)
+    sym.fill_(1.0)
+    calls: Dict[str, Callable[[], Any]] = {
+        "symheap.all_reduce (symmetric)": lambda: symheap.all_reduce(sym),
+        "symheap.ops.all_reduce_": lambda: sops.all_reduce_(x),
+        "symheap.distributed.all_reduce": lambda: sd.all_reduce(x),
+        "torch.distributed on cuda:symheap": lambda: dist.all_reduce(x),
+        "torch.distributed on NCCL": lambda: dist.all_reduce(x, group=nccl),
+    }
+    # Alternated rounds: the VM's noise falls on every entry alike.
+    got: Dict[str, List[float]] = {k: [] for k in calls}
+    for _ in range(3):
+        for name, fn in calls.items():
+            got[name].append(host_us(fn))
+    ref = statistics.median(got["torch.distributed on NCCL"])
+    for name, v in got.items():
+        us = statistics.median(v)
+        rows.append({"section": "host", "entry": name, "us": us, "ratio": ref / us})
+
+
+def report_host(rows: List[Dict[str, Any]]) -> List[str]:
+    out = [
+        "## host time per eager all_reduce of 16 float32 at 1 rank (median of 3 alternated rounds of 7 x 300 calls)",
+        "| entry | µs per call | ratio (NCCL / entry) |",
+        "|---|---|---|",
+    ]
+    for r in rows:
+        if r["section"] == "host":
+            out.append(f"| {r['entry']} | {r['us']:.1f} | {r['ratio']:.2f} |")
+    return out
+
+
+# ---- allocation ------------------------------------------------------------------------------------
+
+
+def bench_alloc(rows: List[Dict[str, Any]], dev: torch.device) -> None:
+    import symheap.torch as st
+
+    n = (1 << 20) // 4
+
+    def sym_pair() -> None:
+        t, bases = st.allocate_symmetric(n, dtype=torch.float32)
+        st.free(t)
+
+    def sym_empty() -> None:
+        st.free(st.empty(n, dtype=torch.float32))
+
+    def sym_drop() -> None:
+        st.empty(n, dtype=torch.float32)
+
+    def caching() -> None:
+        torch.empty(n, dtype=torch.float32, device=dev)
+
+    got: Dict[str, List[float]] = {
+        "allocate_symmetric + free": [],
+        "empty + free": [],
+        "empty, dropped": [],
+        "torch.empty": [],
+    }
+    fns = dict(zip(got, (sym_pair, sym_empty, sym_drop, caching)))
+    for _ in range(3):
+        for name, fn in fns.items():
+            got[name].append(host_us(fn, iters=200))
+    ref = statistics.median(got["torch.empty"])
+    for name, v in got.items():
+        us = statistics.median(v)
+        rows.append({"section": "alloc", "what": name, "us": us, "ratio": ref / us})
+
+
+def report_alloc(rows: List[Dict[str, Any]]) -> List[str]:
+    out = [
+        "## allocation of 1 MiB at 1 PE (host µs per call, median of 3 alternated rounds of 7 x 200)",
+        "| call | µs | ratio (torch caching allocator / call) |",
+        "|---|---|---|",
+    ]
+    for r in rows:
+        if r["section"] == "alloc":
+            out.append(f"| {r['what']} | {r['us']:.1f} | {r['ratio']:.3f} |")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--only", default="fused,gemm,host,alloc", help="sections, comma-separated")
+    ap.add_argument("--quick", action="store_true", help="a few shapes per section (a smoke run)")
+    args = ap.parse_args()
+    only = set(args.only.split(","))
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29541")
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda", 0)
+    import symheap.distributed  # noqa: F401 - registers the backend
+
+    dist.init_process_group("cuda:symheap")
+    nccl = dist.new_group(backend="nccl")
+    rows: List[Dict[str, Any]] = []
+    lines: List[str] = [f"# {torch.cuda.get_device_name(dev)}, torch {torch.__version__}, one PE"]
+    for name, bench, report in (
+        ("fused", lambda: bench_fused(rows, dev, args.quick), report_fused),
+        ("gemm", lambda: bench_gemm(rows, dev, args.quick), report_gemm),
+        ("host", lambda: bench_host(rows, dev, nccl), report_host),
+        ("alloc", lambda: bench_alloc(rows, dev), report_alloc),
+    ):
+        if name not in only:
+            continue
+        t0 = time.perf_counter()
+        bench()
+        lines += report(rows) + [f"({name}: {time.perf_counter() - t0:.0f} s)", ""]
+        print("\n".join(report(rows)), flush=True)
+    print("\n".join(lines))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
