@@ -18,6 +18,7 @@ the pace.
 from __future__ import annotations
 
 import cProfile
+import functools
 import io
 import os
 import pstats
@@ -29,6 +30,7 @@ from typing import Callable, Dict, List, Tuple
 import symheap.distributed as sd
 import torch
 import torch.distributed as dist
+from symheap.distributed import _work
 
 ITERS = int(os.environ.get("ITERS", "300"))
 TRIALS = int(os.environ.get("TRIALS", "7"))
@@ -41,6 +43,53 @@ PROFILE = "--profile" in sys.argv[1:]
 def drain() -> None:
     if CUDA:
         torch.cuda.synchronize()
+
+
+class FloorGroup(dist.ProcessGroup):
+    """The floor of any backend written in Python: a process group whose collectives do
+    nothing. ``work=True``: each returns a new completed Work the way symheap's backend makes
+    one (``symheap.distributed._work.done``: a torch Future with the outputs, wrapped by
+    torch's C++); ``work=False``: one Work made once, returned every time (torch's call into a
+    Python method and back, alone)."""
+
+    def __init__(self, rank: int, size: int, work: bool) -> None:
+        super().__init__(rank, size)
+        self._work = work
+        self._cached = _work.done([])
+
+    def _done(self, outputs: List[torch.Tensor]) -> object:
+        return _work.done(outputs) if self._work else self._cached
+
+    def getBackendName(self) -> str:
+        return "floor"
+
+    def allreduce(self, tensors, opts=None):  # noqa: ANN001, ANN201 - torch's signature
+        return self._done(tensors)
+
+    def _allgather_base(self, output, input, opts=None):  # noqa: ANN001, ANN201
+        return self._done([output])
+
+    def _reduce_scatter_base(self, output, input, opts=None):  # noqa: ANN001, ANN201
+        return self._done([output])
+
+    def broadcast(self, tensors, opts=None):  # noqa: ANN001, ANN201
+        return self._done(tensors)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: ANN001, ANN201
+        return self._done([output])
+
+
+def floor_group(work: bool) -> object:
+    """A group of every rank on :class:`FloorGroup` (registered under a name of its own)."""
+    name = "floorwork" if work else "floorbare"
+    if name.upper() not in getattr(dist.Backend, "_plugins", {}):
+        dist.Backend.register_backend(
+            name,
+            lambda o, _b=None: FloorGroup(o.group_rank, o.group_size, work),
+            extended_api=True,
+            devices=["cpu", "cuda"],
+        )
+    return dist.new_group(backend=name)
 
 
 def timed(fn: Callable[[], object]) -> Tuple[float, float]:
@@ -97,33 +146,28 @@ def main() -> None:
     x = torch.ones(16, device=dev)
     big = torch.empty(16 * n, device=dev)
     small = torch.empty(16, device=dev)
-    cases: Dict[str, Dict[str, Callable[[], object]]] = {
-        "all_reduce": {
-            "backend": lambda: dist.all_reduce(x),
-            "direct": lambda: sd.all_reduce(x),
-            "gloo": lambda: dist.all_reduce(x, group=gloo),
-        },
-        "all_gather_into_tensor": {
-            "backend": lambda: dist.all_gather_into_tensor(big, x),
-            "direct": lambda: sd.all_gather_into_tensor(big, x),
-            "gloo": lambda: dist.all_gather_into_tensor(big, x, group=gloo),
-        },
-        "reduce_scatter_tensor": {
-            "backend": lambda: dist.reduce_scatter_tensor(small, big),
-            "direct": lambda: sd.reduce_scatter_tensor(small, big),
-            "gloo": lambda: dist.reduce_scatter_tensor(small, big, group=gloo),
-        },
-        "broadcast": {
-            "backend": lambda: dist.broadcast(x, src=0),
-            "direct": lambda: sd.broadcast(x, src=0),
-            "gloo": lambda: dist.broadcast(x, src=0, group=gloo),
-        },
-        "all_to_all_single": {
-            "backend": lambda: dist.all_to_all_single(big, big.clone()),
-            "direct": lambda: sd.all_to_all_single(big, big.clone()),
-            "gloo": lambda: dist.all_to_all_single(big, big.clone(), group=gloo),
-        },
+    # Each collective through torch on a group (None: the default, symheap's), and direct.
+    calls: Dict[str, Tuple[Callable[[object], object], Callable[[], object]]] = {
+        "all_reduce": (lambda g: dist.all_reduce(x, group=g), lambda: sd.all_reduce(x)),
+        "all_gather_into_tensor": (
+            lambda g: dist.all_gather_into_tensor(big, x, group=g),
+            lambda: sd.all_gather_into_tensor(big, x),
+        ),
+        "reduce_scatter_tensor": (
+            lambda g: dist.reduce_scatter_tensor(small, big, group=g),
+            lambda: sd.reduce_scatter_tensor(small, big),
+        ),
+        "broadcast": (lambda g: dist.broadcast(x, src=0, group=g), lambda: sd.broadcast(x, src=0)),
+        "all_to_all_single": (
+            lambda g: dist.all_to_all_single(big, big.clone(), group=g),
+            lambda: sd.all_to_all_single(big, big.clone()),
+        ),
     }
+    groups = {"backend": None, "gloo": gloo, "floor": floor_group(True), "bare": floor_group(False)}
+    cases: Dict[str, Dict[str, Callable[[], object]]] = {}
+    for name, (via, direct) in calls.items():
+        cases[name] = {impl: functools.partial(via, g) for impl, g in groups.items()}
+        cases[name]["direct"] = direct
     rows = []
     for name, impls in cases.items():
         got = {}
@@ -148,11 +192,18 @@ def main() -> None:
                 f"# {n} rank(s), 16 float32 {where} tensors, us per call, {what} (median of {TRIALS} x {ITERS}); "
                 f"ratios: dist.* symheap / direct, dist.* symheap / dist.* {peer_name}"
             )
-            head = f"{'collective':<24} {'dist.* symheap':>15} {'direct':>9} {peer_name:>9}"
-            print(f"{head} {'/direct':>8} {'/' + peer_name:>8}")
+            head = f"{'collective':<24} {'dist.* symheap':>15} {'direct':>9} {peer_name:>9} {'floor':>7} {'bare':>7}"
+            print(f"{head} {'/direct':>8} {'/' + peer_name:>8} {'floor/' + peer_name:>12}")
             for name, g in rows:
-                b, d, p = g["backend"][i], g["direct"][i], g["gloo"][i]
-                print(f"{name:<24} {b:>15.1f} {d:>9.1f} {p:>9.1f} {b / d:>8.2f} {b / p:>8.2f}")
+                b, d, p, f, z = (g[k][i] for k in ("backend", "direct", "gloo", "floor", "bare"))
+                print(
+                    f"{name:<24} {b:>15.1f} {d:>9.1f} {p:>9.1f} {f:>7.1f} {z:>7.1f} {b / d:>8.2f} {b / p:>8.2f} "
+                    f"{f / p:>12.2f}"
+                )
+        print(
+            "# floor: a Python-written process group whose collectives do nothing and return a new completed Work "
+            "as symheap's do; bare: the same returning one Work made once (torch's call into Python and back)"
+        )
     dist.destroy_process_group()
 
 
