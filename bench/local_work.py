@@ -140,21 +140,25 @@ def copy_bytes_per_s(dev: torch.device) -> float:
 # ---- fused all_reduce + residual + RMSNorm ---------------------------------------------------------
 
 
-def _fused_one(dev: torch.device, dtype: Any, h: int, t: int, comp: Callable[..., Any], eps: float) -> Dict[str, Any]:
+def _fused_one(
+    dev: torch.device, dtype: Any, h: int, t: int, comp: Callable[..., Any], eps: float, fp8: Optional[str] = None
+) -> Dict[str, Any]:
     import symheap.fused as fu
 
     g = torch.Generator(device=dev).manual_seed(t * 7 + h)
     x = torch.randn(t, h, dtype=dtype, device=dev, generator=g)
     r = torch.randn(t, h, dtype=dtype, device=dev, generator=g)
     w = torch.randn(h, dtype=dtype, device=dev, generator=g)
-    out, ro = torch.empty_like(x), torch.empty_like(x)
-    mine = graph_us(lambda: fu.all_reduce_residual_rmsnorm(x, r, w, eps, out=out, residual_out=ro))
-    want_y, want_r = comp(x, r, w)
+    out = torch.empty(t, h, dtype=torch.float8_e4m3fn if fp8 else dtype, device=dev)
+    ro = torch.empty_like(x)
+    mine = graph_us(lambda: fu.all_reduce_residual_rmsnorm(x, r, w, eps, out=out, residual_out=ro, fp8=fp8))
+    want_y, want_r = comp(x, r, w)[:2]
     assert torch.equal(ro, want_r), f"fused residual_out differs from x + r at {t}x{h} {dtype}"
     theirs = graph_us(lambda: comp(x, r, w))
     diff = float((out.float() - want_y.float()).abs().max())
     return {
-        "section": "fused", "dtype": str(dtype).split(".")[1], "hidden": h, "tokens": t, "symheap_us": mine,
+        "section": "fused", "dtype": str(dtype).split(".")[1] + (" fp8" if fp8 else ""), "hidden": h, "tokens": t,
+        "symheap_us": mine,
         "compiled_us": theirs, "ratio": theirs / mine, "max_abs_diff": diff,
         "moved_bytes": 4 * t * h * x.element_size() + h * x.element_size(),
     }  # fmt: skip
@@ -179,6 +183,19 @@ def bench_fused(rows: List[Dict[str, Any]], dev: torch.device, quick: bool) -> N
                 bps = row["moved_bytes"] / (row["symheap_us"] * 1e-6)
                 row.update(symheap_gbps=bps / 1e9, hbm_frac=bps / peak if peak else None, copy_frac=bps / floor)
                 rows.append(row)
+
+    # FP8 e4m3 output with a per-token scale; the reference quantises the same way, compiled.
+    def ref_fp8(x, r, w):
+        y, ro = ref(x, r, w)
+        s = y.float().abs().amax(-1, keepdim=True).clamp_min(1e-12) / 448.0
+        return (y.float() / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), ro, s
+
+    comp = torch.compile(ref_fp8, dynamic=False)
+    for t in TOKENS[::2] if quick else TOKENS:
+        row = _fused_one(dev, torch.bfloat16, 8192, t, comp, eps, fp8="per_token")
+        bps = (row["moved_bytes"] - t * 8192) / (row["symheap_us"] * 1e-6)  # out is 1 byte per element
+        row.update(symheap_gbps=bps / 1e9, hbm_frac=bps / peak if peak else None, copy_frac=bps / floor)
+        rows.append(row)
     rows.append({"section": "fused-floor", "hbm_peak_gbps": peak / 1e9 if peak else None, "copy_gbps": floor / 1e9})
 
 
