@@ -129,11 +129,12 @@ def hbm_peak_bytes_per_s(dev: int) -> Optional[float]:
         return None
 
 
-def copy_bytes_per_s(dev: torch.device) -> float:
-    """A device-to-device copy of 1 GiB (read + write), the measured floor of a streaming kernel."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
+def copy_bytes_per_s(dev: torch.device, nbytes: int = 1 << 30) -> float:
+    """A device-to-device copy of ``nbytes`` (read + write: twice that moved), the measured
+    floor of a streaming kernel moving as many bytes."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
-    us = event_us(lambda: dst.copy_(src), trials=5, min_ms=20.0)
+    us = gpu_us(lambda: dst.copy_(src)) if nbytes < (1 << 30) else event_us(lambda: dst.copy_(src), min_ms=20.0)
     return 2.0 * src.numel() / (us * 1e-6)
 
 
@@ -182,6 +183,8 @@ def bench_fused(rows: List[Dict[str, Any]], dev: torch.device, quick: bool) -> N
                 row = _fused_one(dev, dtype, h, t, comp, eps)
                 bps = row["moved_bytes"] / (row["symheap_us"] * 1e-6)
                 row.update(symheap_gbps=bps / 1e9, hbm_frac=bps / peak if peak else None, copy_frac=bps / floor)
+                if t >= 2048:
+                    row["same_copy_frac"] = bps / copy_bytes_per_s(dev, row["moved_bytes"] // 2)
                 rows.append(row)
 
     # FP8 e4m3 output with a per-token scale; the reference quantises the same way, compiled.
@@ -195,6 +198,8 @@ def bench_fused(rows: List[Dict[str, Any]], dev: torch.device, quick: bool) -> N
         row = _fused_one(dev, torch.bfloat16, 8192, t, comp, eps, fp8="per_token")
         bps = (row["moved_bytes"] - t * 8192) / (row["symheap_us"] * 1e-6)  # out is 1 byte per element
         row.update(symheap_gbps=bps / 1e9, hbm_frac=bps / peak if peak else None, copy_frac=bps / floor)
+        if t >= 2048:
+            row["same_copy_frac"] = bps / copy_bytes_per_s(dev, (row["moved_bytes"] - t * 8192) // 2)
         rows.append(row)
     rows.append({"section": "fused-floor", "hbm_peak_gbps": peak / 1e9 if peak else None, "copy_gbps": floor / 1e9})
 
@@ -205,17 +210,21 @@ def report_fused(rows: List[Dict[str, Any]]) -> List[str]:
     if fl:
         pk = fl[0]["hbm_peak_gbps"]
         out.append(f"HBM peak {pk:.0f} GB/s; measured device copy {fl[0]['copy_gbps']:.0f} GB/s" if pk else "")
-    out.append("| dtype | hidden | tokens | symheap µs | compiled µs | ratio | GB/s | of HBM peak | of copy |")
-    out.append("|---|---|---|---|---|---|---|---|---|")
+    out.append(
+        "| dtype | hidden | tokens | symheap µs | compiled µs | ratio | GB/s | of HBM peak | of 1 GiB copy "
+        "| of a copy moving as many bytes |"
+    )
+    out.append("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r["section"] != "fused":
             continue
         big = r["tokens"] >= 2048
         hbm = f"{r['hbm_frac']:.0%}" if big and r["hbm_frac"] else ""
         cp = f"{r['copy_frac']:.0%}" if big else ""
+        same = f"{r['same_copy_frac']:.0%}" if "same_copy_frac" in r else ""
         out.append(
             f"| {r['dtype']} | {r['hidden']} | {r['tokens']} | {r['symheap_us']:.2f} | {r['compiled_us']:.2f} | "
-            f"{r['ratio']:.2f} | {r['symheap_gbps']:.0f} | {hbm} | {cp} |"
+            f"{r['ratio']:.2f} | {r['symheap_gbps']:.0f} | {hbm} | {cp} | {same} |"
         )
     return out
 
@@ -342,13 +351,37 @@ def bench_alloc(rows: List[Dict[str, Any]], dev: torch.device) -> None:
     def caching() -> None:
         torch.empty(n, dtype=torch.float32, device=dev)
 
+    from symheap import _core
+
+    ctx = _core.native()
+    stream = torch.cuda.current_stream(dev).cuda_stream
+    keep = _core.allocate((n,), "float32")
+
+    def native_pair() -> None:
+        ctx.allocate([n], "float32", align=256, zero=False).free()
+
+    def core_pair() -> None:
+        _core.allocate((n,), "float32").free()
+
+    def with_record() -> None:
+        b = _core.allocate((n,), "float32")
+        b.record_stream(stream)
+        b.free()
+
+    def dlpack() -> None:
+        torch.from_dlpack(keep)
+
     got: Dict[str, List[float]] = {
+        "native allocate + free": [],
+        "_core.allocate + free": [],
+        "_core.allocate + record_stream + free": [],
+        "torch.from_dlpack of a buffer": [],
         "allocate_symmetric + free": [],
         "empty + free": [],
         "empty, dropped": [],
         "torch.empty": [],
     }
-    fns = dict(zip(got, (sym_pair, sym_empty, sym_drop, caching)))
+    fns = dict(zip(got, (native_pair, core_pair, with_record, dlpack, sym_pair, sym_empty, sym_drop, caching)))
     for _ in range(3):
         for name, fn in fns.items():
             got[name].append(host_us(fn, iters=200))

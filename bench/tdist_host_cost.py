@@ -6,6 +6,7 @@ on CPU tensors, NCCL on CUDA tensors), in the same run on the same tensors.
     python bench/tdist_host_cost.py --cuda              # 1 rank, CUDA tensors: cuda:symheap vs NCCL
     python -m symheap.launch -n 2 -- python bench/tdist_host_cost.py
     python bench/tdist_host_cost.py --cuda --profile    # also: where each call's host time goes
+    python bench/tdist_host_cost.py --cuda --layers     # also: each layer's time alone (1 rank)
 
 
 Prints on rank 0 a table of host time per call: the median over trials of a back-to-back
@@ -129,6 +130,32 @@ def profile(label: str, fn: Callable[[], object]) -> None:
     print(body[body.find("ncalls") :].rstrip())
 
 
+def layers(x: torch.Tensor) -> None:
+    """Host time of each layer one ``dist.all_reduce`` on symheap's backend passes through,
+    one call alone (rank 0 prints; 1 rank only: every step is a collective)."""
+    import symheap.ops as sops
+    from symheap.distributed import _reduce
+
+    pg = dist.distributed_c10d._get_default_group()
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.SUM
+    steps: Dict[str, Callable[[], object]] = {
+        "dist.all_reduce(x)": lambda: dist.all_reduce(x),
+        "pg.allreduce([x], opts) (no torch wrapper)": lambda: pg.allreduce([x], opts),
+        "pg._all_reduce(x, SUM)": lambda: pg._all_reduce(x, dist.ReduceOp.SUM, "all_reduce"),
+        "symheap.ops.all_reduce_(x)": lambda: sops.all_reduce_(x),
+        "symheap.distributed.all_reduce(x)": lambda: sd.all_reduce(x),
+        "_work.done([x])": lambda: _work.done([x]),
+        "reduce_op + for_reduction": lambda: _reduce.for_reduction(x, _reduce.reduce_op(opts.reduceOp, "a")[0], "a"),
+        "torch.futures.Future + set_result": lambda: torch.futures.Future(
+            devices=[x.device] if CUDA else None
+        ).set_result([x]),
+    }
+    print(f"## layers of dist.all_reduce on symheap, 16 float32 on {x.device} (us per call, median of {TRIALS})")
+    for name, fn in steps.items():
+        print(f"{name:<48} {timed(fn)[0]:>8.2f}")
+
+
 def main() -> None:
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
@@ -180,6 +207,8 @@ def main() -> None:
                 if dist.get_rank() == 0:
                     print(f"# {name} {impl}: {str(e).splitlines()[0][:100]}")
         rows.append((name, got))
+    if "--layers" in sys.argv[1:] and n == 1:
+        layers(x)
     if PROFILE:  # every rank runs the calls (they are collective), rank 0 prints
         for name, impls in cases.items():
             for impl in ("backend", "direct"):

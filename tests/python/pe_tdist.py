@@ -258,6 +258,21 @@ def check_async(r: int, n: int) -> None:
     same(w.get_future().value()[0], torch.cat(xs), "async all_gather future")
     dist.barrier()
     assert dist.barrier(async_op=True).wait()
+    # Called as torch's wrappers call a synchronous collective (asyncOp False): the Work is
+    # completed and shared (nothing to wait for); the default options (asyncOp True, as C++
+    # callers pass them) get a Work of their own whose future holds the outputs.
+    pg = dist.distributed_c10d._get_default_group()
+    opts = dist.AllreduceOptions()
+    if hasattr(opts, "asyncOp"):
+        t = xs[r].clone()
+        opts.asyncOp = False
+        w1, w2 = pg.allreduce([t], opts), pg.allreduce([t.clone()], opts)
+        assert w1 is w2 and w1.is_completed() and w1.wait()
+        opts = dist.AllreduceOptions()
+        t = xs[r].clone()
+        w3 = pg.allreduce([t], opts)
+        assert w3 is not w1 and w3.wait()
+        same(w3.get_future().value()[0], fold(xs, lambda a, b: a + b), "allreduce with default options")
 
 
 def check_p2p(r: int, n: int) -> None:

@@ -23,6 +23,7 @@ PRIVATE = [
     ("torch.distributed._symmetric_memory", "rendezvous", (2, 6), "providers.torch_symm_mem"),
     ("torch._C._distributed_c10d", "_create_work_from_future", (2, 8), "distributed/_work.py: the backend's works"),
     ("torch._C", "_cuda_getCurrentRawStream", (2, 5), "_core.current_stream_handle: the stream of an eager call"),
+    ("torch._C", "Future", (2, 8), "distributed/_work.py: the works' futures, without torch.futures' wrapper"),
 ]
 
 
@@ -52,6 +53,21 @@ def test_private_torch_functions_behave_as_used(torch_module) -> None:
 
     with TorchDispatchMode():
         assert C._len_torch_dispatch_stack() == 1
+
+
+def test_work_from_a_c_future_as_the_backend_makes_it(torch_module) -> None:
+    """``_create_work_from_future`` over a ``torch._C.Future`` (distributed/_work.py): the Work
+    is completed and its future holds the very list of outputs."""
+    torch = torch_module
+    from torch._C._distributed_c10d import _create_work_from_future
+
+    outs = [torch.arange(4.0)]
+    fut = torch._C.Future([])
+    fut.set_result(outs)
+    work = _create_work_from_future(fut)
+    assert work.wait() and work.is_completed()
+    got = work.get_future().value()
+    assert got is outs or (len(got) == 1 and got[0] is outs[0])
 
 
 def test_every_private_torch_use_is_listed() -> None:

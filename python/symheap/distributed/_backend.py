@@ -151,7 +151,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
             return other.allreduce(tensors, opts)
         for t in tensors:
             self._all_reduce(t, _opt(opts, "reduceOp"), "all_reduce")
-        return _work.done(tensors)
+        return _work.done(tensors, opts)
 
     @dist_errors("all_reduce_coalesced")
     def allreduce_coalesced(self, tensors: List[_torch.Tensor], opts: Any = None) -> Any:
@@ -160,7 +160,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
             return other.allreduce_coalesced(tensors, opts)
         for t in tensors:
             self._all_reduce(t, _opt(opts, "reduceOp"), "all_reduce_coalesced")
-        return _work.done(tensors)
+        return _work.done(tensors, opts)
 
     def _reduce_scatter(self, out: _torch.Tensor, inp: _torch.Tensor, op: Any, what: str) -> None:
         kind, factor = _reduce.reduce_op(op, what)
@@ -189,7 +189,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
         if other is not None:
             return other._reduce_scatter_base(output, input, opts)
         self._reduce_scatter(output, input, _opt(opts, "reduceOp"), "reduce_scatter_tensor")
-        return _work.done([output])
+        return _work.done([output], opts)
 
     @dist_errors("reduce_scatter_tensor_coalesced")
     def reduce_scatter_tensor_coalesced(
@@ -200,7 +200,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
             return other.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
         for o, i in zip(outputs, inputs):
             self._reduce_scatter(o, i, _opt(opts, "reduceOp"), "reduce_scatter_tensor_coalesced")
-        return _work.done(outputs)
+        return _work.done(outputs, opts)
 
     @dist_errors("reduce_scatter")
     def reduce_scatter(
@@ -213,7 +213,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
             _check_list(ins, self._n(), out, "reduce_scatter input_list")
             cat = _torch.cat([_flat(i) for i in ins])
             self._reduce_scatter(out, cat, _opt(opts, "reduceOp"), "reduce_scatter")
-        return _work.done(outputs)
+        return _work.done(outputs, opts)
 
     @dist_errors("reduce")
     def reduce(self, tensors: List[_torch.Tensor], opts: Any = None) -> Any:
@@ -225,7 +225,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
             # Every member reduces (symheap has no rooted reduction); only the root keeps it.
             target = t if self._rank == root else t.clone()
             self._all_reduce(target, _opt(opts, "reduceOp"), "reduce")
-        return _work.done(tensors)
+        return _work.done(tensors, opts)
 
     # ---- byte movers ---------------------------------------------------------------------
 
@@ -251,7 +251,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
         if other is not None:
             return other._allgather_base(output, input, opts)
         self._gather(output, input)
-        return _work.done([output])
+        return _work.done([output], opts)
 
     @dist_errors("all_gather_into_tensor_coalesced")
     def allgather_into_tensor_coalesced(
@@ -262,7 +262,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
             return other.allgather_into_tensor_coalesced(outputs, inputs, opts)
         for o, i in zip(outputs, inputs):
             self._gather(o, i)
-        return _work.done(outputs)
+        return _work.done(outputs, opts)
 
     def _gather_list(self, outs: List[_torch.Tensor], inp: _torch.Tensor, what: str) -> None:
         _check_list(outs, self._n(), inp, what)
@@ -278,7 +278,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
             return other.allgather(output_lists, inputs, opts)
         for outs, inp in zip(output_lists, inputs):
             self._gather_list(outs, inp, "all_gather tensor_list")
-        return _work.done([o for outs in output_lists for o in outs])
+        return _work.done([o for outs in output_lists for o in outs], opts)
 
     @dist_errors("all_gather_coalesced")
     def allgather_coalesced(
@@ -301,7 +301,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
             _staged.broadcast(_staged.as_bytes(work), root, self._tid, buf)
             if work is not t:
                 t.copy_(work)
-        return _work.done(tensors)
+        return _work.done(tensors, opts)
 
     def _alltoallv(self, out: _torch.Tensor, inp: _torch.Tensor, osplit: List[int], isplit: List[int]) -> None:
         """Uneven all_to_all of rows of the first dimension, through the staging workspace: the
@@ -379,7 +379,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
             osplit = list(output_split_sizes) or _even(output, n, "output")
             isplit = list(input_split_sizes) or _even(input, n, "input")
             self._alltoallv(output, input, osplit, isplit)
-        return _work.done([output])
+        return _work.done([output], opts)
 
     @dist_errors("all_to_all")
     def alltoall(self, outputs: List[_torch.Tensor], inputs: List[_torch.Tensor], opts: Any = None) -> Any:
@@ -399,7 +399,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
         for t in outputs:
             t.copy_(out[at : at + t.numel()].view(t.shape))
             at += t.numel()
-        return _work.done(outputs)
+        return _work.done(outputs, opts)
 
     @dist_errors("gather")
     def gather(self, output_lists: List[List[_torch.Tensor]], inputs: List[_torch.Tensor], opts: Any = None) -> Any:
@@ -417,7 +417,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
             _check_list(outs, n, inputs[0], "gather gather_list")
             for j, o in enumerate(outs):
                 o.copy_(out[j * k : (j + 1) * k].view(o.shape))
-        return _work.done(output_lists[0] if output_lists else [])
+        return _work.done(output_lists[0] if output_lists else [], opts)
 
     @dist_errors("gather_single")
     def gather_single(self, output: _torch.Tensor, input: _torch.Tensor, opts: Any = None) -> Any:
@@ -439,7 +439,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
         self._alltoallv(work.view(-1), inp, [k] * n if at_root else [0] * n, [k if r == root else 0 for r in range(n)])
         if at_root and work is not output:
             output.copy_(work)
-        return _work.done([output])
+        return _work.done([output], opts)
 
     # torch 2.15 calls the single-tensor forms by these names (it keeps the older ones too).
     all_gather_single = _allgather_base
@@ -466,7 +466,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
             flat, inp, [k if r == root else 0 for r in range(n)], [k] * n if self._rank == root else [0] * n
         )
         out.copy_(flat.view(out.shape))
-        return _work.done(outputs)
+        return _work.done(outputs, opts)
 
     # ---- synchronisation and point to point ----------------------------------------------
 
@@ -480,7 +480,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
             _shmem.host_barrier()
         else:
             _shmem.barrier(team)
-        return _work.done([])
+        return _work.done([], opts)
 
     @dist_errors("monitored_barrier")
     def monitored_barrier(self, opts: Any = None, wait_all_ranks: bool = False) -> None:

@@ -8,7 +8,9 @@ completed ``torch.futures.Future`` wrapped by torch's own ``_create_work_from_fu
   collective ran on (a CUDA future records an event there when it completes): no host sync, the
   same as ProcessGroupNCCL's work; on the host backend it returns at once;
 * ``is_completed()``: True (the host enqueued the work);
-* ``get_future()``: the completed future, its value the output tensors (a list), as NCCL's.
+* ``get_future()``: the completed future, its value the output tensors (a list), as NCCL's;
+* a call with ``async_op=False`` returns one completed Work shared by all such calls (torch
+  only waits on it, and there is nothing to wait for: see :func:`done`).
 
 Work objects made by torch's C++ code are used, not a Python subclass, because C++ callers
 (functional collectives' ``wait_tensor``, DDP) keep them after Python dropped its reference.
@@ -22,12 +24,37 @@ import torch as _torch
 from torch._C._distributed_c10d import _create_work_from_future
 
 
-def done(outputs: Sequence[_torch.Tensor]) -> Any:
-    """A completed Work whose future holds ``outputs`` (a list of tensors, possibly empty)."""
-    devs: List[_torch.device] = []
+# torch's C++ future itself: ``torch.futures.Future`` only adds Python wrappers around it (its
+# ``__init__`` builds a torch.device per entry of ``devices`` on every call).
+_Future = _torch._C.Future
+_NO_DEVICES: List[_torch.device] = []
+
+
+_sync_work: Any = None
+
+
+def done(outputs: Sequence[_torch.Tensor], opts: Any = None) -> Any:
+    """A completed Work whose future holds ``outputs`` (a list of tensors, possibly empty).
+
+    A call torch made with ``async_op=False`` (``opts.asyncOp`` False: torch's Python wrappers
+    set it, then only ``wait()`` on the Work at once, on the stream the collective was just
+    enqueued on) gets one completed Work made once: a CUDA future records an event per call and
+    has torch extract the tensors of its value by pickling it (~10 µs of host time on an H100
+    host, more than the collective's own call). C++ callers leave ``asyncOp`` at its default,
+    True, and get a Work of their own."""
+    if opts is not None and getattr(opts, "asyncOp", True) is False:
+        global _sync_work
+        if _sync_work is None:
+            _sync_work = done([])
+        return _sync_work
+    devs = _NO_DEVICES
     for t in outputs:
-        if t.is_cuda and t.device not in devs:
-            devs.append(t.device)
-    fut: Any = _torch.futures.Future(devices=devs) if devs else _torch.futures.Future()
-    fut.set_result(list(outputs))
+        if t.is_cuda:
+            d = t.device
+            if devs is _NO_DEVICES:
+                devs = [d]
+            elif d not in devs:
+                devs.append(d)
+    fut = _Future(devs)
+    fut.set_result(outputs if type(outputs) is list else list(outputs))
     return _create_work_from_future(fut)

@@ -364,7 +364,10 @@ fn already_loaded() -> Option<Api> {
     // SAFETY: RTLD_NOLOAD only looks the name up among the libraries already loaded; no code
     // of a new library runs. A copy found this way has run its initialisers already.
     let lib = unsafe { libloading::os::unix::Library::open(Some(LIB_NAME), flags) }.ok()?;
-    let path = PathBuf::from(format!("{LIB_NAME} (already loaded in this process)"));
+    // The file the loader resolved the name to: what lies beside it (the device library, the
+    // headers) is found from it; a name alone would be looked for in the working directory.
+    let path = file_of(&lib, b"nvshmem_my_pe\0")
+        .unwrap_or_else(|| PathBuf::from(format!("{LIB_NAME} (already loaded in this process)")));
     match resolve(lib.into(), &path) {
         Ok(api) => Some(api),
         Err(why) => {
@@ -372,6 +375,26 @@ fn already_loaded() -> Option<Api> {
             None
         }
     }
+}
+
+/// The file `lib` was loaded from, found through the address of its `symbol` (`dladdr`), or
+/// None when the loader cannot say.
+fn file_of(lib: &libloading::os::unix::Library, symbol: &[u8]) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: the symbol is taken as an address only, never read or called through.
+    let sym = unsafe { lib.get::<*const c_void>(symbol) }.ok()?;
+    let addr = sym.into_raw() as *const c_void;
+    // SAFETY: `Dl_info` is plain data (pointers and an address); all zeroes is a valid value.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr only reads the loader's tables and writes `info`, a valid out-pointer.
+    if unsafe { libc::dladdr(addr, &mut info) } == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: `dli_fname` is a NUL-terminated string the loader owns for as long as the
+    // library stays loaded (it is never unloaded: `resolve` keeps it); it is copied at once.
+    let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
+    let path = PathBuf::from(std::ffi::OsStr::from_bytes(name.to_bytes()));
+    path.is_absolute().then_some(path)
 }
 
 /// Whether this process has an initialised NVSHMEM (NVSHMEM is a per-process singleton).
@@ -659,6 +682,22 @@ mod tests {
     use super::*;
     use std::ffi::OsStr;
     use std::mem::{align_of, offset_of, size_of};
+
+    /// A library found already loaded is named by its file, not by its loader name: the device
+    /// library beside NVSHMEM's host library is looked for from that file (it was looked for
+    /// in the working directory before, which the GPU suite caught with torch's NVSHMEM loaded).
+    #[test]
+    fn an_already_loaded_library_is_named_by_its_file() {
+        let flags = libc::RTLD_NOW | libc::RTLD_NOLOAD;
+        // SAFETY: RTLD_NOLOAD of the C library this test runs on: nothing new is loaded.
+        let lib = unsafe { libloading::os::unix::Library::open(Some("libc.so.6"), flags) }
+            .expect("libc.so.6 is loaded in every test process");
+        let path = file_of(&lib, b"malloc\0").expect("dladdr names malloc's file");
+        assert!(path.is_absolute() && path.exists(), "{}", path.display());
+        let name = path.file_name().and_then(OsStr::to_str).unwrap_or("");
+        assert!(name.starts_with("libc"), "{}", path.display());
+        assert!(file_of(&lib, b"no_such_symbol_here\0").is_none());
+    }
 
     /// Sizes, alignments and offsets as a C++ compiler lays out the NVSHMEM 3.4.5 headers
     /// (a probe program compiled with g++ against `include/device_host/nvshmem_types.h`
