@@ -29,7 +29,7 @@
 # Shorter calls (the device budget is 30 minutes a session): SKIP_NODES (the simulated-node
 # scenarios and benchmarks), SKIP_COLD (one cold run only),
 # SKIP_SELFTEST, PES (default 1,2,4), SKIP_PES8, PES8_ONLY (scenarios at 8 PEs), SKIP_DIVERGE,
-# SKIP_FAULTS, KILL_TRIALS, SKIP_TORCH, TORCH_TESTS (the pytest files of python-torch), GPU_ONLY
+# SKIP_FAULTS, KILL_TRIALS, SKIP_LOCAL_WORK, SKIP_TORCH, TORCH_TESTS (the pytest files of python-torch), GPU_ONLY
 # (default 1: of those files only the tests that need a GPU), SKIP_PROVIDERS,
 # SKIP_EXAMPLES, SKIP_BENCH, OPS_BENCH_ONLY (of the benchmarks only the fused, GEMM-overlap and
 # MoE ones: no peer programs, no `symheap bench`; OPS_BENCHES picks among "tp gemm moe"); each
@@ -272,6 +272,11 @@ run)
     # CUDA tensors (bench/tdist_host_cost.py --cuda).
     [ "${SKIP_TORCH:-0}" = 1 ] || step tdist-host-cost "${TDIST_COST_LIMIT:-120}" python3 bench/tdist_host_cost.py --cuda
     [ "${SKIP_TORCH:-0}" = 1 ] || sed -n '/^# /,$p' "$OUTDIR/tdist-host-cost.log"
+    # Each operation's own work at one PE against the best local reference in the same process
+    # (the fused op vs compiled add + RMSNorm, the GEMM ops vs cuBLAS, host time per eager call
+    # vs NCCL, allocation): bench/local_work.py, its tables printed last in its log.
+    [ "${SKIP_LOCAL_WORK:-0}" = 1 ] || step local-work "${LOCAL_WORK_LIMIT:-240}" python3 bench/local_work.py --json "$OUTDIR/local-work.json"
+    [ "${SKIP_LOCAL_WORK:-0}" = 1 ] || sed -n '/^# .*, one PE$/,$p' "$OUTDIR/local-work.log"
     # Providers (native heap, NVSHMEM, torch SymmetricMemory) under one Triton and one CUDA C++
     # kernel, and the Triton device library's compile and hint checks.
     [ "${SKIP_PROVIDERS:-0}" = 1 ] || step python-providers "${PROVIDERS_LIMIT:-300}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs $GO test_providers_gpu.py test_nvshmem_coexist_gpu.py test_providers.py test_triton_compile.py"
