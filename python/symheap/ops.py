@@ -235,10 +235,14 @@ def _zero_copy(t: _torch.Tensor) -> bool:
     return bool(n.is_symmetric(t.data_ptr(), max(t.numel() * t.element_size(), 1)))
 
 
-def _record(ts: Sequence[_torch.Tensor], ordinary: bool = False) -> None:
+def _record(ts: Sequence[_torch.Tensor], ordinary: bool = False, symmetric: Optional[Sequence[bool]] = None) -> None:
     """Stream-ordered lifetime of ordinary CUDA tensors: like torch's own collectives, note that
     the current stream used them, so the caching allocator does not hand their memory to
-    another stream before this work ran (``ordinary``: the caller knows none is symmetric)."""
+    another stream before this work ran (``ordinary``: the caller knows none is symmetric;
+    ``symmetric``: which are, as :func:`_plan` found)."""
+    if symmetric is not None:
+        ts = [t for t, sym in zip(ts, symmetric) if not sym]
+        ordinary = True
     cuda = [t for t in ts if t.is_cuda]
     if not cuda or _torch.cuda.is_current_stream_capturing():
         return
@@ -292,6 +296,16 @@ def _in_place(t: _torch.Tensor, coll: Optional[Tuple[str, _torch.Tensor, int]], 
         ok = _shmem._takes_local(name, _team(tid), _core.describe(sizing, name), per=per)
         _local[key] = ok
     return ok
+
+
+def _plan(
+    tid: int, parts: Sequence[Tuple[_torch.Tensor, bool]], coll: Optional[Tuple[str, _torch.Tensor, int]]
+) -> Tuple[List[bool], List[bool]]:
+    """``(symmetric, direct)`` for each part of a call: whether it is zero-copy symmetric memory,
+    and whether it goes to the kernel as it is (symmetric, or ordinary memory the kernel of
+    ``coll`` reads in place), asked once for :func:`_stage` and :func:`_record` both."""
+    sym = [_zero_copy(t) for t, _ in parts]
+    return sym, [z or _in_place(t, coll, tid) for (t, _), z in zip(parts, sym)]
 
 
 def _stage(
@@ -381,12 +395,14 @@ def _all_reduce(input: _torch.Tensor, op: str = "sum", team: int = 0) -> _torch.
     _dtype(input, "all_reduce")
     _check_op(op, input, "all_reduce")
     out = _torch.empty_like(input, memory_format=_torch.contiguous_format)
-    s, d = _stage(team, [(input, True), (out, False)], ("all_reduce", input, 1))
+    parts = [(input, True), (out, False)]
+    sym, direct = _plan(team, parts, ("all_reduce", input, 1))
+    s, d = _stage(team, parts, direct=direct)
     _launch("all_reduce", team, d, s, s.numel(), op=_reduce(op))
     _finish_avg(d, op, team)
     if d is not out:
         out.copy_(d)
-    _record([input])
+    _record([input], symmetric=sym[:1])
     return out
 
 
@@ -400,11 +416,13 @@ def _(input: _torch.Tensor, op: str = "sum", team: int = 0) -> _torch.Tensor:
 def _run_exchange(coll: str, out: _torch.Tensor, input: _torch.Tensor, team: int) -> None:
     """all_gather or alltoall of ``input`` into ``out``, staged where needed."""
     per = _n(team) if coll == "alltoall" else 1
-    d, s = _stage(team, [(out, False), (input, True)], (coll, input, per))
+    parts = [(out, False), (input, True)]
+    sym, direct = _plan(team, parts, (coll, input, per))
+    d, s = _stage(team, parts, direct=direct)
     _launch(coll, team, d, s, s.numel() // per)
     if d is not out:
         out.copy_(d.view(out.shape))
-    _record([out, input])
+    _record([out, input], symmetric=sym)
 
 
 def _run_gather(out: _torch.Tensor, input: _torch.Tensor, team: int) -> None:
@@ -438,12 +456,14 @@ def _(input: _torch.Tensor, team: int = 0) -> _torch.Tensor:
 
 
 def _run_scatter(out: _torch.Tensor, input: _torch.Tensor, op: str, team: int) -> None:
-    d, s = _stage(team, [(out, False), (input, True)], ("reduce_scatter", out, 1))
+    parts = [(out, False), (input, True)]
+    sym, direct = _plan(team, parts, ("reduce_scatter", out, 1))
+    d, s = _stage(team, parts, direct=direct)
     _launch("reduce_scatter", team, d, s, d.numel(), op=_reduce(op))
     _finish_avg(d, op, team)
     if d is not out:
         out.copy_(d)
-    _record([out, input])
+    _record([out, input], symmetric=sym)
 
 
 @_custom_op("symheap::reduce_scatter_into", mutates_args=("out",))
@@ -513,11 +533,13 @@ def _check_root(root: int, n: int) -> None:
 def _broadcast_(tensor: _torch.Tensor, root: int = 0, team: int = 0) -> None:
     _dtype(tensor, "broadcast")
     _check_root(root, _n(team))
-    (s,) = _stage(team, [(tensor, True)], ("broadcast", tensor, 1))
+    parts = [(tensor, True)]
+    sym, direct = _plan(team, parts, ("broadcast", tensor, 1))
+    (s,) = _stage(team, parts, direct=direct)
     _launch("broadcast", team, s, s, s.numel(), root=root)
     if s is not tensor:
         tensor.copy_(s)
-    _record([tensor])
+    _record([tensor], symmetric=sym)
 
 
 @_broadcast_.register_fake

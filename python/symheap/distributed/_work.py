@@ -23,7 +23,6 @@ from typing import Any, List, Sequence
 import torch as _torch
 from torch._C._distributed_c10d import _create_work_from_future
 
-
 # torch's C++ future itself: ``torch.futures.Future`` only adds Python wrappers around it (its
 # ``__init__`` builds a torch.device per entry of ``devices`` on every call).
 _Future = _torch._C.Future
