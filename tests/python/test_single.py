@@ -86,6 +86,28 @@ def test_buffer_exports(ctx) -> None:
         memoryview(buf)
 
 
+def test_buffer_record_stream_takes_a_handle_or_a_stream(ctx) -> None:
+    """``record_stream`` takes an int handle or an object with ``.cuda_stream`` (torch's Stream);
+    anything else, a negative handle included, raises (a no-op on the host backend otherwise)."""
+
+    class Stream:
+        cuda_stream = 7
+
+    buf = symheap.allocate((4,), "float32")
+    buf.record_stream(0)
+    buf.record_stream(1 << 40)
+    buf.record_stream(Stream())
+    with pytest.raises(OverflowError):
+        buf.record_stream(-1)
+    with pytest.raises(AttributeError):
+        buf.record_stream("stream")
+    with pytest.raises(AttributeError):
+        buf.record_stream(None)
+    buf.free()
+    with pytest.raises(symheap.SymheapValueError):
+        buf.record_stream(0)
+
+
 def test_arrays_keep_allocations_alive(ctx) -> None:
     import gc
 

@@ -307,9 +307,12 @@ impl SymmetricBuffer {
     /// waits for everything enqueued there until the release. symheap's own operations note
     /// their streams themselves. Does nothing on the host backend.
     fn record_stream(&self, stream: &Bound<'_, PyAny>) -> PyResult<()> {
-        let s: u64 = match stream.getattr("cuda_stream") {
-            Ok(v) => v.extract()?,
-            Err(_) => stream.extract()?,
+        // An int handle first (what symheap's own Python passes): asking an int for
+        // `.cuda_stream` first made an AttributeError on every allocation.
+        let s: u64 = if stream.is_instance_of::<pyo3::types::PyInt>() {
+            stream.extract()?
+        } else {
+            stream.getattr("cuda_stream")?.extract()?
         };
         let b = self.share()?;
         b.record_stream(&crate::convert::stream_or(Some(s))).py()
