@@ -13,7 +13,7 @@ CUDA backend: **one kernel per PE** on torch's current stream (the Triton kernel
 flag per CTA and PE carrying a device-side epoch, double buffering by epoch parity; its module
 docstring gives the protocol). ``x`` and ``residual`` are ordinary tensors; no host
 synchronisation, capturable. At one PE the all_reduce is the identity: one add + RMSNorm
-kernel, one CTA per row, with no workspace (nothing to warm up before capture).
+kernel, one CTA per row, with no workspace (none to make before capture).
 
 Host backend (CPU tensors): symheap's host ``all_reduce`` of ``x`` (in fp32, through a
 symmetric staging buffer), then the residual add and RMSNorm in fp32 with torch on the CPU.
