@@ -94,6 +94,16 @@ def _call(name: str, *args: Any) -> Any:
 
 _teams: Dict[int, Team] = {}
 _team_ids: Dict[Tuple[int, Team], int] = {}
+# The context the ids above are for: a new context starts them afresh (the old one's Team
+# handles would otherwise stay alive, and its ids reachable, for the rest of the process).
+_teams_of: Any = None
+
+
+def _teams_for(ctx: Any) -> None:
+    global _teams_of
+    if _teams_of is None or _teams_of() is not ctx:
+        _forget_teams()
+        _teams_of = weakref.ref(ctx)
 
 
 def team_id(team: TeamLike) -> int:
@@ -106,8 +116,9 @@ def team_id(team: TeamLike) -> int:
     if isinstance(team, int):
         _team(team)
         return team
-    ctx = id(_core.context())
-    key = (ctx, team)
+    ctx = _core.context()
+    _teams_for(ctx)
+    key = (id(ctx), team)
     if key not in _team_ids:
         if team == _core.native().world_team():
             return 0
@@ -122,6 +133,7 @@ def _team(tid: int) -> Optional[Team]:
     is not a member of."""
     if tid == 0:
         return None
+    _teams_for(_core.context())
     team = _teams.get(tid)
     if team is None:
         raise SymheapValueError(f"unknown symheap team id {tid}; get ids from symheap.ops.team_id(team)")

@@ -133,3 +133,36 @@ print("contexts ok")
 """
     r = _python(code)
     assert r.returncode == 0 and "contexts ok" in r.stdout, r.stdout + r.stderr
+
+
+def test_team_ids_do_not_outlive_their_context() -> None:
+    """The ops' team ids belong to the context that gave them: in the next context an old id
+    is unknown (not the old context's team) and the old Team handles are dropped."""
+    code = """
+import torch
+import symheap
+import symheap.ops as so
+
+with symheap.init(backend="host", capacity=1 << 28):
+    team = symheap.team_split_strided(None, 0, 1, 1)
+    tid = so.team_id(team)
+    assert tid != 0 and so.team_id(team) == tid
+    t = torch.ones(4)
+    so.all_reduce_(t, "sum", team)
+    del team
+with symheap.init(backend="host", capacity=1 << 28):
+    try:
+        so.all_reduce_(torch.ones(4), "sum", tid)
+    except symheap.SymheapValueError as e:
+        assert "unknown symheap team id" in str(e), e
+    else:
+        raise AssertionError("an id of the previous context was taken")
+    assert not so._teams and not so._team_ids, "the previous context's teams are still held"
+    team = symheap.team_split_strided(None, 0, 1, 1)
+    t = torch.full((4,), 2.0)
+    so.all_reduce_(t, "sum", team)
+    assert torch.equal(t, torch.full((4,), 2.0))
+print("team ids ok")
+"""
+    r = _python(code)
+    assert r.returncode == 0 and "team ids ok" in r.stdout, r.stdout + r.stderr
