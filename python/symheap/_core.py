@@ -494,16 +494,20 @@ def check_not_freed(a: "Arr", what: str) -> None:
         )
 
 
-def allocation_of(addr: int, *, freed: bool = False) -> Optional[SymmetricBuffer]:
+def allocation_of(addr: int, *, freed: bool = False, empty: bool = False) -> Optional[SymmetricBuffer]:
     """The live allocation (of the Python layer) that holds address ``addr``, if any; with
-    ``freed``, also a freed one whose memory was not reused yet."""
+    ``freed``, also a freed one whose memory was not reused yet; with ``empty`` (the address
+    of an empty range), also the allocation ``addr`` is one past the end of."""
+    found = None
     for base, ref in list(_allocations.items()):
         buf = ref()
         if buf is None or (buf.freed and not freed):
             continue
         if base <= addr < base + max(buf.nbytes, 1):
             return buf
-    return None
+        if empty and addr == base + buf.nbytes:
+            found = buf
+    return found
 
 
 # ---- arrays and tensors --------------------------------------------------------------------
@@ -726,7 +730,8 @@ def symmetric_arr(a: Arr, what: str) -> Arr:
     if a.device == "cpu" and ctx.backend == "cuda" and a.kind != "buffer":
         raise SymheapValueError(f"{what} is host memory, but symmetric memory is on cuda:{ctx.device_ordinal}")
     try:
-        ctx.check_symmetric(a.ptr, max(a.nbytes, 1), what)
+        # An empty array may start just past its allocation's end (``buf[n:]``): 0 bytes there.
+        ctx.check_symmetric(a.ptr, a.nbytes, what)
     except SymheapError:
         # The common mistake gets the message that says what to do.
         if not ctx.is_symmetric(a.ptr, max(a.nbytes, 1)):

@@ -19,7 +19,7 @@ def in_heap(x: Any, what: str) -> Arr:
     """``describe(x)``, checking that all of ``x`` lies in this PE's symmetric heap (any
     strides)."""
     a = describe(x, what)
-    extent = 1
+    extent = 0
     if a.numel > 0:
         extent = (sum((n - 1) * s for n, s in zip(a.shape, a.strides)) + 1) * a.itemsize
     ctx = native()
@@ -27,7 +27,7 @@ def in_heap(x: Any, what: str) -> Arr:
         raise SymheapValueError(f"{what} is a CUDA tensor, but symheap runs on the host backend")
     if not ctx.is_symmetric(a.ptr, max(extent, 1)):
         raise SymheapValueError(f"{what} (at {a.ptr:#x}) is not in this PE's symmetric heap; allocate it with symheap")
-    ctx.check_symmetric(a.ptr, max(extent, 1), what)
+    ctx.check_symmetric(a.ptr, extent, what)
     return a
 
 
@@ -45,7 +45,7 @@ def peer_view(x: Any, pe: int) -> HeapView:
     a = in_heap(x, "tensor")
     pe = check_pe(pe)
     ctx = native()
-    owner: Any = allocation_of(a.ptr)
+    owner: Any = allocation_of(a.ptr, empty=a.nbytes == 0)
     if owner is None:
         if a.kind == "torch":
             raise SymheapValueError("the tensor is not in a live allocation made by symheap's Python package")

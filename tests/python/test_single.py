@@ -108,6 +108,23 @@ def test_buffer_record_stream_takes_a_handle_or_a_stream(ctx) -> None:
         buf.record_stream(0)
 
 
+def test_an_empty_slice_at_the_end_of_an_allocation_is_symmetric(ctx) -> None:
+    """``a[n:]`` of an ``n``-element symmetric array (what a PE that sends nothing from the end
+    of its buffer passes) is accepted by every call, as an empty slice anywhere else is."""
+    a = sn.zeros(8, dtype=np.float32)
+    e = a[8:]
+    assert e.size == 0
+    symheap.put(e, e, 0)
+    symheap.get(e, e, 0)
+    symheap.all_reduce(e)
+    symheap.broadcast(e, e, 0)
+    symheap.alltoall(e, e)
+    assert sn.get_peer_array(e, 0).size == 0
+    symheap.barrier_all()
+    with pytest.raises(symheap.SymheapValueError):
+        symheap.put(a[4:], np.zeros(5, dtype=np.float32), 0)  # one element past the end
+
+
 def test_arrays_keep_allocations_alive(ctx) -> None:
     import gc
 

@@ -242,3 +242,31 @@ fn an_atomic_operand_must_fit_its_word() {
     assert_eq!(got, top);
     ctx.finalize().unwrap();
 }
+
+/// An empty range one past an allocation's last byte (the empty slice `buf[n:]`, a PE that
+/// sends nothing from the end of its buffer) is part of that allocation; one byte there is
+/// not, nor is an empty range past a freed allocation's end.
+#[test]
+fn an_empty_range_at_the_end_of_an_allocation_is_accepted() {
+    let ctx = host_pe();
+    let (w, s) = (ctx.world_team(), Stream::legacy_default());
+    let a = ctx.malloc(256).unwrap();
+    let end = a.addr() + 256;
+    ctx.check_symmetric(end, 0).unwrap();
+    ctx.check_symmetric(a.addr(), 256).unwrap();
+    ctx.put_on_stream(end, end, 0, 0, &s).unwrap();
+    ctx.all_reduce_raw(
+        &w,
+        end,
+        end,
+        0,
+        DType::U64,
+        ReduceOp::Sum,
+        AllReduceAlgo::Auto,
+    )
+    .unwrap();
+    assert!(err(ctx.check_symmetric(end, 1)).contains("not in a live allocation"));
+    assert!(err(ctx.check_symmetric(a.addr(), 257)).contains("run past the end"));
+    a.revoke();
+    assert!(ctx.check_symmetric(end, 0).is_err());
+}

@@ -220,7 +220,7 @@ impl Context {
     pub fn check_symmetric(&self, addr: u64, bytes: u64) -> Result<()> {
         self.inner.check("check_symmetric")?;
         self.inner
-            .own_offset(addr, bytes.max(1), "check_symmetric")
+            .own_offset(addr, bytes, "check_symmetric")
             .map(drop)
     }
 

@@ -336,7 +336,16 @@ impl Heap {
     /// The allocation `[off, off + bytes)` lies in, if a caller may use it: a live block that
     /// is neither symheap's own nor released on this PE, holding the whole range.
     pub fn user_block(&self, st: &HeapState, off: u64, bytes: u64) -> Result<Block, RangeError> {
-        let b = st.block_at(off).ok_or(RangeError::NotAllocated)?;
+        let b = match st.block_at(off) {
+            Some(b) => b,
+            // An empty range may start one past its allocation's last byte: the empty slice
+            // `buf[n:]` of an `n`-element buffer (a PE that sends nothing from the end).
+            None if bytes == 0 => st
+                .block_before(off)
+                .filter(|b| b.offset + b.bytes == off)
+                .ok_or(RangeError::NotAllocated)?,
+            None => return Err(RangeError::NotAllocated),
+        };
         if st.is_internal(b.id) {
             return Err(RangeError::Internal);
         }

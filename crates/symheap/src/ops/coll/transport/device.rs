@@ -238,7 +238,8 @@ impl Context {
         bytes: u64,
         stream: &Stream,
     ) -> Result<()> {
-        let off = self.inner.own_offset(addr, bytes.max(1), call)?;
+        // An empty buffer may sit just past its allocation's end (nothing there to note).
+        let off = self.inner.own_offset(addr, bytes, call)?;
         self.inner.note_stream(off, stream);
         Ok(())
     }
