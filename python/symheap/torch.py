@@ -68,7 +68,20 @@ def _dtype(dtype: Any) -> str:
     return _core.dtype_name(dtype)
 
 
+def _import(obj: Any) -> _torch.Tensor:
+    """``torch.from_dlpack(obj)`` for symheap's own exporters (buffers and heap views): the
+    capsule straight to torch's importer. ``torch.from_dlpack`` first makes a Stream object of
+    the current CUDA stream to hand to ``__dlpack__``, which symheap's exporters ignore
+    (nothing of theirs is pending on a stream); that object cost more than the import."""
+    return _torch._C._from_dlpack(obj.__dlpack__())
+
+
 def _new(shape: Tuple[int, ...], dtype: str, dev: Any, zero: bool = False) -> _torch.Tensor:
+    return _new_pair(shape, dtype, dev, zero)[0]
+
+
+def _new_pair(shape: Tuple[int, ...], dtype: str, dev: Any, zero: bool = False) -> Tuple[_torch.Tensor, Any]:
+    """A new symmetric tensor and the SymmetricBuffer it shows."""
     _check_device(dev)
     buf = _core.allocate(shape, dtype, zero=zero)
     if buf.device.startswith("cuda"):
@@ -76,7 +89,7 @@ def _new(shape: Tuple[int, ...], dtype: str, dev: Any, zero: bool = False) -> _t
         # kernels, which symheap does not see) finishes before the memory can be reused. The raw
         # handle: a torch Stream object costs more than the rest of the allocation's host work.
         buf.record_stream(_core.current_stream_handle(int(buf.device.partition(":")[2] or 0)))
-    return _core.register_tensor(_torch.from_dlpack(buf), buf)
+    return _core.register_tensor(_import(buf), buf), buf
 
 
 @api
@@ -168,7 +181,7 @@ def is_symmetric(x: Any) -> bool:
 def _table_tensor(x: _torch.Tensor) -> _torch.Tensor:
     view = _peers.table_view(x)
     if view is not None:
-        return _torch.from_dlpack(view)
+        return _import(view)
     # A view inside an allocation: build the table from the translated pointers (a host-to-
     # device copy from pageable memory on CUDA, which does not synchronise the device).
     return _torch.tensor(_peers.peer_table(x), dtype=_torch.int64, device=x.device)
@@ -182,9 +195,8 @@ def allocate_symmetric(*size: Any, dtype: Any = None, device: Any = None) -> Tup
     addressable). It is the allocation's in-heap table, made without a copy or a device
     synchronisation. Translation: ``peer_bases[to] + (ptr - peer_bases[from])``, valid for
     pointers of any allocation. Do not write into ``peer_bases``."""
-    t = empty(*size, dtype=dtype, device=device)
-    # The allocation just made: its table without describing the tensor again.
-    return t, _torch.from_dlpack(_core.origin(t).peer_bases_view())
+    t, buf = _new_pair(_peers.shape_of(size), _dtype(dtype), device)
+    return t, _import(buf.peer_bases_view())
 
 
 @api
@@ -204,7 +216,7 @@ def symmetric_address_map(x: _torch.Tensor) -> SymmetricAddressMap:
     rank, base, nbytes, table, direct = _peers.address_map_parts(x)
     view = _peers.table_view(x)
     if view is not None and base == x.data_ptr():
-        bases = _torch.from_dlpack(view)
+        bases = _import(view)
     else:
         bases = _torch.tensor(table, dtype=_torch.int64, device=x.device)
     return SymmetricAddressMap(rank, base, nbytes, bases, direct)
@@ -226,7 +238,7 @@ def get_peer_tensor(x: _torch.Tensor, pe: int) -> _torch.Tensor:
     writes go straight to the peer's memory: synchronise with barriers or signals. It keeps
     ``x`` alive. Not collective."""
     view = _peers.peer_view(x, pe)
-    return _core.register_tensor(_torch.from_dlpack(view), view)
+    return _core.register_tensor(_import(view), view)
 
 
 @api

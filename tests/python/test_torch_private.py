@@ -24,6 +24,7 @@ PRIVATE = [
     ("torch._C._distributed_c10d", "_create_work_from_future", (2, 8), "distributed/_work.py: the backend's works"),
     ("torch._C", "_cuda_getCurrentRawStream", (2, 5), "_core.current_stream_handle: the stream of an eager call"),
     ("torch._C", "Future", (2, 8), "distributed/_work.py: the works' futures, without torch.futures' wrapper"),
+    ("torch._C", "_from_dlpack", (2, 8), "torch.py: symmetric tensors from symheap's own DLPack capsules"),
 ]
 
 
