@@ -234,6 +234,17 @@ def _check_overlap(coll: str, out: _torch.Tensor, inp: _torch.Tensor, count: int
     _core.native().check_coll_buffers(coll, _team(tid), d[0], d[1], s[0], s[1], count, torch_dtype_name(inp.dtype))
 
 
+def _check_staged_overlap(
+    coll: str, out: _torch.Tensor, inp: _torch.Tensor, count: int, tid: int, direct: Sequence[bool]
+) -> None:
+    """:func:`_check_overlap` when a part will be staged (the native call then sees the
+    staging, not the caller's tensors). When every part goes to the kernel as it is, the
+    native call checks the very same ranges itself (both contiguous), so asking here as well
+    only cost host time."""
+    if not all(direct):
+        _check_overlap(coll, out, inp, count, tid)
+
+
 # ---- staging -------------------------------------------------------------------------------
 
 
@@ -258,9 +269,13 @@ def _record(ts: Sequence[_torch.Tensor], ordinary: bool = False, symmetric: Opti
     cuda = [t for t in ts if t.is_cuda]
     if not cuda or _torch.cuda.is_current_stream_capturing():
         return
+    dev, stream = -1, None  # the tensors of one call share a device: its stream, asked once
     for t in cuda:
         if ordinary or not _zero_copy(t):
-            t.record_stream(_current_stream(t.get_device()))
+            d = t.get_device()
+            if d != dev:
+                dev, stream = d, _current_stream(d)
+            t.record_stream(stream)
 
 
 # (device, stream handle) -> torch's Stream object of it: current_stream() makes a new Python
@@ -315,7 +330,9 @@ def _plan(
 ) -> Tuple[List[bool], List[bool]]:
     """``(symmetric, direct)`` for each part of a call: whether it is zero-copy symmetric memory,
     and whether it goes to the kernel as it is (symmetric, or ordinary memory the kernel of
-    ``coll`` reads in place), asked once for :func:`_stage` and :func:`_record` both."""
+    ``coll`` reads in place), asked once for :func:`_stage` and :func:`_record` both. Symmetric
+    memory must be known as such: torch's ``record_stream`` fails on memory its allocator did
+    not give when that allocator is ``cudaMallocAsync``."""
     sym = [_zero_copy(t) for t, _ in parts]
     return sym, [z or _in_place(t, coll, tid) for (t, _), z in zip(parts, sym)]
 
@@ -425,11 +442,14 @@ def _(input: _torch.Tensor, op: str = "sum", team: int = 0) -> _torch.Tensor:
     return _torch.empty_like(input, memory_format=_torch.contiguous_format)
 
 
-def _run_exchange(coll: str, out: _torch.Tensor, input: _torch.Tensor, team: int) -> None:
-    """all_gather or alltoall of ``input`` into ``out``, staged where needed."""
+def _run_exchange(coll: str, out: _torch.Tensor, input: _torch.Tensor, team: int, caller_out: bool = False) -> None:
+    """all_gather or alltoall of ``input`` into ``out``, staged where needed (``caller_out``:
+    ``out`` is the caller's, so it may overlap ``input``: see :func:`_check_staged_overlap`)."""
     per = _n(team) if coll == "alltoall" else 1
     parts = [(out, False), (input, True)]
     sym, direct = _plan(team, parts, (coll, input, per))
+    if caller_out:
+        _check_staged_overlap(coll, out, input, input.numel() // per, team, direct)
     d, s = _stage(team, parts, direct=direct)
     _launch(coll, team, d, s, s.numel() // per)
     if d is not out:
@@ -437,15 +457,14 @@ def _run_exchange(coll: str, out: _torch.Tensor, input: _torch.Tensor, team: int
     _record([out, input], symmetric=sym)
 
 
-def _run_gather(out: _torch.Tensor, input: _torch.Tensor, team: int) -> None:
-    _run_exchange("all_gather", out, input, team)
+def _run_gather(out: _torch.Tensor, input: _torch.Tensor, team: int, caller_out: bool = False) -> None:
+    _run_exchange("all_gather", out, input, team, caller_out)
 
 
 @_custom_op("symheap::all_gather_into", mutates_args=("out",))
 def _all_gather_into(out: _torch.Tensor, input: _torch.Tensor, team: int = 0) -> None:
     _check_gather(out, input, _n(team))
-    _check_overlap("all_gather", out, input, input.numel(), team)
-    _run_gather(out, input, team)
+    _run_gather(out, input, team, caller_out=True)
 
 
 @_all_gather_into.register_fake
@@ -467,9 +486,11 @@ def _(input: _torch.Tensor, team: int = 0) -> _torch.Tensor:
     return input.new_empty(_gather_shape(input, _n(team)))
 
 
-def _run_scatter(out: _torch.Tensor, input: _torch.Tensor, op: str, team: int) -> None:
+def _run_scatter(out: _torch.Tensor, input: _torch.Tensor, op: str, team: int, caller_out: bool = False) -> None:
     parts = [(out, False), (input, True)]
     sym, direct = _plan(team, parts, ("reduce_scatter", out, 1))
+    if caller_out:
+        _check_staged_overlap("reduce_scatter", out, input, out.numel(), team, direct)
     d, s = _stage(team, parts, direct=direct)
     _launch("reduce_scatter", team, d, s, d.numel(), op=_reduce(op))
     _finish_avg(d, op, team)
@@ -481,8 +502,7 @@ def _run_scatter(out: _torch.Tensor, input: _torch.Tensor, op: str, team: int) -
 @_custom_op("symheap::reduce_scatter_into", mutates_args=("out",))
 def _reduce_scatter_into(out: _torch.Tensor, input: _torch.Tensor, op: str = "sum", team: int = 0) -> None:
     _check_scatter(out, input, op, _n(team))
-    _check_overlap("reduce_scatter", out, input, out.numel(), team)
-    _run_scatter(out, input, op, team)
+    _run_scatter(out, input, op, team, caller_out=True)
 
 
 @_reduce_scatter_into.register_fake
@@ -505,15 +525,14 @@ def _(input: _torch.Tensor, op: str = "sum", team: int = 0) -> _torch.Tensor:
     return out
 
 
-def _run_alltoall(out: _torch.Tensor, input: _torch.Tensor, team: int) -> None:
-    _run_exchange("alltoall", out, input, team)
+def _run_alltoall(out: _torch.Tensor, input: _torch.Tensor, team: int, caller_out: bool = False) -> None:
+    _run_exchange("alltoall", out, input, team, caller_out)
 
 
 @_custom_op("symheap::alltoall_into", mutates_args=("out",))
 def _alltoall_into(out: _torch.Tensor, input: _torch.Tensor, team: int = 0) -> None:
     _check_alltoall(out, input, _n(team))
-    _check_overlap("alltoall", out, input, input.numel() // _n(team), team)
-    _run_alltoall(out, input, team)
+    _run_alltoall(out, input, team, caller_out=True)
 
 
 @_alltoall_into.register_fake
