@@ -42,7 +42,16 @@ export PATH="$VENV/bin:$PATH"
 # its NVRTC; every file name records the NVRTC version that built it.
 PREBUILT="$PWD/target/prebuilt-kernels"
 rm -rf "$PREBUILT"
-step "build the kernel compiler" cargo build --locked -p symheap-cli --bin symheap
+# After `cargo test --workspace` (scripts/test.sh sets SYMHEAP_WHEEL_AFTER_TESTS=1) the tests'
+# build has made target/debug/symheap already, with the dev-dependencies' features unified in;
+# building the binary alone differs in those features and compiled five crates again (~85 s on
+# CI's two cores). Asking cargo for the tests' build is then a no-op when it is current (and a
+# rebuild when it is not), and leaves that binary in place.
+if [ "${SYMHEAP_WHEEL_AFTER_TESTS:-0}" = 1 ]; then
+  step "the kernel compiler (the tests' build)" cargo test --workspace --locked --no-run
+else
+  step "build the kernel compiler" cargo build --locked -p symheap-cli --bin symheap
+fi
 # Checks that every image of ARCHS was built by NVRTC MAJOR.MINOR (and not by another NVRTC
 # found on the way): two programs per architecture.
 built_by() { # archs, major.minor

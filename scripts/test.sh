@@ -50,7 +50,7 @@ step "divergence property test at scale (40 random programs at 2, 3, 4 and 8 PEs
 # fresh venv to check what a pip user gets, and into the test venv (which has torch and Triton)
 # for the multi-PE Python tests.
 rm -rf target/py-wheels
-step "wheel (scripts/build_wheel.sh)" scripts/build_wheel.sh --out target/py-wheels
+step "wheel (scripts/build_wheel.sh)" env SYMHEAP_WHEEL_AFTER_TESTS=1 scripts/build_wheel.sh --out target/py-wheels
 WHEEL="$(ls target/py-wheels/symheap-*-manylinux_2_28_x86_64.whl)"
 step "the wheel in a fresh venv: symheap command, launch, numpy front" scripts/check_wheel.sh "$WHEEL"
 step "install the wheel into the test venv" \
