@@ -34,6 +34,7 @@ except ImportError as _e:  # say which extra installs it
 from .. import _core, _shmem, ops
 from .._core import api
 from .._native import SymheapMismatchError, SymheapUnsupportedError, SymheapValueError, Team
+from . import _reduce
 
 __all__ = [
     "ReduceOp",
@@ -59,16 +60,6 @@ class ReduceOp:
 
 
 _STRINGS = {"sum": "sum", "avg": "avg", "min": "min", "max": "max", "prod": "prod", "product": "prod"}
-_RedOpType = dist.ReduceOp.RedOpType
-# torch's reductions by the enum's int (comparing or hashing the pybind enum itself costs ~1 us
-# a time, more than the rest of a small call's argument handling).
-_TORCH_OPS = {
-    int(_RedOpType.SUM): "sum",
-    int(_RedOpType.AVG): "avg",
-    int(_RedOpType.MIN): "min",
-    int(_RedOpType.MAX): "max",
-    int(_RedOpType.PRODUCT): "prod",
-}
 
 
 def _op(op: Any) -> str:
@@ -78,11 +69,9 @@ def _op(op: Any) -> str:
         if name is None:
             raise SymheapValueError(f"unknown reduction {op!r} (one of sum, avg, max, min, prod)")
         return name
-    redop = getattr(op, "op", op)  # a ReduceOp holds its RedOpType
-    if type(redop) is _RedOpType:
-        name = _TORCH_OPS.get(int(redop))
-        if name is not None:
-            return name
+    name = _reduce.kind_of(op)
+    if name in ("sum", "avg", "min", "max", "prod"):
+        return name
     raise SymheapUnsupportedError(f"reduction {op!r} is not supported by symheap (SUM, AVG, MIN, MAX, PRODUCT are)")
 
 

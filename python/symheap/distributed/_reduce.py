@@ -60,13 +60,19 @@ _FLOAT8 = tuple(
 _BYTES_AS: dict = {}
 
 
+def kind_of(op: Any) -> Optional[str]:
+    """The name of torch's ``ReduceOp`` (or ``RedOpType``) ``op`` (sum, avg, min, max, prod,
+    premul_sum, band, bor, bxor), None for anything else."""
+    redop = getattr(op, "op", op)  # a ReduceOp holds its RedOpType
+    return _KIND.get(int(redop)) if type(redop) is _R else None
+
+
 def reduce_op(op: Any, what: str) -> Tuple[str, Any]:
     """``(kind, factor)`` of torch's ``ReduceOp`` (or a ``RedOpType``): kind one of sum, avg,
     min, max, prod, premul_sum; factor the PREMUL_SUM scalar (a number or a tensor), else
     None. A bitwise reduction raises :class:`SymheapUnsupportedError`."""
     factor = None
-    redop = getattr(op, "op", op)
-    kind = _KIND.get(int(redop)) if type(redop) is _R else None
+    kind = kind_of(op)
     if kind is None:
         raise SymheapValueError(f"{what}: unknown reduction {op!r}")
     if kind == "premul_sum":
