@@ -27,10 +27,35 @@ case "$REQ" in
   *) size="$(grep -cvE '^\s*(#|$)' "$REQ") packages" ;;
 esac
 echo "venv.sh: installing $REQ into $VENV ($size)" >&2
-# No pip cache: torch's wheels with their CUDA libraries are ~3 GB, and a cached copy beside the
-# installed one doubled what a small CI disk had to hold.
-if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir -r "$REQ" >&2; then
-  echo "venv.sh: pip install -r $REQ into $VENV failed (see pip's message above)" >&2
+# uv installs (scripts/requirements-uv.txt, bootstrapped into target/uv by pip): torch's ~3 GB
+# in seconds, not minutes. Its cache is made beside the venvs (so files are hard-linked into
+# them, not copied) and removed after each install: a cached copy of every torch the range
+# step installs would outgrow a small CI disk. pip (no cache) when uv cannot be had.
+uv_install() {
+  local uv="$PWD/target/uv/bin/uv" cache="$PWD/target/uv-cache"
+  if [ ! -x "$uv" ] || ! cmp -s scripts/requirements-uv.txt "$PWD/target/uv/.symheap-requirements"; then
+    { "$PY" -m venv "$PWD/target/uv" >&2 &&
+      "$PWD/target/uv/bin/python" -m pip install -q --disable-pip-version-check -r scripts/requirements-uv.txt >&2 &&
+      cp scripts/requirements-uv.txt "$PWD/target/uv/.symheap-requirements"; } ||
+      { echo "venv.sh: could not install uv into target/uv; installing with pip instead" >&2; return 90; }
+  fi
+  rm -rf "$cache"
+  # uv reads neither pip's index settings nor its certificate: pass them on.
+  local rc=0
+  env ${PIP_INDEX_URL:+UV_DEFAULT_INDEX="$PIP_INDEX_URL"} ${PIP_EXTRA_INDEX_URL:+UV_INDEX="$PIP_EXTRA_INDEX_URL"} \
+    ${PIP_CERT:+SSL_CERT_FILE="$PIP_CERT"} UV_CACHE_DIR="$cache" \
+    "$uv" pip install -q --python "$VENV/bin/python" -r "$REQ" >&2 || rc=$?
+  rm -rf "$cache"
+  return "$rc"
+}
+rc=0
+uv_install || rc=$?
+if [ "$rc" = 90 ]; then
+  rc=0
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir -r "$REQ" >&2 || rc=$?
+fi
+if [ "$rc" != 0 ]; then
+  echo "venv.sh: installing $REQ into $VENV failed (see the installer's message above)" >&2
   exit 1
 fi
 cp "$REQ" "$stamp"

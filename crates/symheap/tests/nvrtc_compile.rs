@@ -12,7 +12,8 @@
 //! `SYMHEAP_TEST_ARCHS` (default `80,90`) names the architectures the cubins are compiled and
 //! checked for, and `SYMHEAP_TEST_NVRTC` (e.g. `12.1`) the NVRTC version the run must get.
 
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 
 use symheap::cuda::{coll_source, compile_shipped, kernel_entries, kernels_source, nvrtc};
 
@@ -360,21 +361,39 @@ fn entry_params<'a>(ptx: &'a str, name: &str) -> &'a str {
     &body[..end]
 }
 
-/// coll.cu's PTX for compute_`arch`, compiled once per test binary and arch (NVRTC takes
-/// seconds).
-fn coll_ptx(arch: u32) -> &'static str {
-    use std::collections::HashMap;
-    use std::sync::Mutex;
-    static PTX: OnceLock<Mutex<HashMap<u32, &'static str>>> = OnceLock::new();
-    let memo = PTX.get_or_init(|| Mutex::new(HashMap::new()));
-    if let Some(p) = memo.lock().unwrap_or_else(|e| e.into_inner()).get(&arch) {
-        return p;
-    }
-    let p: &'static str = Box::leak(ptx(&coll_program(), "coll.cu", arch).into_boxed_str());
-    memo.lock()
+/// One value per arch, each computed once (see [`once_per_arch`]).
+type ArchMemo = OnceLock<Mutex<HashMap<u32, &'static OnceLock<String>>>>;
+
+/// `make(arch)`, computed once per test binary and arch: the tests that read the same compile
+/// of coll.cu (NVRTC takes ~12 s per arch on two cores) run in parallel threads, and the
+/// ones that come while it compiles wait for it instead of compiling it again.
+fn once_per_arch(
+    memo: &'static ArchMemo,
+    arch: u32,
+    make: impl FnOnce(u32) -> String,
+) -> &'static str {
+    let cell: &'static OnceLock<String> = memo
+        .get_or_init(Default::default)
+        .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(arch, p);
-    p
+        .entry(arch)
+        .or_insert_with(|| Box::leak(Box::default()));
+    cell.get_or_init(|| make(arch))
+}
+
+/// coll.cu's PTX for compute_`arch`.
+fn coll_ptx(arch: u32) -> &'static str {
+    static PTX: ArchMemo = OnceLock::new();
+    once_per_arch(&PTX, arch, |a| ptx(&coll_program(), "coll.cu", a))
+}
+
+/// ptxas' verbose report (registers, spills) of coll.cu compiled to CUBIN for sm_`arch`, the
+/// image checked to be an ELF CUBIN: the compile test and the spill check share it.
+fn coll_cubin_report(arch: u32) -> &'static str {
+    static REPORT: ArchMemo = OnceLock::new();
+    once_per_arch(&REPORT, arch, |a| {
+        ptxas_report(&coll_program(), "coll.cu", a)
+    })
 }
 
 #[test]
@@ -397,7 +416,7 @@ fn coll_kernels_compile_with_tuning_defines() {
 #[test]
 fn coll_kernels_compile_to_cubin() {
     for &arch in archs() {
-        cubin(&coll_program(), "coll.cu", arch);
+        coll_cubin_report(arch);
     }
 }
 
@@ -608,11 +627,17 @@ fn coll_barriers_order_at_system_scope() {
 }
 
 /// Compiles `source` to CUBIN for `arch` with `--ptxas-options=-v` and returns NVRTC's log
-/// (ptxas' register / spill report).
+/// (ptxas' register / spill report); the image must be an ELF CUBIN.
 fn ptxas_report(source: &str, name: &str, arch: u32) -> String {
     require_nvrtc();
     match nvrtc::compile_cubin_with_log(source, name, arch, &headers(), &["--ptxas-options=-v"]) {
-        Ok((_, log)) => log,
+        Ok((image, log)) => {
+            assert!(
+                image.starts_with(b"\x7fELF"),
+                "{name} sm_{arch}: not a CUBIN"
+            );
+            log
+        }
         Err(log) => panic!("{name} does not compile for sm_{arch}:\n{log}"),
     }
 }
@@ -653,8 +678,8 @@ fn coll_kernels_do_not_spill() {
     // Every kernel is reported before the verdict, so one run shows all that went over.
     let mut over = Vec::new();
     for &arch in archs() {
-        let log = ptxas_report(&coll_program(), "coll.cu", arch);
-        let usage = ptxas_usage(&log);
+        let log = coll_cubin_report(arch);
+        let usage = ptxas_usage(log);
         for name in coll_kernels() {
             let (_, regs, spill_st, spill_ld, stack) = usage
                 .iter()
