@@ -397,8 +397,7 @@ def _finish_avg(t: _torch.Tensor, op: str, tid: int) -> None:
 # ---- collectives ---------------------------------------------------------------------------
 
 
-@_custom_op("symheap::all_reduce_", mutates_args=("tensor",))
-def _all_reduce_(tensor: _torch.Tensor, op: str = "sum", team: int = 0) -> None:
+def _run_all_reduce_(tensor: _torch.Tensor, op: str, team: int, record: bool = True) -> None:
     _dtype(tensor, "all_reduce")
     _check_op(op, tensor, "all_reduce")
     if _zero_copy(tensor):
@@ -410,7 +409,13 @@ def _all_reduce_(tensor: _torch.Tensor, op: str = "sum", team: int = 0) -> None:
     _finish_avg(s, op, team)
     if s is not tensor:
         tensor.copy_(s)
-    _record([tensor], ordinary=True)
+    if record:
+        _record([tensor], ordinary=True)
+
+
+@_custom_op("symheap::all_reduce_", mutates_args=("tensor",))
+def _all_reduce_(tensor: _torch.Tensor, op: str = "sum", team: int = 0) -> None:
+    _run_all_reduce_(tensor, op, team)
 
 
 @_all_reduce_.register_fake
@@ -442,9 +447,12 @@ def _(input: _torch.Tensor, op: str = "sum", team: int = 0) -> _torch.Tensor:
     return _torch.empty_like(input, memory_format=_torch.contiguous_format)
 
 
-def _run_exchange(coll: str, out: _torch.Tensor, input: _torch.Tensor, team: int, caller_out: bool = False) -> None:
+def _run_exchange(
+    coll: str, out: _torch.Tensor, input: _torch.Tensor, team: int, caller_out: bool = False, record: bool = True
+) -> None:
     """all_gather or alltoall of ``input`` into ``out``, staged where needed (``caller_out``:
-    ``out`` is the caller's, so it may overlap ``input``: see :func:`_check_staged_overlap`)."""
+    ``out`` is the caller's, so it may overlap ``input``: see :func:`_check_staged_overlap`;
+    ``record``: see :func:`_record`)."""
     per = _n(team) if coll == "alltoall" else 1
     parts = [(out, False), (input, True)]
     sym, direct = _plan(team, parts, (coll, input, per))
@@ -454,11 +462,14 @@ def _run_exchange(coll: str, out: _torch.Tensor, input: _torch.Tensor, team: int
     _launch(coll, team, d, s, s.numel() // per)
     if d is not out:
         out.copy_(d.view(out.shape))
-    _record([out, input], symmetric=sym)
+    if record:
+        _record([out, input], symmetric=sym)
 
 
-def _run_gather(out: _torch.Tensor, input: _torch.Tensor, team: int, caller_out: bool = False) -> None:
-    _run_exchange("all_gather", out, input, team, caller_out)
+def _run_gather(
+    out: _torch.Tensor, input: _torch.Tensor, team: int, caller_out: bool = False, record: bool = True
+) -> None:
+    _run_exchange("all_gather", out, input, team, caller_out, record)
 
 
 @_custom_op("symheap::all_gather_into", mutates_args=("out",))
@@ -486,7 +497,9 @@ def _(input: _torch.Tensor, team: int = 0) -> _torch.Tensor:
     return input.new_empty(_gather_shape(input, _n(team)))
 
 
-def _run_scatter(out: _torch.Tensor, input: _torch.Tensor, op: str, team: int, caller_out: bool = False) -> None:
+def _run_scatter(
+    out: _torch.Tensor, input: _torch.Tensor, op: str, team: int, caller_out: bool = False, record: bool = True
+) -> None:
     parts = [(out, False), (input, True)]
     sym, direct = _plan(team, parts, ("reduce_scatter", out, 1))
     if caller_out:
@@ -496,7 +509,8 @@ def _run_scatter(out: _torch.Tensor, input: _torch.Tensor, op: str, team: int, c
     _finish_avg(d, op, team)
     if d is not out:
         out.copy_(d)
-    _record([out, input], symmetric=sym)
+    if record:
+        _record([out, input], symmetric=sym)
 
 
 @_custom_op("symheap::reduce_scatter_into", mutates_args=("out",))
@@ -525,8 +539,10 @@ def _(input: _torch.Tensor, op: str = "sum", team: int = 0) -> _torch.Tensor:
     return out
 
 
-def _run_alltoall(out: _torch.Tensor, input: _torch.Tensor, team: int, caller_out: bool = False) -> None:
-    _run_exchange("alltoall", out, input, team, caller_out)
+def _run_alltoall(
+    out: _torch.Tensor, input: _torch.Tensor, team: int, caller_out: bool = False, record: bool = True
+) -> None:
+    _run_exchange("alltoall", out, input, team, caller_out, record)
 
 
 @_custom_op("symheap::alltoall_into", mutates_args=("out",))
@@ -560,8 +576,7 @@ def _check_root(root: int, n: int) -> None:
         raise SymheapValueError(f"broadcast: root {root} is not a member of a team of {n}")
 
 
-@_custom_op("symheap::broadcast_", mutates_args=("tensor",))
-def _broadcast_(tensor: _torch.Tensor, root: int = 0, team: int = 0) -> None:
+def _run_broadcast_(tensor: _torch.Tensor, root: int, team: int, record: bool = True) -> None:
     _dtype(tensor, "broadcast")
     _check_root(root, _n(team))
     parts = [(tensor, True)]
@@ -570,7 +585,13 @@ def _broadcast_(tensor: _torch.Tensor, root: int = 0, team: int = 0) -> None:
     _launch("broadcast", team, s, s, s.numel(), root=root)
     if s is not tensor:
         tensor.copy_(s)
-    _record([tensor], symmetric=sym)
+    if record:
+        _record([tensor], symmetric=sym)
+
+
+@_custom_op("symheap::broadcast_", mutates_args=("tensor",))
+def _broadcast_(tensor: _torch.Tensor, root: int = 0, team: int = 0) -> None:
+    _run_broadcast_(tensor, root, team)
 
 
 @_broadcast_.register_fake
@@ -596,6 +617,47 @@ def _barrier(team: int = 0) -> None:
 @_barrier.register_fake
 def _(team: int = 0) -> None:
     _team(team)
+
+
+# ---- the same work for torch.distributed's backend ---------------------------------------
+#
+# symheap's torch.distributed backend (symheap.distributed._backend) is reached only by c10d's
+# own ops at run time, with real tensors: torch has dispatched already (tracing, fake tensors
+# and dispatch modes see c10d's op, never a backend), and its backends leave autograd and
+# version counters to torch. So it takes the ops' work without the custom-op wrapper
+# (re-dispatch check, grad check, version bump, the team's lookup: 2-4 us of host time per
+# call on an H100 host), and ``record`` says whether to note the current stream's use of
+# ordinary CUDA tensors (:func:`_record`): ProcessGroupNCCL (torch 2.8 and later) keeps no
+# lifetime for a synchronous collective, which it runs on the current stream; the backend
+# does the same, and records for an asynchronous one.
+
+
+def _c10d_all_reduce_(tensor: _torch.Tensor, op: str, team: int, record: bool) -> None:
+    """The work of ``all_reduce_`` (see above)."""
+    _run_all_reduce_(tensor, op, team, record)
+
+
+def _c10d_all_gather_into(out: _torch.Tensor, input: _torch.Tensor, team: int, record: bool) -> None:
+    """The work of ``all_gather_into`` (see above)."""
+    _check_gather(out, input, _n(team))
+    _run_gather(out, input, team, True, record)
+
+
+def _c10d_reduce_scatter_into(out: _torch.Tensor, input: _torch.Tensor, op: str, team: int, record: bool) -> None:
+    """The work of ``reduce_scatter_into`` (see above)."""
+    _check_scatter(out, input, op, _n(team))
+    _run_scatter(out, input, op, team, True, record)
+
+
+def _c10d_alltoall_into(out: _torch.Tensor, input: _torch.Tensor, team: int, record: bool) -> None:
+    """The work of ``alltoall_into`` (see above)."""
+    _check_alltoall(out, input, _n(team))
+    _run_alltoall(out, input, team, True, record)
+
+
+def _c10d_broadcast_(tensor: _torch.Tensor, root: int, team: int, record: bool) -> None:
+    """The work of ``broadcast_`` (see above)."""
+    _run_broadcast_(tensor, root, team, record)
 
 
 # ---- RMA and signals -----------------------------------------------------------------------

@@ -4,7 +4,8 @@ of every dtype, exact against values each rank computes from every rank's seeded
 ``argv[1]``: ``all`` (the checks, prints ``PASS tdist``), ``diverge`` (ranks make different
 calls), ``dead`` (the last rank dies), ``dead-group`` (the last rank dies before a ``new_group``
 of it and others), ``late-group`` (it lives but never calls ``new_group``), ``gloo``
-(``cpu:gloo,cuda:symheap``: CPU tensors go to gloo). ``argv[2]``: ``cpu`` (default) or ``cuda``:
+(``cpu:gloo,cuda:symheap``: CPU tensors go to gloo), ``records`` (CUDA: which collectives note
+their stream use, see :func:`run_records`). ``argv[2]``: ``cpu`` (default) or ``cuda``:
 the same checks on CUDA tensors over ``cuda:symheap`` (rank r on GPU ``LOCAL_RANK`` mod the GPU
 count, made torch's default device; seeded data is drawn on the CPU and moved). Not collected by
 pytest."""
@@ -380,6 +381,47 @@ def run_all(r: int, n: int) -> None:
     same(t, torch.full((2,), float(n)), "device mesh group")
 
 
+def run_records(r: int, n: int) -> None:
+    """Run under torch's cudaMallocAsync allocator, whose ``record_stream`` warns when it names
+    the stream that made the tensor: a synchronous collective on ordinary tensors made on the
+    current stream notes no stream use (as ProcessGroupNCCL keeps no lifetime for one), so no
+    warning; the asynchronous forms keep their lifetime; both exact."""
+    import warnings
+
+    assert torch.cuda.memory.get_allocator_backend() == "cudaMallocAsync"
+    xs = [data(q, 1700, (4 * n,), torch.float32) for q in range(n)]
+    total = fold(xs, lambda a, b: a + b)
+    rows = [xs[q].view(n, 4) for q in range(n)]
+
+    def every(async_op: bool) -> None:
+        def done(w) -> None:
+            if async_op:
+                w.wait()
+
+        t = xs[r].clone()
+        done(dist.all_reduce(t, async_op=async_op))
+        same(t, total, f"all_reduce async={async_op}")
+        out = torch.empty(4 * n * n)
+        done(dist.all_gather_into_tensor(out, xs[r], async_op=async_op))
+        same(out, torch.cat(xs), f"all_gather_into_tensor async={async_op}")
+        out = torch.empty(4)
+        done(dist.reduce_scatter_tensor(out, xs[r], async_op=async_op))
+        same(out, total.view(n, 4)[r], f"reduce_scatter_tensor async={async_op}")
+        out = torch.empty(n, 4)
+        done(dist.all_to_all_single(out, rows[r], async_op=async_op))
+        same(out, torch.stack([rows[q][r] for q in range(n)]), f"all_to_all_single async={async_op}")
+        t = xs[r].clone()
+        done(dist.broadcast(t, src=n - 1, async_op=async_op))
+        same(t, xs[n - 1], f"broadcast async={async_op}")
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        every(False)
+    stream_warnings = [str(w.message) for w in seen if "stream" in str(w.message).lower()]
+    assert not stream_warnings, stream_warnings
+    every(True)
+
+
 def run_diverge(r: int, n: int) -> None:
     t = torch.ones(8)
     # The same calls first (staging workspaces grown alike), then rank 0 differs.
@@ -465,6 +507,8 @@ def main() -> None:
     r, n = dist.get_rank(), dist.get_world_size()
     if mode == "all":
         run_all(r, n)
+    elif mode == "records":
+        run_records(r, n)
     elif mode == "diverge":
         run_diverge(r, n)
     elif mode == "dead":

@@ -502,6 +502,17 @@ def case_ops_dist_compile() -> None:
 
 
 @case
+def case_cuda_malloc_async_allocator() -> None:
+    """torch's CUDA allocator backend is cudaMallocAsync (PYTORCH_CUDA_ALLOC_CONF took
+    effect), so the cases run after this one test symheap's ops with it."""
+    import torch
+
+    torch.empty(1, device="cuda")
+    got = torch.cuda.memory.get_allocator_backend()
+    assert got == "cudaMallocAsync", got
+
+
+@case
 def case_ops_cuda_ordinary() -> None:
     """Every op on CUDA tensors from PyTorch's allocator (staged) and on symmetric ones, on the
     current stream, exact values; the same checks as on the host backend."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from typing import Dict, Optional
 
 import pytest
 
@@ -22,14 +23,26 @@ PE = str(Path(__file__).with_name("pe_tdist.py"))
 ENV = {"SYMHEAP_P2P_SLOT": "4096", "SYMHEAP_TDIST_GROUP_STAGING": "4096"}
 
 
-def run(n: int, mode: str, timeout: float = 300, device: str = "cpu"):
-    env = {**ENV, "SYMHEAP_BACKEND": "cuda"} if device == "cuda" else ENV
+def run(n: int, mode: str, timeout: float = 300, device: str = "cpu", env: Optional[Dict[str, str]] = None):
+    env = {**ENV, **(env or {}), **({"SYMHEAP_BACKEND": "cuda"} if device == "cuda" else {})}
     return launch(n, [sys.executable, PE, mode, device], env=env, timeout=timeout)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_every_collective(torch_module, n: int) -> None:
     p = run(n, "all")
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    for r in range(n):
+        assert f"[PE {r}] PASS tdist" in p.stdout, out
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_sync_collectives_note_no_stream_use_cuda(cuda_gpus: int, n: int) -> None:
+    """Under torch's cudaMallocAsync allocator: synchronous collectives on ordinary CUDA tensors
+    leave the tensors' lifetime to torch's stream order, as ProcessGroupNCCL does (no
+    record_stream, so none of its warnings), the asynchronous ones record; all exact."""
+    p = run(n, "records", device="cuda", env={"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"})
     out = p.stdout + p.stderr
     assert p.returncode == 0, out
     for r in range(n):

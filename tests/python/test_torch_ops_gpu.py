@@ -49,3 +49,12 @@ def test_in_place_collectives_and_overlaps(cuda) -> None:
     symmetric and ordinary (exchange / one-shot kernels, or staged), exact; other overlaps
     refused naming both ranges."""
     run_cases(2, "alias_torch", env=GPU, timeout=300)
+
+
+def test_ops_under_the_cuda_malloc_async_allocator(cuda) -> None:
+    """The same ops on ordinary and symmetric CUDA tensors, staged and in place, with torch's
+    cudaMallocAsync allocator backend, whose record_stream fails on memory it did not give
+    (symheap must never hand it a symmetric tensor), exact values."""
+    env = {**GPU, "PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}
+    cases = ("cuda_malloc_async_allocator", "ops_cuda_ordinary", "ops_cuda_in_place", "alias_torch")
+    run_cases(2, *cases, env=env, timeout=400)

@@ -130,14 +130,14 @@ class SymheapProcessGroup(dist.ProcessGroup):
 
     # ---- reductions ----------------------------------------------------------------------
 
-    def _all_reduce(self, t: _torch.Tensor, op: Any, what: str) -> None:
+    def _all_reduce(self, t: _torch.Tensor, op: Any, what: str, record: bool = True) -> None:
         kind, factor = _reduce.reduce_op(op, what)
         view, sop = _reduce.for_reduction(t, kind, what)
         if factor is not None:
             t.mul_(factor)
         buf = self._staging(what, view)
         if buf is None:
-            ops.all_reduce_(view, sop, self._tid)
+            ops._c10d_all_reduce_(view, sop, self._tid, record)
             return
         work = view.contiguous()
         _staged.all_reduce(_staged.flat(work), sop, self._tid, buf)
@@ -150,7 +150,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
         if other is not None:
             return other.allreduce(tensors, opts)
         for t in tensors:
-            self._all_reduce(t, _opt(opts, "reduceOp"), "all_reduce")
+            self._all_reduce(t, _opt(opts, "reduceOp"), "all_reduce", _is_async(opts))
         return _work.done(tensors, opts)
 
     @dist_errors("all_reduce_coalesced")
@@ -162,7 +162,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
             self._all_reduce(t, _opt(opts, "reduceOp"), "all_reduce_coalesced")
         return _work.done(tensors, opts)
 
-    def _reduce_scatter(self, out: _torch.Tensor, inp: _torch.Tensor, op: Any, what: str) -> None:
+    def _reduce_scatter(self, out: _torch.Tensor, inp: _torch.Tensor, op: Any, what: str, record: bool = True) -> None:
         kind, factor = _reduce.reduce_op(op, what)
         if out.dtype != inp.dtype:
             raise SymheapValueError(f"{what}: dtypes differ (output {out.dtype}, input {inp.dtype})")
@@ -172,7 +172,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
         dv, _ = _reduce.for_reduction(out, kind, what)
         buf = self._staging(what, sv, dv)
         if buf is None:
-            ops.reduce_scatter(_flat(sv), sop, self._tid, out=_flat_out(dv))
+            ops._c10d_reduce_scatter_into(_flat_out(dv), _flat(sv), sop, self._tid, record)
             return
         if sv.numel() != self._n() * dv.numel():
             raise SymheapValueError(
@@ -188,7 +188,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
         other = self._other([input])
         if other is not None:
             return other._reduce_scatter_base(output, input, opts)
-        self._reduce_scatter(output, input, _opt(opts, "reduceOp"), "reduce_scatter_tensor")
+        self._reduce_scatter(output, input, _opt(opts, "reduceOp"), "reduce_scatter_tensor", _is_async(opts))
         return _work.done([output], opts)
 
     @dist_errors("reduce_scatter_tensor_coalesced")
@@ -229,12 +229,12 @@ class SymheapProcessGroup(dist.ProcessGroup):
 
     # ---- byte movers ---------------------------------------------------------------------
 
-    def _gather(self, out: _torch.Tensor, inp: _torch.Tensor) -> None:
+    def _gather(self, out: _torch.Tensor, inp: _torch.Tensor, record: bool = True) -> None:
         if out.dtype != inp.dtype:
             raise SymheapValueError(f"all_gather: dtypes differ (output {out.dtype}, input {inp.dtype})")
         buf = self._staging("all_gather", inp, out)
         if buf is None:
-            ops.all_gather(_reduce.bytes_view(inp), self._tid, out=_reduce.bytes_view(out))
+            ops._c10d_all_gather_into(_reduce.bytes_view(out), _reduce.bytes_view(inp), self._tid, record)
             return
         if out.numel() != self._n() * inp.numel():
             raise SymheapValueError(
@@ -250,7 +250,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
         other = self._other([input])
         if other is not None:
             return other._allgather_base(output, input, opts)
-        self._gather(output, input)
+        self._gather(output, input, _is_async(opts))
         return _work.done([output], opts)
 
     @dist_errors("all_gather_into_tensor_coalesced")
@@ -295,7 +295,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
         for t in tensors:
             buf = self._staging("broadcast", t)
             if buf is None:
-                ops.broadcast_(_reduce.bytes_view(t), root, self._tid)
+                ops._c10d_broadcast_(_reduce.bytes_view(t), root, self._tid, _is_async(opts))
                 continue
             work = t.contiguous()
             _staged.broadcast(_staged.as_bytes(work), root, self._tid, buf)
@@ -373,7 +373,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
             and not input_split_sizes
             and self._staging("all_to_all_single", input, output) is None
         ):
-            ops.alltoall(_reduce.bytes_view(input), self._tid, out=_reduce.bytes_view(output))
+            ops._c10d_alltoall_into(_reduce.bytes_view(output), _reduce.bytes_view(input), self._tid, _is_async(opts))
         else:
             n = self._n()
             osplit = list(output_split_sizes) or _even(output, n, "output")
@@ -531,6 +531,13 @@ def _opt(opts: Any, name: str) -> Any:
     if opts is None:
         return dist.ReduceOp.SUM if name == "reduceOp" else 0
     return getattr(opts, name)
+
+
+def _is_async(opts: Any) -> bool:
+    """Whether torch asked for an asynchronous collective: torch's Python wrappers set
+    ``asyncOp`` False for ``async_op=False``; C++ callers (DDP, functional collectives) leave
+    it True. Only an asynchronous call notes its stream use (see ``ops._c10d_all_reduce_``)."""
+    return opts is None or getattr(opts, "asyncOp", True) is not False
 
 
 def _root(opts: Any, n: int, what: str) -> int:

@@ -33,6 +33,7 @@ from .._core import torch_dtype_name
 from .._native import SymheapUnsupportedError, SymheapValueError
 
 _R = dist.ReduceOp.RedOpType
+_REDUCE_OP = dist.ReduceOp
 # Keyed by the enum's int: hashing torch's pybind enum for a dict lookup cost ~1.7 us per call
 # on the development VM (more than the rest of the lookup), its int ~0.7 us.
 _KIND = {
@@ -63,8 +64,10 @@ _BYTES_AS: dict = {}
 def kind_of(op: Any) -> Optional[str]:
     """The name of torch's ``ReduceOp`` (or ``RedOpType``) ``op`` (sum, avg, min, max, prod,
     premul_sum, band, bor, bxor), None for anything else."""
-    redop = getattr(op, "op", op)  # a ReduceOp holds its RedOpType
-    return _KIND.get(int(redop)) if type(redop) is _R else None
+    # A ReduceOp holds its RedOpType. ``.value``, not ``int()``: int() of torch's pybind enum
+    # cost 1.4 us on the development VM, ``.value`` 0.7 (every reduction through the backend).
+    redop = op.op if type(op) is _REDUCE_OP else op
+    return _KIND.get(redop.value) if type(redop) is _R else None
 
 
 def reduce_op(op: Any, what: str) -> Tuple[str, Any]:
