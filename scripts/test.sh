@@ -5,8 +5,9 @@
 # Python package the tests use (maturin, zig, NVRTC, NumPy, pytest, ruff, torch, Triton) goes into
 # the project-local venv target/venv, and the lowest and newest torch and Triton into
 # target/venv-torch-min and target/venv-torch-new (scripts/torch_range.sh), one after the other
-# at the end (installed by uv, whose cache is removed after each install). SYMHEAP_LOW_DISK=1 (CI) removes what the later steps no longer
-# need: target/debug and target/venv once pytest passed, each range venv after its tests. Outside target/ it
+# at the end (installed by uv, whose cache is removed after each install). SYMHEAP_LOW_DISK=1
+# (CI) removes what the later steps no longer need: target/debug and target/venv once pytest
+# passed, each range venv after its tests. Outside target/ it
 # installs one thing, said before it does: Open MPI (apt-get install openmpi-bin, through sudo when not root) when mpirun is
 # missing; SYMHEAP_NO_APT=1 installs nothing and skips the tests that need mpirun, naming them
 # at the end. Each step says what it runs; a failing step is named with its exit status, so
