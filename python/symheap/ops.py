@@ -262,7 +262,10 @@ def _record(ts: Sequence[_torch.Tensor], ordinary: bool = False, symmetric: Opti
     """Stream-ordered lifetime of ordinary CUDA tensors: like torch's own collectives, note that
     the current stream used them, so the caching allocator does not hand their memory to
     another stream before this work ran (``ordinary``: the caller knows none is symmetric;
-    ``symmetric``: which are, as :func:`_plan` found)."""
+    ``symmetric``: which are, as :func:`_plan` found). The ``_run_*`` functions take
+    ``record``: torch.distributed's backend calls them directly (below torch's dispatcher, so
+    without the custom-op wrapper) and passes False for a synchronous collective, as
+    ProcessGroupNCCL keeps no lifetime for one (see ``distributed/_backend.py``)."""
     if symmetric is not None:
         ts = [t for t, sym in zip(ts, symmetric) if not sym]
         ordinary = True
@@ -472,10 +475,14 @@ def _run_gather(
     _run_exchange("all_gather", out, input, team, caller_out, record)
 
 
+def _run_gather_into(out: _torch.Tensor, input: _torch.Tensor, team: int, record: bool = True) -> None:
+    _check_gather(out, input, _n(team))
+    _run_gather(out, input, team, True, record)
+
+
 @_custom_op("symheap::all_gather_into", mutates_args=("out",))
 def _all_gather_into(out: _torch.Tensor, input: _torch.Tensor, team: int = 0) -> None:
-    _check_gather(out, input, _n(team))
-    _run_gather(out, input, team, caller_out=True)
+    _run_gather_into(out, input, team)
 
 
 @_all_gather_into.register_fake
@@ -513,10 +520,14 @@ def _run_scatter(
         _record([out, input], symmetric=sym)
 
 
+def _run_scatter_into(out: _torch.Tensor, input: _torch.Tensor, op: str, team: int, record: bool = True) -> None:
+    _check_scatter(out, input, op, _n(team))
+    _run_scatter(out, input, op, team, True, record)
+
+
 @_custom_op("symheap::reduce_scatter_into", mutates_args=("out",))
 def _reduce_scatter_into(out: _torch.Tensor, input: _torch.Tensor, op: str = "sum", team: int = 0) -> None:
-    _check_scatter(out, input, op, _n(team))
-    _run_scatter(out, input, op, team, caller_out=True)
+    _run_scatter_into(out, input, op, team)
 
 
 @_reduce_scatter_into.register_fake
@@ -545,10 +556,14 @@ def _run_alltoall(
     _run_exchange("alltoall", out, input, team, caller_out, record)
 
 
+def _run_alltoall_into(out: _torch.Tensor, input: _torch.Tensor, team: int, record: bool = True) -> None:
+    _check_alltoall(out, input, _n(team))
+    _run_alltoall(out, input, team, True, record)
+
+
 @_custom_op("symheap::alltoall_into", mutates_args=("out",))
 def _alltoall_into(out: _torch.Tensor, input: _torch.Tensor, team: int = 0) -> None:
-    _check_alltoall(out, input, _n(team))
-    _run_alltoall(out, input, team, caller_out=True)
+    _run_alltoall_into(out, input, team)
 
 
 @_alltoall_into.register_fake
@@ -617,47 +632,6 @@ def _barrier(team: int = 0) -> None:
 @_barrier.register_fake
 def _(team: int = 0) -> None:
     _team(team)
-
-
-# ---- the same work for torch.distributed's backend ---------------------------------------
-#
-# symheap's torch.distributed backend (symheap.distributed._backend) is reached only by c10d's
-# own ops at run time, with real tensors: torch has dispatched already (tracing, fake tensors
-# and dispatch modes see c10d's op, never a backend), and its backends leave autograd and
-# version counters to torch. So it takes the ops' work without the custom-op wrapper
-# (re-dispatch check, grad check, version bump, the team's lookup), and ``record`` says
-# whether to note the current stream's use of ordinary CUDA tensors (:func:`_record`, 2.7 us
-# for two tensors on an H100 host): ProcessGroupNCCL (torch 2.8 and later) keeps no lifetime
-# for a synchronous collective, which it runs on the current stream; the backend does the
-# same, and records for an asynchronous one.
-
-
-def _c10d_all_reduce_(tensor: _torch.Tensor, op: str, team: int, record: bool) -> None:
-    """The work of ``all_reduce_`` (see above)."""
-    _run_all_reduce_(tensor, op, team, record)
-
-
-def _c10d_all_gather_into(out: _torch.Tensor, input: _torch.Tensor, team: int, record: bool) -> None:
-    """The work of ``all_gather_into`` (see above)."""
-    _check_gather(out, input, _n(team))
-    _run_gather(out, input, team, True, record)
-
-
-def _c10d_reduce_scatter_into(out: _torch.Tensor, input: _torch.Tensor, op: str, team: int, record: bool) -> None:
-    """The work of ``reduce_scatter_into`` (see above)."""
-    _check_scatter(out, input, op, _n(team))
-    _run_scatter(out, input, op, team, True, record)
-
-
-def _c10d_alltoall_into(out: _torch.Tensor, input: _torch.Tensor, team: int, record: bool) -> None:
-    """The work of ``alltoall_into`` (see above)."""
-    _check_alltoall(out, input, _n(team))
-    _run_alltoall(out, input, team, True, record)
-
-
-def _c10d_broadcast_(tensor: _torch.Tensor, root: int, team: int, record: bool) -> None:
-    """The work of ``broadcast_`` (see above)."""
-    _run_broadcast_(tensor, root, team, record)
 
 
 # ---- RMA and signals -----------------------------------------------------------------------

@@ -137,7 +137,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
             t.mul_(factor)
         buf = self._staging(what, view)
         if buf is None:
-            ops._c10d_all_reduce_(view, sop, self._tid, record)
+            ops._run_all_reduce_(view, sop, self._tid, record)
             return
         work = view.contiguous()
         _staged.all_reduce(_staged.flat(work), sop, self._tid, buf)
@@ -172,7 +172,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
         dv, _ = _reduce.for_reduction(out, kind, what)
         buf = self._staging(what, sv, dv)
         if buf is None:
-            ops._c10d_reduce_scatter_into(_flat_out(dv), _flat(sv), sop, self._tid, record)
+            ops._run_scatter_into(_flat_out(dv), _flat(sv), sop, self._tid, record)
             return
         if sv.numel() != self._n() * dv.numel():
             raise SymheapValueError(
@@ -234,7 +234,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
             raise SymheapValueError(f"all_gather: dtypes differ (output {out.dtype}, input {inp.dtype})")
         buf = self._staging("all_gather", inp, out)
         if buf is None:
-            ops._c10d_all_gather_into(_reduce.bytes_view(out), _reduce.bytes_view(inp), self._tid, record)
+            ops._run_gather_into(_reduce.bytes_view(out), _reduce.bytes_view(inp), self._tid, record)
             return
         if out.numel() != self._n() * inp.numel():
             raise SymheapValueError(
@@ -295,7 +295,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
         for t in tensors:
             buf = self._staging("broadcast", t)
             if buf is None:
-                ops._c10d_broadcast_(_reduce.bytes_view(t), root, self._tid, _is_async(opts))
+                ops._run_broadcast_(_reduce.bytes_view(t), root, self._tid, _is_async(opts))
                 continue
             work = t.contiguous()
             _staged.broadcast(_staged.as_bytes(work), root, self._tid, buf)
@@ -373,7 +373,7 @@ class SymheapProcessGroup(dist.ProcessGroup):
             and not input_split_sizes
             and self._staging("all_to_all_single", input, output) is None
         ):
-            ops._c10d_alltoall_into(_reduce.bytes_view(output), _reduce.bytes_view(input), self._tid, _is_async(opts))
+            ops._run_alltoall_into(_reduce.bytes_view(output), _reduce.bytes_view(input), self._tid, _is_async(opts))
         else:
             n = self._n()
             osplit = list(output_split_sizes) or _even(output, n, "output")
@@ -536,7 +536,12 @@ def _opt(opts: Any, name: str) -> Any:
 def _is_async(opts: Any) -> bool:
     """Whether torch asked for an asynchronous collective: torch's Python wrappers set
     ``asyncOp`` False for ``async_op=False``; C++ callers (DDP, functional collectives) leave
-    it True. Only an asynchronous call notes its stream use (see ``ops._c10d_all_reduce_``)."""
+    it True. Only an asynchronous call notes its stream use on ordinary tensors: a synchronous
+    one runs on the current stream, in its order, and ProcessGroupNCCL (torch 2.8 and later)
+    keeps no lifetime for it either. The backend calls the ops' ``_run_*`` work directly: torch
+    reaches a backend only from c10d's own ops at run time, with real tensors (tracing, fake
+    tensors and dispatch modes see c10d's op), and leaves autograd and version counters to
+    torch, so the custom-op wrapper has nothing to do here."""
     return opts is None or getattr(opts, "asyncOp", True) is not False
 
 
