@@ -64,3 +64,39 @@ fn native_heap_and_nvshmem_refusal_on_the_host_backend() {
     }
     ctx.finalize().unwrap();
 }
+
+/// A block placed where an earlier block's user bytes lay reads its own peer table, not those
+/// bytes: allocation skips writing a table that is still in place, so it must forget a table
+/// once a block's user bytes covered it (this fails when it does not).
+#[test]
+fn a_reused_place_has_its_table_after_user_bytes_covered_it() {
+    let ctx: Context = Context::builder()
+        .unwrap()
+        .backend(BackendChoice::Host)
+        .init()
+        .unwrap();
+    let p = NativeHeap::new(&ctx);
+    let a = p.allocate(1000).unwrap();
+    let place = a.ptr();
+    assert_eq!(p.read_table(&a).unwrap(), vec![place]);
+    p.free(a).unwrap();
+    p.barrier().unwrap(); // every PE released it: the place is free again
+    let again = p.allocate(1000).unwrap();
+    assert_eq!(
+        (again.ptr(), p.read_table(&again).unwrap()),
+        (place, vec![place])
+    );
+    p.free(again).unwrap();
+    p.barrier().unwrap();
+    // A longer block at the same place: its user bytes run over the short block's table.
+    let long = p.allocate(4096).unwrap();
+    assert_eq!(long.ptr(), place, "the test needs the same place");
+    p.write_bytes(&long, 0, &[0xab; 4096]).unwrap();
+    p.free(long).unwrap();
+    p.barrier().unwrap();
+    let short = p.allocate(1000).unwrap();
+    assert_eq!(short.ptr(), place);
+    assert_eq!(p.read_table(&short).unwrap(), vec![place]);
+    p.free(short).unwrap();
+    ctx.finalize().unwrap();
+}

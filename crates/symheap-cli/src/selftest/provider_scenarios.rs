@@ -181,6 +181,33 @@ fn cross_translation(
     Ok(b)
 }
 
+/// Places reused by blocks of other sizes: each round fills every block's user bytes (over the
+/// tables earlier blocks had there), frees them all and meets the other PEs so the next round
+/// reuses the places. Allocation skips writing a table that is still in place, so a stale one
+/// would show here, in the table in memory.
+fn reuse_churn(p: &NativeHeap, offsets: &[i64], rng: &mut fastrand::Rng) -> Outcome {
+    // A few sizes, so places and table offsets recur: short blocks whose tables a longer one
+    // covers, then short ones again.
+    const SIZES: [u64; 5] = [7, 100, 1000, 4000, 20_000];
+    for round in 0..16 {
+        let mut live = Vec::new();
+        for k in 0..rng.usize(2..6) {
+            let bytes = SIZES[rng.usize(0..SIZES.len())];
+            let al = p.allocate(bytes).map_err(e2s)?;
+            let what = format!("round {round}, allocation {k} ({bytes} bytes)");
+            check_alloc(p, &al, offsets, &what)?;
+            p.write_bytes(&al, 0, &vec![0xab; bytes as usize])
+                .map_err(e2s)?;
+            live.push(al);
+        }
+        for al in live {
+            p.free(al).map_err(e2s)?;
+        }
+        p.barrier().map_err(e2s)?;
+    }
+    Ok(())
+}
+
 /// NVSHMEM where it cannot run (a missing library; the host backend): a clear error, never a
 /// panic or a hang.
 fn nvshmem_refused(ctx: &Context) -> Outcome {
@@ -219,6 +246,7 @@ pub fn provider_native(ctx: &Context, a: PeArgs) -> Outcome {
     let offsets = native_offsets(ctx, &p)?;
     let mut allocs = allocate_many(ctx, &p, &offsets, &mut rng)?;
     let b = cross_translation(ctx, &p, &offsets, &allocs, a.seed, &mut rng)?;
+    reuse_churn(&p, &offsets, &mut rng)?;
 
     // Range checks and ownership.
     rejected(

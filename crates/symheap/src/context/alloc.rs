@@ -184,8 +184,12 @@ impl Inner {
                 }
             }
         };
+        let in_place = st.table_in_place(&block, 8 * self.world as u64);
         drop(st);
-        self.write_table(&block)?;
+        if !in_place {
+            self.write_table(&block)?;
+            self.mem.lock_heap().note_table(&block);
+        }
         Ok(block)
     }
 

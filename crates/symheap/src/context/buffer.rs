@@ -82,8 +82,9 @@ impl SymmetricBuffer {
 
     /// Address of this allocation's peer table (`n_pes` little-endian int64 entries, the same
     /// values as [`peer_bases`](Self::peer_bases)) in this PE's heap: device memory on the
-    /// CUDA backend, ready to pass to a kernel. Written at allocation, on the buffer's device,
-    /// without synchronising any other stream.
+    /// CUDA backend, ready to pass to a kernel. Written at allocation (or left in place by an
+    /// earlier block at the same place), on the buffer's device, without synchronising any
+    /// other stream.
     pub fn peer_bases_addr(&self) -> u64 {
         self.addr - self.block.offset + super::memory::table_offset(&self.block)
     }

@@ -43,5 +43,5 @@ impl Memory {
 
 /// Where a block's trailer table starts, relative to the heap base.
 pub(crate) fn table_offset(b: &Block) -> u64 {
-    b.offset + b.bytes.div_ceil(16) * 16
+    b.table_offset()
 }

@@ -9,7 +9,7 @@
 pub mod allocator;
 
 use std::cell::Cell;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -34,6 +34,14 @@ pub struct Block {
     pub span: u64,
 }
 
+impl Block {
+    /// Where the block's trailer (its peer table) starts, relative to the heap base: after the
+    /// request rounded up to 16 bytes. Everything before it is the user's.
+    pub fn table_offset(&self) -> u64 {
+        self.offset + self.bytes.div_ceil(16) * 16
+    }
+}
+
 /// Allocator state that only changes at points every PE reaches in the same order.
 #[derive(Debug, Default)]
 pub struct HeapState {
@@ -49,6 +57,12 @@ pub struct HeapState {
     internal: HashSet<BlockId>,
     /// Allocations that had to meet the other PEs (to reclaim or to grow).
     allocation_syncs: u64,
+    /// Heap offsets where this PE's copy holds a block's peer table that no block handed out
+    /// since has covered with user bytes: a block placed at the same offset with the same
+    /// size finds its table already there (the table of heap offset `o` is the same for every
+    /// block at `o`, the slot bases being fixed for the heap's life). On CUDA writing it is a
+    /// host-to-device copy and a wait, a third of an allocation's host time.
+    tables: BTreeSet<u64>,
 }
 
 impl HeapState {
@@ -66,6 +80,32 @@ impl HeapState {
         self.live.insert(id, b);
         self.by_offset.insert(offset, id);
         Some(b)
+    }
+
+    /// Whether `b`'s trailer already holds its peer table (`table_bytes` long), having
+    /// forgotten every table that `b`'s user bytes cover: call once for each block placed,
+    /// before anything writes into it, and [`HeapState::note_table`] once the table is written.
+    pub fn table_in_place(&mut self, b: &Block, table_bytes: u64) -> bool {
+        let at = b.table_offset();
+        // A table at `t` spans `[t, t + table_bytes)`: it overlaps the block's user bytes and
+        // its own table, `[offset, at + table_bytes)`, when it starts before that ends and ends
+        // after that starts. Only a table exactly at `at` is the block's own.
+        let from = (b.offset + 1).saturating_sub(table_bytes);
+        let covered: Vec<u64> = self
+            .tables
+            .range(from..at.saturating_add(table_bytes))
+            .copied()
+            .filter(|&t| t != at)
+            .collect();
+        for t in covered {
+            self.tables.remove(&t);
+        }
+        self.tables.contains(&at)
+    }
+
+    /// Notes that `b`'s peer table is written in its trailer.
+    pub fn note_table(&mut self, b: &Block) {
+        self.tables.insert(b.table_offset());
     }
 
     /// The heap size needed for `try_alloc(bytes, align)` to succeed.
@@ -455,5 +495,42 @@ mod tests {
         for h in &heaps {
             assert_eq!(h.state.lock().unwrap().live_blocks(), 2);
         }
+    }
+
+    #[test]
+    fn a_table_is_in_place_only_where_no_user_bytes_or_other_table_covered_it() {
+        let tb = 24; // three PEs: tables 24 bytes long at 16-byte steps may overlap
+        let mut s = HeapState::default();
+        s.extend(1 << 20);
+        let place = |s: &mut HeapState, bytes: u64| {
+            let b = s
+                .try_alloc(bytes, bytes.div_ceil(16) * 16 + tb, 256)
+                .unwrap();
+            let in_place = s.table_in_place(&b, tb);
+            s.note_table(&b);
+            (b, in_place)
+        };
+        let (a, fresh) = place(&mut s, 1000);
+        assert!(!fresh, "a new heap holds no table");
+        s.alloc.free(a.offset, a.span);
+        // The same place and size: the table is there.
+        let (a2, again) = place(&mut s, 1000);
+        assert_eq!((a2.offset, again), (a.offset, true));
+        s.alloc.free(a2.offset, a2.span);
+        // A longer block over it covers the table with user bytes...
+        let (big, _) = place(&mut s, 4000);
+        assert_eq!(big.offset, a.offset);
+        s.alloc.free(big.offset, big.span);
+        // ...so the short block writes its table again, and that write covers the long one's.
+        let (a3, after_cover) = place(&mut s, 1000);
+        assert_eq!((a3.offset, after_cover), (a.offset, false));
+        s.alloc.free(a3.offset, a3.span);
+        // A block whose own table overlaps another table without being it (992 bytes: its
+        // table at 992 runs into the one at 1008): written, and the other one is gone.
+        let (b, shifted) = place(&mut s, 992);
+        assert_eq!((b.offset, shifted), (a.offset, false));
+        s.alloc.free(b.offset, b.span);
+        let (a4, overwritten) = place(&mut s, 1000);
+        assert_eq!((a4.offset, overwritten), (a.offset, false));
     }
 }
