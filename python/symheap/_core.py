@@ -400,17 +400,23 @@ def _forget(addr: int, ref: "weakref.ref[SymmetricBuffer]") -> None:
 
 
 @api
-def allocate(shape: Tuple[int, ...], dtype: Any, *, zero: bool = False, align: int = 256) -> SymmetricBuffer:
+def allocate(
+    shape: Tuple[int, ...], dtype: Any, *, zero: bool = False, align: int = 256, stream: Optional[int] = None
+) -> SymmetricBuffer:
     """**Collective**: a :class:`SymmetricBuffer` of ``shape``/``dtype``. ``dtype`` means what
     NumPy means by it (anything ``numpy.dtype()`` takes: ``"float32"``, ``"f4"``,
     ``numpy.int64``; ``"float"`` is float64, ``"int"`` int64), or a ``torch.dtype``, or
     ``"bfloat16"``; dtypes symheap does not move are refused (see :func:`dtype_name`).
-    Contents are unspecified unless ``zero``; a peer may write into it only after a barrier."""
+    Contents are unspecified unless ``zero``; a peer may write into it only after a barrier.
+    ``stream`` (a raw CUDA stream handle) is recorded as using the buffer, as
+    :meth:`SymmetricBuffer.record_stream` would."""
     if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
         raise SymheapValueError(f"shape must be a sequence of sizes, not {type(shape).__name__}")
     dims = [index_arg(n, "size") for n in shape]
     align = index_arg(align, "alignment (bytes)", 1)
-    buf = native().allocate(dims, dtype_name(dtype), align=align, zero=bool(zero))
+    if stream is not None:
+        stream = index_arg(getattr(stream, "cuda_stream", stream), "stream handle")
+    buf = native().allocate(dims, dtype_name(dtype), align=align, zero=bool(zero), stream=stream)
     addr = buf.addr
 
     def forget(r: "weakref.ref[SymmetricBuffer]") -> None:

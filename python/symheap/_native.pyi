@@ -189,8 +189,11 @@ class Context:
     def check_symmetric(self, addr: int, nbytes: int, what: str) -> None: ...
     def translate(self, addr: int, src_pe: int, dst_pe: int) -> Optional[int]: ...
     def peer_bases_for(self, addr: int) -> List[int]: ...
-    def allocate(self, shape: Sequence[int], dtype: str, align: int = 256, zero: bool = False) -> SymmetricBuffer:
-        """Collective: a symmetric allocation."""
+    def allocate(
+        self, shape: Sequence[int], dtype: str, align: int = 256, zero: bool = False, stream: Optional[int] = None
+    ) -> SymmetricBuffer:
+        """Collective: a symmetric allocation; ``stream`` (a raw CUDA stream handle) is recorded
+        as using it."""
     def view(
         self,
         addr: int,

@@ -83,12 +83,12 @@ def _new(shape: Tuple[int, ...], dtype: str, dev: Any, zero: bool = False) -> _t
 def _new_pair(shape: Tuple[int, ...], dtype: str, dev: Any, zero: bool = False) -> Tuple[_torch.Tensor, Any]:
     """A new symmetric tensor and the SymmetricBuffer it shows."""
     _check_device(dev)
-    buf = _core.allocate(shape, dtype, zero=zero)
-    if buf.device.startswith("cuda"):
-        # Like PyTorch's allocator: the allocating stream's later work on the tensor (torch's own
-        # kernels, which symheap does not see) finishes before the memory can be reused. The raw
-        # handle: a torch Stream object costs more than the rest of the allocation's host work.
-        buf.record_stream(_core.current_stream_handle(int(buf.device.partition(":")[2] or 0)))
+    # Like PyTorch's allocator: the allocating stream's later work on the tensor (torch's own
+    # kernels, which symheap does not see) finishes before the memory can be reused. The raw
+    # handle: a torch Stream object costs more than the rest of the allocation's host work.
+    ordinal = _core.native().device_ordinal
+    stream = None if ordinal is None else _core.current_stream_handle(ordinal)
+    buf = _core.allocate(shape, dtype, zero=zero, stream=stream)
     return _core.register_tensor(_import(buf), buf), buf
 
 

@@ -317,6 +317,7 @@ def case_bool_is_not_a_number() -> None:
         lambda: st.zeros(True),
         lambda: symheap.allocate((True,), "int32"),
         lambda: symheap.allocate((4,), "int32", align=True),
+        lambda: symheap.allocate((4,), "int32", stream=True),
         lambda: symheap.put(x, src, True),
         lambda: symheap.get(src, x, False),
         lambda: symheap.atomic_fetch(x, True),

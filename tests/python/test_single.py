@@ -108,6 +108,25 @@ def test_buffer_record_stream_takes_a_handle_or_a_stream(ctx) -> None:
         buf.record_stream(0)
 
 
+def test_allocate_records_a_stream_given_as_a_handle_or_a_stream(ctx) -> None:
+    """``allocate(stream=...)`` takes what ``record_stream`` takes (a no-op on the host backend);
+    a negative handle or a string is a SymheapValueError naming the stream, before anything is
+    allocated."""
+
+    class Stream:
+        cuda_stream = 7
+
+    for s in (None, 0, 1 << 40, Stream()):
+        buf = symheap.allocate((4,), "float32", stream=s)
+        assert list(buf.shape) == [4]
+        buf.free()
+    live = symheap.heap_usage()["live_blocks"]
+    for bad in (-1, "stream"):
+        with pytest.raises(symheap.SymheapValueError, match="stream"):
+            symheap.allocate((4,), "float32", stream=bad)
+    assert symheap.heap_usage()["live_blocks"] == live
+
+
 def test_an_empty_slice_at_the_end_of_an_allocation_is_symmetric(ctx) -> None:
     """``a[n:]`` of an ``n``-element symmetric array (what a PE that sends nothing from the end
     of its buffer passes) is accepted by every call, as an empty slice anywhere else is."""

@@ -386,8 +386,10 @@ impl PyContext {
 
     /// Collective: allocates an array of `shape` and `dtype` on the symmetric heap (at least one
     /// byte), aligned to `align`; `zero` clears this PE's copy. Contents are otherwise
-    /// unspecified; a peer may write into it only after a barrier.
-    #[pyo3(signature = (shape, dtype, align = 256, zero = false))]
+    /// unspecified; a peer may write into it only after a barrier. `stream` (a raw CUDA stream
+    /// handle) is recorded as using the buffer, as `SymmetricBuffer.record_stream` does, in
+    /// the same call.
+    #[pyo3(signature = (shape, dtype, align = 256, zero = false, stream = None))]
     fn allocate(
         &self,
         py: Python<'_>,
@@ -395,6 +397,7 @@ impl PyContext {
         dtype: &str,
         align: u64,
         zero: bool,
+        stream: Option<u64>,
     ) -> PyResult<SymmetricBuffer> {
         let dt = parse_dtype(dtype)?;
         let n = numel(&shape)?;
@@ -407,6 +410,9 @@ impl PyContext {
                 let b = ctx.allocate_bytes(bytes.max(1), align)?;
                 if zero {
                     b.write(0, &vec![0u8; bytes as usize])?;
+                }
+                if let Some(s) = stream {
+                    b.record_stream(&crate::convert::stream_or(Some(s)))?;
                 }
                 Ok::<_, symheap::Error>(b)
             })
