@@ -7,13 +7,16 @@ on CPU tensors, NCCL on CUDA tensors), in the same run on the same tensors.
     python -m symheap.launch -n 2 -- python bench/tdist_host_cost.py
     python bench/tdist_host_cost.py --cuda --profile    # also: where each call's host time goes
     python bench/tdist_host_cost.py --cuda --layers     # also: each layer's time alone (1 rank)
+    python bench/tdist_host_cost.py --cuda --graph      # also: the calls captured in a CUDA graph
 
 
 Prints on rank 0 a table of host time per call: the median over trials of a back-to-back
 loop's time until its last call returned, divided by the calls (the issue's measure: what the
 CPU spends per call). On CUDA a second table gives the time per call until the GPU finished
 the loop (each trial ends with a synchronize): when it is larger, the GPU, not the host, set
-the pace.
+the pace. With ``--graph``, a third table: the device time per call of a CUDA graph holding
+GRAPH_CALLS of them, replayed (the backend's host layers are not in the graph: its time should
+be the direct call's).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from symheap.distributed import _work
 
 ITERS = int(os.environ.get("ITERS", "300"))
 TRIALS = int(os.environ.get("TRIALS", "7"))
+GRAPH_CALLS = int(os.environ.get("GRAPH_CALLS", "50"))
 
 
 CUDA = "--cuda" in sys.argv[1:]
@@ -111,6 +115,60 @@ def timed(fn: Callable[[], object]) -> Tuple[float, float]:
         host.append((t1 - t0) / ITERS * 1e6)
         wall.append((t2 - t0) / ITERS * 1e6)
     return statistics.median(host), statistics.median(wall)
+
+
+def graphed(fn: Callable[[], object]) -> float:
+    """Device us per call of a CUDA graph holding GRAPH_CALLS calls of ``fn``, replayed
+    (median over trials of 20 replays, CUDA events)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch asks
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(GRAPH_CALLS):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(TRIALS):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(20):
+            g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / (20 * GRAPH_CALLS))
+    return statistics.median(times)
+
+
+def graph_table(cases: Dict[str, Dict[str, Callable[[], object]]], peer: str) -> None:
+    """The third table (``--graph``): each collective captured through the backend, direct and
+    through ``peer``; rank 0 prints."""
+    rows = []
+    for name, impls in cases.items():
+        got = {}
+        for k in ("backend", "direct", "gloo"):
+            try:
+                got[k] = graphed(impls[k])
+            except RuntimeError as e:  # a capture refused: said, not hidden
+                torch.cuda.synchronize()
+                got[k] = float("nan")
+                if dist.get_rank() == 0:
+                    print(f"# graph {name} {k}: {str(e).splitlines()[0][:120]}")
+        rows.append((name, got))
+    if dist.get_rank() != 0:
+        return
+    print(
+        f"# {dist.get_world_size()} rank(s), 16 float32 CUDA tensors, device us per call inside a CUDA graph of "
+        f"{GRAPH_CALLS} calls (median of {TRIALS} x 20 replays); ratios: dist.* symheap / direct, / {peer}"
+    )
+    print(f"{'collective':<24} {'dist.* symheap':>15} {'direct':>9} {peer:>9} {'/direct':>8} {'/' + peer:>8}")
+    for name, g in rows:
+        b, d, p = g["backend"], g["direct"], g["gloo"]
+        print(f"{name:<24} {b:>15.2f} {d:>9.2f} {p:>9.2f} {b / d:>8.2f} {b / p:>8.2f}")
 
 
 def profile(label: str, fn: Callable[[], object]) -> None:
@@ -207,6 +265,8 @@ def main() -> None:
                 if dist.get_rank() == 0:
                     print(f"# {name} {impl}: {str(e).splitlines()[0][:100]}")
         rows.append((name, got))
+    if CUDA and "--graph" in sys.argv[1:]:
+        graph_table(cases, peer_name)
     if "--layers" in sys.argv[1:] and n == 1:
         layers(x)
     if PROFILE:  # every rank runs the calls (they are collective), rank 0 prints

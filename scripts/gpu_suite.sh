@@ -269,8 +269,8 @@ run)
     [ "${GPU_ONLY:-1}" = 0 ] && GO=""
     [ "${SKIP_TORCH:-0}" = 1 ] || step python-torch "${PYTEST_LIMIT:-600}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs $GO ${TORCH_TESTS:-test_torch.py test_fused.py test_torch_ops_gpu.py test_nodes_gpu.py test_gemm.py test_moe.py test_torch_programs.py}"
     # The torch.distributed backend's host time per small eager call against NCCL's, one rank,
-    # CUDA tensors (bench/tdist_host_cost.py --cuda).
-    [ "${SKIP_TORCH:-0}" = 1 ] || step tdist-host-cost "${TDIST_COST_LIMIT:-120}" python3 bench/tdist_host_cost.py --cuda
+    # CUDA tensors, and inside CUDA graphs (bench/tdist_host_cost.py --cuda --graph).
+    [ "${SKIP_TORCH:-0}" = 1 ] || step tdist-host-cost "${TDIST_COST_LIMIT:-120}" python3 bench/tdist_host_cost.py --cuda --graph
     [ "${SKIP_TORCH:-0}" = 1 ] || sed -n '/^# /,$p' "$OUTDIR/tdist-host-cost.log"
     # Each operation's own work at one PE against the best local reference in the same process
     # (the fused op vs compiled add + RMSNorm, the GEMM ops vs cuBLAS, host time per eager call
