@@ -12,7 +12,7 @@ import os
 import sys
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from . import _native
 from ._native import (
@@ -416,7 +416,17 @@ def allocate(
     align = index_arg(align, "alignment (bytes)", 1)
     if stream is not None:
         stream = index_arg(getattr(stream, "cuda_stream", stream), "stream handle")
-    buf = native().allocate(dims, dtype_name(dtype), align=align, zero=bool(zero), stream=stream)
+    return allocate_checked(dims, dtype_name(dtype), align, bool(zero), stream)
+
+
+def allocate_checked(
+    dims: Sequence[int], dtype: str, align: int, zero: bool, stream: Optional[int]
+) -> SymmetricBuffer:
+    """:func:`allocate` of arguments already checked (sizes and alignment ints, ``dtype`` one
+    of symheap's names, ``stream`` an int or None), for symheap's own callers that checked
+    them already (``symheap.torch``'s tensors): each check costs a little of every
+    allocation's host time."""
+    buf = native().allocate(dims, dtype, align, zero, stream)
     addr = buf.addr
 
     def forget(r: "weakref.ref[SymmetricBuffer]") -> None:

@@ -88,7 +88,7 @@ def _new_pair(shape: Tuple[int, ...], dtype: str, dev: Any, zero: bool = False) 
     # handle: a torch Stream object costs more than the rest of the allocation's host work.
     ordinal = _core.native().device_ordinal
     stream = None if ordinal is None else _core.current_stream_handle(ordinal)
-    buf = _core.allocate(shape, dtype, zero=zero, stream=stream)
+    buf = _core.allocate_checked(shape, dtype, 256, zero, stream)
     return _core.register_tensor(_import(buf), buf), buf
 
 
