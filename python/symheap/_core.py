@@ -419,9 +419,7 @@ def allocate(
     return allocate_checked(dims, dtype_name(dtype), align, bool(zero), stream)
 
 
-def allocate_checked(
-    dims: Sequence[int], dtype: str, align: int, zero: bool, stream: Optional[int]
-) -> SymmetricBuffer:
+def allocate_checked(dims: Sequence[int], dtype: str, align: int, zero: bool, stream: Optional[int]) -> SymmetricBuffer:
     """:func:`allocate` of arguments already checked (sizes and alignment ints, ``dtype`` one
     of symheap's names, ``stream`` an int or None), for symheap's own callers that checked
     them already (``symheap.torch``'s tensors): each check costs a little of every
