@@ -265,8 +265,6 @@ def main() -> None:
                 if dist.get_rank() == 0:
                     print(f"# {name} {impl}: {str(e).splitlines()[0][:100]}")
         rows.append((name, got))
-    if CUDA and "--graph" in sys.argv[1:]:
-        graph_table(cases, peer_name)
     if "--layers" in sys.argv[1:] and n == 1:
         layers(x)
     if PROFILE:  # every rank runs the calls (they are collective), rank 0 prints
@@ -293,6 +291,10 @@ def main() -> None:
             "# floor: a Python-written process group whose collectives do nothing and return a new completed Work "
             "as symheap's do; bare: the same returning one Work made once (torch's call into Python and back)"
         )
+    # Last, so a capture that goes wrong cannot take the host tables with it.
+    if CUDA and "--graph" in sys.argv[1:]:
+        sys.stdout.flush()
+        graph_table(cases, peer_name)
     dist.destroy_process_group()
 
 

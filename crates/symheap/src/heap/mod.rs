@@ -58,10 +58,10 @@ pub struct HeapState {
     /// Allocations that had to meet the other PEs (to reclaim or to grow).
     allocation_syncs: u64,
     /// Heap offsets where this PE's copy holds a block's peer table that no block handed out
-    /// since has covered with user bytes: a block placed at the same offset with the same
-    /// size finds its table already there (the table of heap offset `o` is the same for every
-    /// block at `o`, the slot bases being fixed for the heap's life). On CUDA writing it is a
-    /// host-to-device copy and a wait, a third of an allocation's host time.
+    /// since has covered: a block placed at the same offset whose size rounds to the same 16
+    /// bytes finds its table already there (the table of heap offset `o` is the same for every
+    /// block at `o`, the slot bases being fixed for the heap's life). On CUDA writing it costs
+    /// a host-to-device copy and a wait for it on every allocation.
     tables: BTreeSet<u64>,
 }
 
