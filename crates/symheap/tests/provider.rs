@@ -4,15 +4,14 @@
 
 use std::path::Path;
 
-use symheap::{BackendChoice, Context, ErrorKind, NativeHeap, Nvshmem, Provider};
+use symheap::{ErrorKind, NativeHeap, Nvshmem, Provider};
+
+mod common;
+use common::host_pe;
 
 #[test]
 fn native_heap_and_nvshmem_refusal_on_the_host_backend() {
-    let ctx: Context = Context::builder()
-        .unwrap()
-        .backend(BackendChoice::Host)
-        .init()
-        .unwrap();
+    let ctx = host_pe();
     let p = NativeHeap::new(&ctx);
     let a = p.allocate(1000).unwrap();
     let b = p.allocate(3).unwrap();
@@ -70,11 +69,7 @@ fn native_heap_and_nvshmem_refusal_on_the_host_backend() {
 /// once a block's user bytes covered it (this fails when it does not).
 #[test]
 fn a_reused_place_has_its_table_after_user_bytes_covered_it() {
-    let ctx: Context = Context::builder()
-        .unwrap()
-        .backend(BackendChoice::Host)
-        .init()
-        .unwrap();
+    let ctx = host_pe();
     let p = NativeHeap::new(&ctx);
     let a = p.allocate(1000).unwrap();
     let place = a.ptr();
