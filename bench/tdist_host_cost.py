@@ -34,6 +34,7 @@ from typing import Callable, Dict, List, Tuple
 import symheap.distributed as sd
 import torch
 import torch.distributed as dist
+from local_work import graph_us  # bench/ is on the path when this file runs as a script
 from symheap.distributed import _work
 
 ITERS = int(os.environ.get("ITERS", "300"))
@@ -117,33 +118,6 @@ def timed(fn: Callable[[], object]) -> Tuple[float, float]:
     return statistics.median(host), statistics.median(wall)
 
 
-def graphed(fn: Callable[[], object]) -> float:
-    """Device us per call of a CUDA graph holding GRAPH_CALLS calls of ``fn``, replayed
-    (median over trials of 20 replays, CUDA events)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch asks
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(GRAPH_CALLS):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(TRIALS):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(20):
-            g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / (20 * GRAPH_CALLS))
-    return statistics.median(times)
-
-
 def graph_table(cases: Dict[str, Dict[str, Callable[[], object]]], peer: str) -> None:
     """The third table (``--graph``): each collective captured through the backend, direct and
     through ``peer``; rank 0 prints."""
@@ -152,7 +126,7 @@ def graph_table(cases: Dict[str, Dict[str, Callable[[], object]]], peer: str) ->
         got = {}
         for k in ("backend", "direct", "gloo"):
             try:
-                got[k] = graphed(impls[k])
+                got[k] = graph_us(impls[k], GRAPH_CALLS, TRIALS)
             except RuntimeError as e:  # a capture refused: said, not hidden
                 torch.cuda.synchronize()
                 got[k] = float("nan")
@@ -163,7 +137,7 @@ def graph_table(cases: Dict[str, Dict[str, Callable[[], object]]], peer: str) ->
         return
     print(
         f"# {dist.get_world_size()} rank(s), 16 float32 CUDA tensors, device us per call inside a CUDA graph of "
-        f"{GRAPH_CALLS} calls (median of {TRIALS} x 20 replays); ratios: dist.* symheap / direct, / {peer}"
+        f"{GRAPH_CALLS} calls (median of {TRIALS} replays); ratios: dist.* symheap / direct, / {peer}"
     )
     print(f"{'collective':<24} {'dist.* symheap':>15} {'direct':>9} {peer:>9} {'/direct':>8} {'/' + peer:>8}")
     for name, g in rows:

@@ -469,15 +469,9 @@ def _run_exchange(
         _record([out, input], symmetric=sym)
 
 
-def _run_gather(
-    out: _torch.Tensor, input: _torch.Tensor, team: int, caller_out: bool = False, record: bool = True
-) -> None:
-    _run_exchange("all_gather", out, input, team, caller_out, record)
-
-
 def _run_gather_into(out: _torch.Tensor, input: _torch.Tensor, team: int, record: bool = True) -> None:
     _check_gather(out, input, _n(team))
-    _run_gather(out, input, team, True, record)
+    _run_exchange("all_gather", out, input, team, True, record)
 
 
 @_custom_op("symheap::all_gather_into", mutates_args=("out",))
@@ -494,7 +488,7 @@ def _(out: _torch.Tensor, input: _torch.Tensor, team: int = 0) -> None:
 def _all_gather(input: _torch.Tensor, team: int = 0) -> _torch.Tensor:
     _dtype(input, "all_gather")
     out = input.new_empty(_gather_shape(input, _n(team)))
-    _run_gather(out, input, team)
+    _run_exchange("all_gather", out, input, team)
     return out
 
 
@@ -550,15 +544,9 @@ def _(input: _torch.Tensor, op: str = "sum", team: int = 0) -> _torch.Tensor:
     return out
 
 
-def _run_alltoall(
-    out: _torch.Tensor, input: _torch.Tensor, team: int, caller_out: bool = False, record: bool = True
-) -> None:
-    _run_exchange("alltoall", out, input, team, caller_out, record)
-
-
 def _run_alltoall_into(out: _torch.Tensor, input: _torch.Tensor, team: int, record: bool = True) -> None:
     _check_alltoall(out, input, _n(team))
-    _run_alltoall(out, input, team, True, record)
+    _run_exchange("alltoall", out, input, team, True, record)
 
 
 @_custom_op("symheap::alltoall_into", mutates_args=("out",))
@@ -575,7 +563,7 @@ def _(out: _torch.Tensor, input: _torch.Tensor, team: int = 0) -> None:
 def _alltoall(input: _torch.Tensor, team: int = 0) -> _torch.Tensor:
     out = _torch.empty_like(input, memory_format=_torch.contiguous_format)
     _check_alltoall(out, input, _n(team))
-    _run_alltoall(out, input, team)
+    _run_exchange("alltoall", out, input, team)
     return out
 
 
