@@ -15,10 +15,11 @@ Sections (one PE, CUDA backend; no launcher needed):
           the same numerics (fp32 reductions: torch.mm with reduced-precision reductions off),
           M 256 to 16384, K and N 1024 to 16384; also the Triton engine's own GEMM (its
           heuristic configuration at npes = 1, the local work it does at n >= 2), for reference.
-  host    host time per small eager call (16 float32, median over trials of 300-call loops):
-          symheap.all_reduce (symmetric tensor), symheap.ops.all_reduce_, symheap.distributed.*
-          and torch.distributed over the ``cuda:symheap`` backend, against torch.distributed
-          over NCCL, one rank, same tensors.
+  host    host time per small eager call (16 float32, median over trials of 300-call loops)
+          of all_reduce, all_gather, reduce_scatter, broadcast and all_to_all by each entry:
+          symheap.* (symmetric tensors), symheap.ops.*, symheap.distributed.* and
+          torch.distributed over the ``cuda:symheap`` backend, against torch.distributed over
+          NCCL, one rank, same tensors.
   alloc   symheap.torch.allocate_symmetric / symheap.torch.empty of 1 MiB, each freed, against
           torch's caching allocator.
 
@@ -295,42 +296,89 @@ def report_gemm(rows: List[Dict[str, Any]]) -> List[str]:
 # ---- host time per eager call ----------------------------------------------------------------------
 
 
-def bench_host(rows: List[Dict[str, Any]], dev: torch.device, nccl: Any) -> None:
+def host_calls(dev: torch.device, nccl: Any) -> Dict[str, Dict[str, Callable[[], Any]]]:
+    """Each collective by each eager entry, 16 float32 at one rank: ``symheap.*`` on symmetric
+    tensors (its own form), ``symheap.ops.*`` and ``symheap.distributed.*`` on ordinary ones,
+    torch.distributed on the symheap backend and on NCCL (the reference)."""
     import symheap
     import symheap.distributed as sd
     import symheap.ops as sops
     import symheap.torch as st
 
-    x = torch.ones(16, device=dev)
-    sym = st.empty(16, dtype=torch.float32)
-    sym.fill_(1.0)
-    calls: Dict[str, Callable[[], Any]] = {
-        "symheap.all_reduce (symmetric)": lambda: symheap.all_reduce(sym),
-        "symheap.ops.all_reduce_": lambda: sops.all_reduce_(x),
-        "symheap.distributed.all_reduce": lambda: sd.all_reduce(x),
-        "torch.distributed on cuda:symheap": lambda: dist.all_reduce(x),
-        "torch.distributed on NCCL": lambda: dist.all_reduce(x, group=nccl),
+    n = dist.get_world_size()
+    x, big, small = torch.ones(16, device=dev), torch.ones(16 * n, device=dev), torch.empty(16, device=dev)
+    a2a_in, a2a_out = torch.ones(16 * n, device=dev), torch.empty(16 * n, device=dev)
+    sx, sbig, ssmall, sa2a = (st.empty(k, dtype=torch.float32) for k in (16, 16 * n, 16, 16 * n))
+    for t in (sx, sbig):
+        t.fill_(1.0)
+    return {
+        "all_reduce": {
+            "symheap.*": lambda: symheap.all_reduce(sx),
+            "symheap.ops.*": lambda: sops.all_reduce_(x),
+            "symheap.distributed.*": lambda: sd.all_reduce(x),
+            "dist.* on cuda:symheap": lambda: dist.all_reduce(x),
+            "dist.* on NCCL": lambda: dist.all_reduce(x, group=nccl),
+        },
+        "all_gather": {
+            "symheap.*": lambda: symheap.all_gather(sbig, sx),
+            "symheap.ops.*": lambda: sops.all_gather(x, out=big),
+            "symheap.distributed.*": lambda: sd.all_gather_into_tensor(big, x),
+            "dist.* on cuda:symheap": lambda: dist.all_gather_into_tensor(big, x),
+            "dist.* on NCCL": lambda: dist.all_gather_into_tensor(big, x, group=nccl),
+        },
+        "reduce_scatter": {
+            "symheap.*": lambda: symheap.reduce_scatter(ssmall, sbig),
+            "symheap.ops.*": lambda: sops.reduce_scatter(big, out=small),
+            "symheap.distributed.*": lambda: sd.reduce_scatter_tensor(small, big),
+            "dist.* on cuda:symheap": lambda: dist.reduce_scatter_tensor(small, big),
+            "dist.* on NCCL": lambda: dist.reduce_scatter_tensor(small, big, group=nccl),
+        },
+        "broadcast": {
+            "symheap.*": lambda: symheap.broadcast(sx),
+            "symheap.ops.*": lambda: sops.broadcast_(x),
+            "symheap.distributed.*": lambda: sd.broadcast(x, src=0),
+            "dist.* on cuda:symheap": lambda: dist.broadcast(x, src=0),
+            "dist.* on NCCL": lambda: dist.broadcast(x, src=0, group=nccl),
+        },
+        "all_to_all": {
+            "symheap.*": lambda: symheap.alltoall(sa2a, sbig),
+            "symheap.ops.*": lambda: sops.alltoall(a2a_in, out=a2a_out),
+            "symheap.distributed.*": lambda: sd.all_to_all_single(a2a_out, a2a_in),
+            "dist.* on cuda:symheap": lambda: dist.all_to_all_single(a2a_out, a2a_in),
+            "dist.* on NCCL": lambda: dist.all_to_all_single(a2a_out, a2a_in, group=nccl),
+        },
     }
-    # Alternated rounds: the VM's noise falls on every entry alike.
-    got: Dict[str, List[float]] = {k: [] for k in calls}
-    for _ in range(3):
-        for name, fn in calls.items():
-            got[name].append(host_us(fn))
-    ref = statistics.median(got["torch.distributed on NCCL"])
-    for name, v in got.items():
-        us = statistics.median(v)
-        rows.append({"section": "host", "entry": name, "us": us, "ratio": ref / us})
+
+
+def bench_host(rows: List[Dict[str, Any]], dev: torch.device, nccl: Any) -> None:
+    for coll, calls in host_calls(dev, nccl).items():
+        # Alternated rounds: the host's drift falls on every entry alike.
+        got: Dict[str, List[float]] = {k: [] for k in calls}
+        for _ in range(3):
+            for name, fn in calls.items():
+                got[name].append(host_us(fn))
+        ref = statistics.median(got["dist.* on NCCL"])
+        for name, v in got.items():
+            us = statistics.median(v)
+            rows.append({"section": "host", "coll": coll, "entry": name, "us": us, "ratio": ref / us})
 
 
 def report_host(rows: List[Dict[str, Any]]) -> List[str]:
+    host = [r for r in rows if r["section"] == "host"]
+    entries = list(dict.fromkeys(r["entry"] for r in host))
     out = [
-        "## host time per eager all_reduce of 16 float32 at 1 rank (median of 3 alternated rounds of 7 x 300 calls)",
-        "| entry | µs per call | ratio (NCCL / entry) |",
-        "|---|---|---|",
+        "## host time per eager collective of 16 float32 at 1 rank, µs (ratio NCCL / entry; median of 3 "
+        "alternated rounds of 7 x 300 calls)",
+        "| collective | " + " | ".join(entries) + " |",
+        "|---" * (len(entries) + 1) + "|",
     ]
-    for r in rows:
-        if r["section"] == "host":
-            out.append(f"| {r['entry']} | {r['us']:.1f} | {r['ratio']:.2f} |")
+    for coll in dict.fromkeys(r["coll"] for r in host):
+        cells = {r["entry"]: r for r in host if r["coll"] == coll}
+        out.append(
+            f"| {coll} | "
+            + " | ".join(f"{cells[e]['us']:.1f} ({cells[e]['ratio']:.2f})" if e in cells else "-" for e in entries)
+            + " |"
+        )
     return out
 
 

@@ -15,7 +15,7 @@ Eager calls skip the dispatcher altogether when nothing needs it (see :meth:`Op.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch as _torch
 
@@ -57,7 +57,7 @@ class Op:
         self.qualname = f"{_NS}::{name}"
         schema = _torch.library.infer_schema(fn, mutates_args=tuple(mutates_args))
         _LIB.define(name + schema, tags=(_torch.Tag.pt2_compliant_tag,))
-        self.kernel = _kernel(self.qualname, fn, mutates_args)
+        self.guard, self.kernel = _kernel(self.qualname, fn, mutates_args)
         _LIB.impl(name, self.kernel, "CompositeExplicitAutograd")
         self._packet: Optional[Any] = None
         self.__doc__ = fn.__doc__
@@ -79,11 +79,25 @@ class Op:
             return self.overload(*args)
         return self.kernel(*args)
 
+    def run(self, runner: Callable[..., Any], *args: Any, **options: Any) -> Any:
+        """This op on ``args``, with ``runner(*args, **options)`` doing its work in eager code
+        behind the kernel's own refusal and version bump: for a caller that passes the work an
+        option the op's schema has no place for (:mod:`symheap.distributed` says whether a
+        call records stream use). Through the dispatcher, as :meth:`__call__`, when a
+        compiler or a mode needs it (``options`` then take their defaults)."""
+        if dispatch_needed(args):
+            return self.overload(*args)
+        self.guard(args)
+        return runner(*args, **options)
 
-def _kernel(qualname: str, fn: Callable[..., Any], mutates_args: Sequence[str]) -> Callable[..., Any]:
-    """``fn`` wrapped as the op's one kernel: refuses inputs that require grad while grad mode
-    is on, and bumps the version counter of each mutated tensor argument (what torch's own
-    in-place ops do, so autograd notices a saved tensor changed)."""
+
+def _kernel(
+    qualname: str, fn: Callable[..., Any], mutates_args: Sequence[str]
+) -> Tuple[Callable[..., None], Callable[..., Any]]:
+    """``(guard, kernel)``: ``kernel`` is ``fn`` wrapped as the op's one kernel behind
+    ``guard``, which refuses inputs that require grad while grad mode is on and bumps the
+    version counter of each mutated tensor argument (what torch's own in-place ops do, so
+    autograd notices a saved tensor changed)."""
     code = fn.__code__
     names = code.co_varnames[: code.co_argcount]
     mutated = tuple(names.index(a) for a in mutates_args)
@@ -92,16 +106,19 @@ def _kernel(qualname: str, fn: Callable[..., Any], mutates_args: Sequence[str]) 
         "under torch.no_grad() or torch.inference_mode(), or detach() them"
     )
 
-    def kernel(*args: Any, **kwargs: Any) -> Any:
+    def guard(args: Sequence[Any], kwargs: Optional[Dict[str, Any]] = None) -> None:
         if _is_grad_enabled() and (_any_requires_grad(*args) or (kwargs and _any_requires_grad(*kwargs.values()))):
             raise SymheapUnsupportedError(message)
         if mutated:
-            _increment_version(tuple(args[i] if i < len(args) else kwargs[names[i]] for i in mutated))
+            _increment_version([args[i] if i < len(args) else kwargs[names[i]] for i in mutated])
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        guard(args, kwargs)
         return fn(*args, **kwargs)
 
     kernel.__name__ = fn.__name__
     kernel.__doc__ = fn.__doc__
-    return kernel
+    return guard, kernel
 
 
 def op(qualname: str, mutates_args: Sequence[str]) -> Callable[[Callable[..., Any]], Op]:

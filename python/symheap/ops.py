@@ -90,6 +90,13 @@ def _call(name: str, *args: Any) -> Any:
     return _IMPL[name](*args)
 
 
+def _run_as(name: str, runner: Callable[..., Any], *args: Any, record: bool) -> Any:
+    """Op ``name`` on ``args`` with its work done by ``runner`` (one of the ``_run_*`` below)
+    taking ``record`` (see :func:`_record`): :mod:`symheap.distributed` passes False for a
+    synchronous call, as its torch backend does (see :meth:`symheap._library.Op.run`)."""
+    return _IMPL[name].run(runner, *args, record=record)
+
+
 # ---- teams as ints -------------------------------------------------------------------------
 
 _teams: Dict[int, Team] = {}

@@ -393,33 +393,35 @@ def run_records(r: int, n: int) -> None:
     total = fold(xs, lambda a, b: a + b)
     rows = [xs[q].view(n, 4) for q in range(n)]
 
-    def every(async_op: bool) -> None:
+    def every(async_op: bool, api=dist) -> None:
         def done(w) -> None:
             if async_op:
                 w.wait()
 
         t = xs[r].clone()
-        done(dist.all_reduce(t, async_op=async_op))
+        done(api.all_reduce(t, async_op=async_op))
         same(t, total, f"all_reduce async={async_op}")
         out = torch.empty(4 * n * n)
-        done(dist.all_gather_into_tensor(out, xs[r], async_op=async_op))
+        done(api.all_gather_into_tensor(out, xs[r], async_op=async_op))
         same(out, torch.cat(xs), f"all_gather_into_tensor async={async_op}")
         out = torch.empty(4)
-        done(dist.reduce_scatter_tensor(out, xs[r], async_op=async_op))
+        done(api.reduce_scatter_tensor(out, xs[r], async_op=async_op))
         same(out, total.view(n, 4)[r], f"reduce_scatter_tensor async={async_op}")
         out = torch.empty(n, 4)
-        done(dist.all_to_all_single(out, rows[r], async_op=async_op))
+        done(api.all_to_all_single(out, rows[r], async_op=async_op))
         same(out, torch.stack([rows[q][r] for q in range(n)]), f"all_to_all_single async={async_op}")
         t = xs[r].clone()
-        done(dist.broadcast(t, src=n - 1, async_op=async_op))
+        done(api.broadcast(t, src=n - 1, async_op=async_op))
         same(t, xs[n - 1], f"broadcast async={async_op}")
 
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        every(False)
-    stream_warnings = [str(w.message) for w in seen if "stream" in str(w.message).lower()]
-    assert not stream_warnings, stream_warnings
-    every(True)
+    # The same through symheap.distributed's own functions, which follow the backend.
+    for api in (dist, sd):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            every(False, api)
+        stream_warnings = [str(w.message) for w in seen if "stream" in str(w.message).lower()]
+        assert not stream_warnings, (api.__name__, stream_warnings)
+        every(True, api)
 
 
 def run_diverge(r: int, n: int) -> None:

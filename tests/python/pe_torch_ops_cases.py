@@ -466,9 +466,37 @@ def case_ops_dist() -> None:
     if n > 1:
         raises(SymheapUnsupportedError, sd.all_to_all_single, torch.zeros(n * 2), x, None, [2] + [1] * (n - 2) + [3])
     raises(SymheapValueError, sd.broadcast, x)
+    _dist_autograd_rules(sd, torch, n)
     sd.barrier()
     symheap.finalize()
     dist.destroy_process_group()
+
+
+def _dist_autograd_rules(sd, torch, n: int) -> None:
+    """symheap.distributed's functions keep the ops' rules (they run the ops' work without the
+    ops' Python entries): an input that requires grad is refused in grad mode, each written
+    tensor's version counter moves, synchronous or not."""
+    y = torch.ones(2 * n, requires_grad=True) * 2
+    out = torch.zeros(2 * n * n)
+    for call in (
+        lambda: sd.all_reduce(y),
+        lambda: sd.all_gather_into_tensor(out, y),
+        lambda: sd.reduce_scatter_tensor(torch.zeros(2), y),
+        lambda: sd.all_to_all_single(torch.zeros(2 * n), y),
+        lambda: sd.broadcast(y, src=0),
+    ):
+        e = raises(SymheapUnsupportedError, call)
+        assert "no autograd formula" in str(e), e
+    t, small, a2a = torch.ones(2 * n), torch.zeros(2), torch.zeros(2 * n)
+    for async_op in (False, True):
+        before = [u._version for u in (t, out, small, a2a)]
+        sd.all_reduce(t, async_op=async_op)
+        sd.all_gather_into_tensor(out, t, async_op=async_op)
+        sd.reduce_scatter_tensor(small, t, async_op=async_op)
+        sd.all_to_all_single(a2a, t, async_op=async_op)
+        sd.broadcast(t, src=0, async_op=async_op)
+        after = [u._version for u in (t, out, small, a2a)]
+        assert all(b > a for a, b in zip(before, after)), (async_op, before, after)
 
 
 @case

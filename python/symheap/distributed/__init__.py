@@ -10,7 +10,9 @@ Two ways in:
 * **Functions** with the signatures of ``torch.distributed`` (``all_reduce``,
   ``all_gather_into_tensor``, ``reduce_scatter_tensor``, ``all_to_all_single``,
   ``broadcast``, ``barrier``) that call the ``torch.ops.symheap.*`` ops directly, whatever
-  backend torch's groups use.
+  backend torch's groups use. As with the backend (and ProcessGroupNCCL), a synchronous call
+  (``async_op=False``) leaves its ordinary CUDA tensors' lifetime to the current stream's
+  order; an asynchronous one records the stream on them (``Tensor.record_stream``).
 
 Collective-order rule: every PE of the group makes the same calls in the same order with the
 same arguments; a mismatch raises :class:`symheap.SymheapMismatchError` on every PE (through

@@ -155,6 +155,11 @@ def _team(group: Any) -> Any:
     return _group_team_id(group)
 
 
+def _tid(group: Any) -> int:
+    """The ops' team id for ``group``."""
+    return ops.team_id(_team(group))
+
+
 @_torch.compiler.assume_constant_result
 def _group_team_id(group: Any) -> int:
     """The team id of ProcessGroup ``group`` (a constant to torch.compile: groups are fixed)."""
@@ -205,7 +210,7 @@ def all_reduce(tensor: _torch.Tensor, op: Any = "sum", group: Any = None, async_
     """**Collective** over ``group``: ``tensor`` becomes the reduction (``ReduceOp.SUM`` /
     ``"sum"``, ``"avg"``, ``"max"``, ``"min"``, ``"prod"``) of every member's ``tensor``, in
     place. Every PE of the group makes the same calls in the same order."""
-    ops.all_reduce_(tensor, _op(op), _team(group))
+    ops._run_as("all_reduce_", ops._run_all_reduce_, tensor, _op(op), _tid(group), record=async_op)
     return _done(async_op)
 
 
@@ -218,7 +223,7 @@ def all_gather_into_tensor(
     ``input_tensor`` may be exactly this PE's block of ``output_tensor`` (in place, as FSDP2
     gathers); any other overlap raises :class:`symheap.SymheapValueError`. Every PE of the
     group makes the same calls in the same order."""
-    ops.all_gather(input_tensor, _team(group), out=output_tensor)
+    ops._run_as("all_gather_into", ops._run_gather_into, output_tensor, input_tensor, _tid(group), record=async_op)
     return _done(async_op)
 
 
@@ -231,7 +236,7 @@ def reduce_scatter_tensor(
     may be exactly this PE's block of ``input``: in place; any other overlap raises
     :class:`symheap.SymheapValueError`). Every PE of the group makes the same calls in the
     same order."""
-    ops.reduce_scatter(input, _op(op), _team(group), out=output)
+    ops._run_as("reduce_scatter_into", ops._run_scatter_into, output, input, _op(op), _tid(group), record=async_op)
     return _done(async_op)
 
 
@@ -248,11 +253,11 @@ def all_to_all_single(
     member j's ``output`` (``n`` equal blocks on dimension 0; uneven split sizes raise
     :class:`symheap.SymheapUnsupportedError`). Every PE of the group makes the same calls in
     the same order."""
-    team = _team(group)
+    tid = _tid(group)
     for name, splits in (("output_split_sizes", output_split_sizes), ("input_split_sizes", input_split_sizes)):
         if splits is not None and len(set(splits)) > 1:
             raise SymheapUnsupportedError(f"all_to_all_single: uneven {name} {list(splits)} are not supported")
-    ops.alltoall(input, team, out=output)
+    ops._run_as("alltoall_into", ops._run_alltoall_into, output, input, tid, record=async_op)
     return _done(async_op)
 
 
@@ -271,7 +276,8 @@ def broadcast(
         raise SymheapValueError("broadcast: give exactly one of src and group_src")
     team = _team(group)
     root = group_src if group_src is not None else _group_rank(team, _core.index_arg(src, "broadcast src"))
-    ops.broadcast_(tensor, _core.index_arg(root, "broadcast root"), team)
+    root = _core.index_arg(root, "broadcast root")
+    ops._run_as("broadcast_", ops._run_broadcast_, tensor, root, ops.team_id(team), record=async_op)
     return _done(async_op)
 
 
