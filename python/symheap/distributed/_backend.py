@@ -169,7 +169,8 @@ class SymheapProcessGroup(dist.ProcessGroup):
         if factor is not None:
             inp = inp * factor
         sv, sop = _reduce.for_reduction(inp, kind, what)
-        dv, _ = _reduce.for_reduction(out, kind, what)
+        # Same dtype: the output needs a view only where the input took one (bool, complex).
+        dv = out if sv is inp else _reduce.for_reduction(out, kind, what)[0]
         buf = self._staging(what, sv, dv)
         if buf is None:
             ops._run_scatter_into(_flat_out(dv), _flat(sv), sop, self._tid, record)

@@ -114,6 +114,8 @@ pub struct CudaBackend {
     flags: Arc<MappedHost>,
     /// Serialises users of the internal stream and the mapped host block.
     ops: Mutex<()>,
+    /// The events of release fences (one per `free` of a buffer a stream used), reused.
+    events: Arc<driver::EventPool>,
     timeout: Duration,
     /// `SYMHEAP_COLL_DEFINES`, compiled into the collective kernels.
     coll_defines: Vec<(String, u64)>,
@@ -249,6 +251,7 @@ impl CudaBackend {
             stream,
             flags,
             ops: Mutex::new(()),
+            events: driver::EventPool::new(),
             timeout,
             coll_defines,
             init_phases: phases,

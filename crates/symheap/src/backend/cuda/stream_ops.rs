@@ -8,6 +8,7 @@ use super::kernel_args::{BarrierArgs, CopyArgs, PutSignalArgs, SignalArgs, WaitA
 use super::{CudaBackend, Engine, ABORT, ERR_BARRIER, ERR_COLL, ERR_WAIT};
 use crate::error::{backend, err, invalid, ErrorKind, Result};
 use crate::stream::Stream;
+use std::sync::Arc;
 
 /// Largest put with signal done by one single-block launch (data, then the signal). One block
 /// moves 64 KiB in about 1.2 us more than 8 bytes (the ping-pong in BENCHMARKS.md), less than
@@ -323,6 +324,7 @@ impl CudaBackend {
         let mut f = StreamFence {
             events: Vec::new(),
             capturing: Vec::new(),
+            pool: Arc::clone(&self.events),
         };
         if self.bind().is_err() {
             return None;
@@ -330,7 +332,7 @@ impl CudaBackend {
         for &s in streams {
             match driver::is_capturing(s) {
                 Ok(true) => f.capturing.push(s),
-                Ok(false) => match driver::DoneEvent::record(s) {
+                Ok(false) => match f.pool.record(s) {
                     Ok(e) => f.events.push(e),
                     Err(e) => f.lost_stream(s, &e),
                 },
@@ -349,10 +351,11 @@ impl CudaBackend {
 
 /// Everything enqueued on the streams a released block was used on, at its release.
 struct StreamFence {
-    events: Vec<driver::DoneEvent>,
+    events: Vec<driver::PooledEvent>,
     /// Streams that were being captured at the release: their events are recorded once the
     /// capture ends (an event recorded inside a capture would be a node of the graph).
     capturing: Vec<u64>,
+    pool: Arc<driver::EventPool>,
 }
 
 impl StreamFence {
@@ -372,7 +375,7 @@ impl crate::backend::Fence for StreamFence {
         for s in std::mem::take(&mut self.capturing) {
             match driver::is_capturing(s) {
                 Ok(true) => still.push(s),
-                Ok(false) => match driver::DoneEvent::record(s) {
+                Ok(false) => match self.pool.record(s) {
                     Ok(e) => self.events.push(e),
                     Err(e) => self.lost_stream(s, &e),
                 },
@@ -380,7 +383,7 @@ impl crate::backend::Fence for StreamFence {
             }
         }
         self.capturing = still;
-        self.capturing.is_empty() && self.events.iter().all(driver::DoneEvent::is_done)
+        self.capturing.is_empty() && self.events.iter().all(driver::PooledEvent::is_done)
     }
 }
 

@@ -13,7 +13,9 @@ use crate::error::{backend, err, ErrorKind, Result};
 
 pub(crate) mod measure;
 mod objects;
-pub(crate) use objects::{ctx_synchronize, stream_after, stream_wait, DoneEvent, MappedHost};
+pub(crate) use objects::{
+    ctx_synchronize, stream_after, stream_wait, DoneEvent, EventPool, MappedHost, PooledEvent,
+};
 
 /// A driver call failed: the call and the driver's own error name and text.
 pub(crate) fn check(r: CUresult, what: &str) -> Result<()> {

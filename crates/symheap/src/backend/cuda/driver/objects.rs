@@ -41,7 +41,7 @@ pub(crate) fn ctx_synchronize() -> Result<()> {
     check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")
 }
 
-/// An event recorded on a stream, queried without waiting (for stream-ordered release).
+/// An event recorded on a stream, for a stream to wait on (multi-node all_reduce's pieces).
 pub(crate) struct DoneEvent(sys::CUevent);
 // SAFETY: event handles may be queried and destroyed from any thread of the process.
 unsafe impl Send for DoneEvent {}
@@ -65,20 +65,105 @@ impl DoneEvent {
         )?;
         Ok(ev)
     }
-
-    /// True once the work before the record finished (an error also counts as finished: the
-    /// stream is broken and its work will not touch memory any more).
-    pub(crate) fn is_done(&self) -> bool {
-        // SAFETY: a live event.
-        let r = unsafe { sys::cuEventQuery(self.0) };
-        r != sys::CUresult::CUDA_ERROR_NOT_READY
-    }
 }
 
 impl Drop for DoneEvent {
     fn drop(&mut self) {
         // SAFETY: created in `record`, destroyed once.
         let _ = unsafe { sys::cuEventDestroy_v2(self.0) };
+    }
+}
+
+/// Events made once and recorded again: a release fence per `free` of a buffer a stream used
+/// (creating and destroying an event each time costs host time every allocation pays, as
+/// PyTorch's caching allocator also found; it keeps a pool for `record_stream` too). One pool
+/// per backend, so every event in it belongs to that backend's context.
+pub(crate) struct EventPool {
+    spare: std::sync::Mutex<Vec<PoolEvent>>,
+}
+
+/// An event handle owned by a pool.
+struct PoolEvent(sys::CUevent);
+// SAFETY: event handles may be recorded, queried and destroyed from any thread of the process.
+unsafe impl Send for PoolEvent {}
+
+impl Drop for PoolEvent {
+    fn drop(&mut self) {
+        // SAFETY: created by the pool, destroyed once (whoever holds it last drops it).
+        let _ = unsafe { sys::cuEventDestroy_v2(self.0) };
+    }
+}
+
+/// Spare events a pool keeps; more are destroyed when they come back (a burst of frees).
+const POOL_KEEP: usize = 256;
+
+impl EventPool {
+    pub(crate) fn new() -> std::sync::Arc<EventPool> {
+        std::sync::Arc::new(EventPool {
+            spare: std::sync::Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Records an event of the pool (a spare one, else a new one) on `stream`, in the bound
+    /// context: it completes when everything enqueued there so far has.
+    pub(crate) fn record(self: &std::sync::Arc<Self>, stream: u64) -> Result<PooledEvent> {
+        let spare = self.spare.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let ev = match spare {
+            Some(e) => e,
+            None => {
+                let mut e = std::ptr::null_mut();
+                check(
+                    // SAFETY: writes one event handle, owned by the `PoolEvent` made of it.
+                    unsafe {
+                        sys::cuEventCreate(
+                            &mut e,
+                            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+                        )
+                    },
+                    "cuEventCreate",
+                )?;
+                PoolEvent(e)
+            }
+        };
+        check(
+            // SAFETY: a live event of this context (a spare one is no longer waited for: its
+            // holder dropped it) and the caller's stream of this context.
+            unsafe { sys::cuEventRecord(ev.0, stream as sys::CUstream) },
+            "cuEventRecord",
+        )?;
+        Ok(PooledEvent {
+            ev: Some(ev),
+            pool: std::sync::Arc::clone(self),
+        })
+    }
+}
+
+/// An event recorded on a stream, queried without waiting; back to its pool when dropped.
+pub(crate) struct PooledEvent {
+    ev: Option<PoolEvent>,
+    pool: std::sync::Arc<EventPool>,
+}
+
+impl PooledEvent {
+    /// True once the work before the record finished (an error also counts as finished: the
+    /// stream is broken and its work will not touch memory any more).
+    pub(crate) fn is_done(&self) -> bool {
+        self.ev.as_ref().is_none_or(|e| {
+            // SAFETY: a live event.
+            let r = unsafe { sys::cuEventQuery(e.0) };
+            r != sys::CUresult::CUDA_ERROR_NOT_READY
+        })
+    }
+}
+
+impl Drop for PooledEvent {
+    fn drop(&mut self) {
+        let Some(ev) = self.ev.take() else { return };
+        let mut spare = self.pool.spare.lock().unwrap_or_else(|p| p.into_inner());
+        if spare.len() < POOL_KEEP {
+            // Recording it again later overwrites what it waits for, pending or not.
+            spare.push(ev);
+        }
     }
 }
 
