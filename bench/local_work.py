@@ -34,7 +34,7 @@ import json
 import os
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -299,7 +299,9 @@ def report_gemm(rows: List[Dict[str, Any]]) -> List[str]:
 def host_calls(dev: torch.device, nccl: Any) -> Dict[str, Dict[str, Callable[[], Any]]]:
     """Each collective by each eager entry, 16 float32 at one rank: ``symheap.*`` on symmetric
     tensors (its own form), ``symheap.ops.*`` and ``symheap.distributed.*`` on ordinary ones,
-    torch.distributed on the symheap backend and on NCCL (the reference)."""
+    torch.distributed on the symheap backend and on NCCL (the reference), and both again with
+    ``async_op=True`` then ``wait()``: the form that keeps the tensors alive for the stream
+    that used them, as ``symheap.ops.*`` always does."""
     import symheap
     import symheap.distributed as sd
     import symheap.ops as sops
@@ -311,43 +313,47 @@ def host_calls(dev: torch.device, nccl: Any) -> Dict[str, Dict[str, Callable[[],
     sx, sbig, ssmall, sa2a = (st.empty(k, dtype=torch.float32) for k in (16, 16 * n, 16, 16 * n))
     for t in (sx, sbig):
         t.fill_(1.0)
-    return {
-        "all_reduce": {
-            "symheap.*": lambda: symheap.all_reduce(sx),
-            "symheap.ops.*": lambda: sops.all_reduce_(x),
-            "symheap.distributed.*": lambda: sd.all_reduce(x),
-            "dist.* on cuda:symheap": lambda: dist.all_reduce(x),
-            "dist.* on NCCL": lambda: dist.all_reduce(x, group=nccl),
-        },
-        "all_gather": {
-            "symheap.*": lambda: symheap.all_gather(sbig, sx),
-            "symheap.ops.*": lambda: sops.all_gather(x, out=big),
-            "symheap.distributed.*": lambda: sd.all_gather_into_tensor(big, x),
-            "dist.* on cuda:symheap": lambda: dist.all_gather_into_tensor(big, x),
-            "dist.* on NCCL": lambda: dist.all_gather_into_tensor(big, x, group=nccl),
-        },
-        "reduce_scatter": {
-            "symheap.*": lambda: symheap.reduce_scatter(ssmall, sbig),
-            "symheap.ops.*": lambda: sops.reduce_scatter(big, out=small),
-            "symheap.distributed.*": lambda: sd.reduce_scatter_tensor(small, big),
-            "dist.* on cuda:symheap": lambda: dist.reduce_scatter_tensor(small, big),
-            "dist.* on NCCL": lambda: dist.reduce_scatter_tensor(small, big, group=nccl),
-        },
-        "broadcast": {
-            "symheap.*": lambda: symheap.broadcast(sx),
-            "symheap.ops.*": lambda: sops.broadcast_(x),
-            "symheap.distributed.*": lambda: sd.broadcast(x, src=0),
-            "dist.* on cuda:symheap": lambda: dist.broadcast(x, src=0),
-            "dist.* on NCCL": lambda: dist.broadcast(x, src=0, group=nccl),
-        },
-        "all_to_all": {
-            "symheap.*": lambda: symheap.alltoall(sa2a, sbig),
-            "symheap.ops.*": lambda: sops.alltoall(a2a_in, out=a2a_out),
-            "symheap.distributed.*": lambda: sd.all_to_all_single(a2a_out, a2a_in),
-            "dist.* on cuda:symheap": lambda: dist.all_to_all_single(a2a_out, a2a_in),
-            "dist.* on NCCL": lambda: dist.all_to_all_single(a2a_out, a2a_in, group=nccl),
-        },
+    # collective -> (symheap.*, symheap.ops.*, the call of torch.distributed's signature on module
+    # m (torch.distributed or symheap.distributed) and group g, asynchronous or not)
+    forms: Dict[str, Tuple[Callable[[], Any], Callable[[], Any], Callable[[Any, Any, bool], Any]]] = {
+        "all_reduce": (
+            lambda: symheap.all_reduce(sx),
+            lambda: sops.all_reduce_(x),
+            lambda m, g, a: m.all_reduce(x, group=g, async_op=a),
+        ),
+        "all_gather": (
+            lambda: symheap.all_gather(sbig, sx),
+            lambda: sops.all_gather(x, out=big),
+            lambda m, g, a: m.all_gather_into_tensor(big, x, group=g, async_op=a),
+        ),
+        "reduce_scatter": (
+            lambda: symheap.reduce_scatter(ssmall, sbig),
+            lambda: sops.reduce_scatter(big, out=small),
+            lambda m, g, a: m.reduce_scatter_tensor(small, big, group=g, async_op=a),
+        ),
+        "broadcast": (
+            lambda: symheap.broadcast(sx),
+            lambda: sops.broadcast_(x),
+            lambda m, g, a: m.broadcast(x, src=0, group=g, async_op=a),
+        ),
+        "all_to_all": (
+            lambda: symheap.alltoall(sa2a, sbig),
+            lambda: sops.alltoall(a2a_in, out=a2a_out),
+            lambda m, g, a: m.all_to_all_single(a2a_out, a2a_in, group=g, async_op=a),
+        ),
     }
+    out: Dict[str, Dict[str, Callable[[], Any]]] = {}
+    for coll, (own, op, via) in forms.items():
+        out[coll] = {
+            "symheap.*": own,
+            "symheap.ops.*": op,
+            "symheap.distributed.*": lambda v=via: v(sd, None, False),
+            "dist.* on cuda:symheap": lambda v=via: v(dist, None, False),
+            "dist.* on NCCL": lambda v=via: v(dist, nccl, False),
+            "async: cuda:symheap": lambda v=via: v(dist, None, True).wait(),
+            "async: NCCL": lambda v=via: v(dist, nccl, True).wait(),
+        }
+    return out
 
 
 def interleaved_host_us(calls: Dict[str, Callable[[], Any]], iters: int = 300, trials: int = 9) -> Dict[str, float]:
