@@ -19,7 +19,8 @@ Sections (one PE, CUDA backend; no launcher needed):
           of all_reduce, all_gather, reduce_scatter, broadcast and all_to_all by each entry:
           symheap.* (symmetric tensors), symheap.ops.*, symheap.distributed.* and
           torch.distributed over the ``cuda:symheap`` backend, against torch.distributed over
-          NCCL, one rank, same tensors.
+          NCCL, one rank, same tensors; the two torch.distributed columns again with
+          ``async_op=True`` then ``wait()``.
   alloc   symheap.torch.allocate_symmetric / symheap.torch.empty of 1 MiB, each freed, against
           torch's caching allocator.
 
