@@ -105,21 +105,6 @@ def event_us(fn: Callable[[], Any], trials: int = 5, min_ms: float = 2.0) -> flo
     return statistics.median(times)
 
 
-def host_us(fn: Callable[[], Any], iters: int = 300, trials: int = 7) -> float:
-    """Median over trials of a back-to-back loop's host time per call (drained between)."""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(trials):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        out.append((time.perf_counter() - t0) / iters * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(out)
-
-
 def hbm_peak_bytes_per_s(dev: int) -> Optional[float]:
     """The HBM peak from the memory clock and bus width (cupy's device properties), or None."""
     try:
@@ -358,8 +343,9 @@ def host_calls(dev: torch.device, nccl: Any) -> Dict[str, Dict[str, Callable[[],
 
 
 def interleaved_host_us(calls: Dict[str, Callable[[], Any]], iters: int = 300, trials: int = 9) -> Dict[str, float]:
-    """Host time per call of each of ``calls`` like :func:`host_us`, the trials interleaved (one
-    loop of each call per trial): the GPU hosts drift by a third between seconds, which falls on
+    """Host time per call of each of ``calls``: a back-to-back loop of ``iters`` calls timed until
+    its last call returned, drained between loops, the trials interleaved (one loop of each call
+    per trial): the GPU hosts drift by a third between seconds, which falls on
     every entry alike this way. Median over trials."""
     for fn in calls.values():
         for _ in range(20):
@@ -444,29 +430,25 @@ def bench_alloc(rows: List[Dict[str, Any]], dev: torch.device) -> None:
     def dlpack() -> None:
         torch.from_dlpack(keep)
 
-    got: Dict[str, List[float]] = {
-        "native allocate + free": [],
-        "_core.allocate + free": [],
-        "_core.allocate + record_stream + free": [],
-        "torch.from_dlpack of a buffer": [],
-        "allocate_symmetric + free": [],
-        "empty + free": [],
-        "empty, dropped": [],
-        "torch.empty": [],
+    calls = {
+        "native allocate + free": native_pair,
+        "_core.allocate + free": core_pair,
+        "_core.allocate + record_stream + free": with_record,
+        "torch.from_dlpack of a buffer": dlpack,
+        "allocate_symmetric + free": sym_pair,
+        "empty + free": sym_empty,
+        "empty, dropped": sym_drop,
+        "torch.empty": caching,
     }
-    fns = dict(zip(got, (native_pair, core_pair, with_record, dlpack, sym_pair, sym_empty, sym_drop, caching)))
-    for _ in range(3):
-        for name, fn in fns.items():
-            got[name].append(host_us(fn, iters=200))
-    ref = statistics.median(got["torch.empty"])
-    for name, v in got.items():
-        us = statistics.median(v)
-        rows.append({"section": "alloc", "what": name, "us": us, "ratio": ref / us})
+    got = interleaved_host_us(calls, iters=200)
+    for name, us in got.items():
+        rows.append({"section": "alloc", "what": name, "us": us, "ratio": got["torch.empty"] / us})
 
 
 def report_alloc(rows: List[Dict[str, Any]]) -> List[str]:
     out = [
-        "## allocation of 1 MiB at 1 PE (host µs per call, median of 3 alternated rounds of 7 x 200)",
+        "## allocation of 1 MiB at 1 PE (host µs per call, median of 9 trials of 200 calls, the calls' trials "
+        "interleaved)",
         "| call | µs | ratio (torch caching allocator / call) |",
         "|---|---|---|",
     ]

@@ -1,7 +1,6 @@
 //! Allocation: placing blocks, growing the heap on every PE or none, the peer table in each
 //! block's trailer, and releases (stream-ordered on CUDA).
 
-use super::memory::table_offset;
 use super::Inner;
 use crate::error::{invalid, Error, ErrorKind, Result};
 use crate::heap::{align_up, Block, HeapState};
@@ -205,7 +204,7 @@ impl Inner {
             })
             .collect();
         self.backend
-            .write_bytes(own + table_offset(block), &table)
+            .write_bytes(own + block.table_offset(), &table)
             .map_err(|e| e.during("allocate").with_pe(self.rank))
     }
 

@@ -86,7 +86,7 @@ impl SymmetricBuffer {
     /// earlier block at the same place), on the buffer's device, without synchronising any
     /// other stream.
     pub fn peer_bases_addr(&self) -> u64 {
-        self.addr - self.block.offset + super::memory::table_offset(&self.block)
+        self.addr - self.block.offset + self.block.table_offset()
     }
 
     /// The richer descriptor: the table plus the direct mask and the allocation's extent.

@@ -4,7 +4,7 @@
 
 use std::sync::MutexGuard;
 
-use crate::heap::{Block, Heap, HeapState};
+use crate::heap::{Heap, HeapState};
 
 /// The heap and the slot bases, owned by the context.
 pub(crate) struct Memory {
@@ -39,9 +39,4 @@ impl Memory {
     pub(crate) fn slot_base(&self, pe: usize) -> Option<u64> {
         self.bases.get(pe).copied().flatten()
     }
-}
-
-/// Where a block's trailer table starts, relative to the heap base.
-pub(crate) fn table_offset(b: &Block) -> u64 {
-    b.table_offset()
 }

@@ -2,7 +2,6 @@
 //! here, never symheap's own state), their translation to a peer's copy, and how a
 //! collective's buffers are recorded in the ledger.
 
-use super::memory::table_offset;
 use super::Inner;
 use crate::element::DType;
 use crate::error::{invalid, Error, ErrorKind, Result};
@@ -47,7 +46,7 @@ impl Inner {
         let Some(b) = st.block_before(off) else {
             return false;
         };
-        let t = table_offset(&b);
+        let t = b.table_offset();
         !st.is_internal(b.id)
             && !self.mem.heap.is_freed_here(b.id)
             && off >= t
