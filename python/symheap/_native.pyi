@@ -275,6 +275,19 @@ class Context:
     ) -> None:
         """Collective over the team: ``kind`` (broadcast, all_gather, reduce_scatter, all_reduce,
         alltoall) with its parameters by keyword (``root``, ``op``, ``algo``)."""
+    def collective_direct(
+        self,
+        kind: str,
+        team: Optional[Team],
+        dest: int,
+        src: int,
+        count: int,
+        dtype: str,
+        stream: Optional[int] = None,
+        **params: Union[int, str, Sequence[int]],
+    ) -> Optional[Tuple[bool, bool]]:
+        """``collective`` when both buffers can go to its kernel as they are: then
+        ``(dest_symmetric, src_symmetric)``; None, with nothing run, when one must be staged."""
     def all_gather_bytes(self, data: bytes) -> List[bytes]:
         """Collective over the world."""
 

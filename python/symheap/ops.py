@@ -265,11 +265,19 @@ def _zero_copy(t: _torch.Tensor) -> bool:
     return bool(n.is_symmetric(t.data_ptr(), max(t.numel() * t.element_size(), 1)))
 
 
+def _symmetric_storage(t: _torch.Tensor) -> bool:
+    """Whether ``t``'s memory (its storage, whatever its layout) is symmetric: torch's
+    allocator must never be told of it (``record_stream`` fails on memory that
+    ``cudaMallocAsync`` did not give)."""
+    return bool(_core.native().is_symmetric(t.untyped_storage().data_ptr()))
+
+
 def _record(ts: Sequence[_torch.Tensor], ordinary: bool = False, symmetric: Optional[Sequence[bool]] = None) -> None:
     """Stream-ordered lifetime of ordinary CUDA tensors: like torch's own collectives, note that
     the current stream used them, so the caching allocator does not hand their memory to
     another stream before this work ran (``ordinary``: the caller knows none is symmetric;
-    ``symmetric``: which are, as :func:`_plan` found). The ``_run_*`` functions take
+    ``symmetric``: which are, as :func:`_direct` found; otherwise each tensor's storage is
+    asked, so that a strided view of symmetric memory is known as such too). The ``_run_*`` functions take
     ``record``: torch.distributed's backend calls them directly (below torch's dispatcher, so
     without the custom-op wrapper) and passes False for a synchronous collective, as
     ProcessGroupNCCL keeps no lifetime for one (see ``distributed/_backend.py``)."""
@@ -281,7 +289,7 @@ def _record(ts: Sequence[_torch.Tensor], ordinary: bool = False, symmetric: Opti
         return
     dev, stream = -1, None  # the tensors of one call share a device: its stream, asked once
     for t in cuda:
-        if ordinary or not _zero_copy(t):
+        if ordinary or not _symmetric_storage(t):
             d = t.get_device()
             if d != dev:
                 dev, stream = d, _current_stream(d)
@@ -335,16 +343,13 @@ def _in_place(t: _torch.Tensor, coll: Optional[Tuple[str, _torch.Tensor, int]], 
     return ok
 
 
-def _plan(
+def _direct_parts(
     tid: int, parts: Sequence[Tuple[_torch.Tensor, bool]], coll: Optional[Tuple[str, _torch.Tensor, int]]
-) -> Tuple[List[bool], List[bool]]:
-    """``(symmetric, direct)`` for each part of a call: whether it is zero-copy symmetric memory,
-    and whether it goes to the kernel as it is (symmetric, or ordinary memory the kernel of
-    ``coll`` reads in place), asked once for :func:`_stage` and :func:`_record` both. Symmetric
-    memory must be known as such: torch's ``record_stream`` fails on memory its allocator did
-    not give when that allocator is ``cudaMallocAsync``."""
-    sym = [_zero_copy(t) for t, _ in parts]
-    return sym, [z or _in_place(t, coll, tid) for (t, _), z in zip(parts, sym)]
+) -> List[bool]:
+    """Whether each part of a call goes to the kernel as it is (symmetric, or ordinary memory
+    the kernel of ``coll`` reads in place): the general path's question, asked once for
+    :func:`_check_staged_overlap` and :func:`_stage` both."""
+    return [_zero_copy(t) or _in_place(t, coll, tid) for t, _ in parts]
 
 
 def _stage(
@@ -395,6 +400,38 @@ def _launch(kind: str, tid: int, d: _torch.Tensor, s: _torch.Tensor, count: int,
     ctx.collective(kind, _team(tid), _address(d), _address(s), count, dtype, stream, **params)
 
 
+_REDUCING = ("all_reduce", "reduce_scatter")
+
+
+def _direct(
+    kind: str, tid: int, d: _torch.Tensor, s: _torch.Tensor, count: int, **params: Any
+) -> Optional[Sequence[bool]]:
+    """Collective ``kind`` of ``count`` elements per block straight on ``d`` and ``s`` when
+    both can go to its kernel as they are (contiguous memory of this PE's device, each
+    symmetric or read in place by the kernel at this size: see :func:`_in_place`), on torch's
+    current stream: which of the two are symmetric, for :func:`_record`. None, with nothing
+    run, when a part needs staging: the caller then takes the general path (:func:`_plan`,
+    :func:`_stage`, :func:`_launch`). One native call asks and launches; asking per tensor
+    first cost more host time than the rest of a small call. The native call checks every
+    range as :func:`_launch` says."""
+    if not (d.is_contiguous() and s.is_contiguous()):
+        return None
+    ctx = _core.native()
+    dtype = torch_dtype_name(s.dtype)
+    if d.is_cuda:
+        dev = d.get_device()
+        if s.get_device() != dev or dev != ctx.device_ordinal:
+            return None
+        if kind in _REDUCING and dtype not in _shmem._DEVICE_REDUCE_DTYPES:
+            _shmem._host_sync()  # reduced on the host, symmetric memory only (see _launch)
+        stream = _core.current_stream_handle(dev)
+    elif s.is_cuda or ctx.backend == "cuda":
+        return None
+    else:
+        stream = None
+    return ctx.collective_direct(kind, _team(tid), _address(d), _address(s), count, dtype, stream, **params)
+
+
 def _reduce(op: str) -> str:
     return "sum" if op == "avg" else op
 
@@ -410,9 +447,11 @@ def _finish_avg(t: _torch.Tensor, op: str, tid: int) -> None:
 def _run_all_reduce_(tensor: _torch.Tensor, op: str, team: int, record: bool = True) -> None:
     _dtype(tensor, "all_reduce")
     _check_op(op, tensor, "all_reduce")
-    if _zero_copy(tensor):
-        _launch("all_reduce", team, tensor, tensor, tensor.numel(), op=_reduce(op))
+    placed = _direct("all_reduce", team, tensor, tensor, tensor.numel(), op=_reduce(op))
+    if placed is not None:
         _finish_avg(tensor, op, team)
+        if record and not placed[0]:
+            _record([tensor], ordinary=True)
         return
     (s,) = _stage(team, [(tensor, True)], direct=[_in_place(tensor, ("all_reduce", tensor, 1), team)])
     _launch("all_reduce", team, s, s, s.numel(), op=_reduce(op))
@@ -420,7 +459,7 @@ def _run_all_reduce_(tensor: _torch.Tensor, op: str, team: int, record: bool = T
     if s is not tensor:
         tensor.copy_(s)
     if record:
-        _record([tensor], ordinary=True)
+        _record([tensor])
 
 
 @_custom_op("symheap::all_reduce_", mutates_args=("tensor",))
@@ -439,14 +478,18 @@ def _all_reduce(input: _torch.Tensor, op: str = "sum", team: int = 0) -> _torch.
     _dtype(input, "all_reduce")
     _check_op(op, input, "all_reduce")
     out = _torch.empty_like(input, memory_format=_torch.contiguous_format)
+    placed = _direct("all_reduce", team, out, input, input.numel(), op=_reduce(op))
+    if placed is not None:
+        _finish_avg(out, op, team)
+        _record([input], symmetric=placed[1:])
+        return out
     parts = [(input, True), (out, False)]
-    sym, direct = _plan(team, parts, ("all_reduce", input, 1))
-    s, d = _stage(team, parts, direct=direct)
+    s, d = _stage(team, parts, ("all_reduce", input, 1))
     _launch("all_reduce", team, d, s, s.numel(), op=_reduce(op))
     _finish_avg(d, op, team)
     if d is not out:
         out.copy_(d)
-    _record([input], symmetric=sym[:1])
+    _record([input])
     return out
 
 
@@ -464,14 +507,16 @@ def _run_exchange(
     ``out`` is the caller's, so it may overlap ``input``: see :func:`_check_staged_overlap`;
     ``record``: see :func:`_record`)."""
     per = _n(team) if coll == "alltoall" else 1
-    parts = [(out, False), (input, True)]
-    sym, direct = _plan(team, parts, (coll, input, per))
-    if caller_out:
-        _check_staged_overlap(coll, out, input, input.numel() // per, team, direct)
-    d, s = _stage(team, parts, direct=direct)
-    _launch(coll, team, d, s, s.numel() // per)
-    if d is not out:
-        out.copy_(d.view(out.shape))
+    sym = _direct(coll, team, out, input, input.numel() // per)
+    if sym is None:
+        parts = [(out, False), (input, True)]
+        direct = _direct_parts(team, parts, (coll, input, per))
+        if caller_out:
+            _check_staged_overlap(coll, out, input, input.numel() // per, team, direct)
+        d, s = _stage(team, parts, direct=direct)
+        _launch(coll, team, d, s, s.numel() // per)
+        if d is not out:
+            out.copy_(d.view(out.shape))
     if record:
         _record([out, input], symmetric=sym)
 
@@ -508,15 +553,19 @@ def _(input: _torch.Tensor, team: int = 0) -> _torch.Tensor:
 def _run_scatter(
     out: _torch.Tensor, input: _torch.Tensor, op: str, team: int, caller_out: bool = False, record: bool = True
 ) -> None:
-    parts = [(out, False), (input, True)]
-    sym, direct = _plan(team, parts, ("reduce_scatter", out, 1))
-    if caller_out:
-        _check_staged_overlap("reduce_scatter", out, input, out.numel(), team, direct)
-    d, s = _stage(team, parts, direct=direct)
-    _launch("reduce_scatter", team, d, s, d.numel(), op=_reduce(op))
-    _finish_avg(d, op, team)
-    if d is not out:
-        out.copy_(d)
+    sym = _direct("reduce_scatter", team, out, input, out.numel(), op=_reduce(op))
+    if sym is not None:
+        _finish_avg(out, op, team)
+    else:
+        parts = [(out, False), (input, True)]
+        direct = _direct_parts(team, parts, ("reduce_scatter", out, 1))
+        if caller_out:
+            _check_staged_overlap("reduce_scatter", out, input, out.numel(), team, direct)
+        d, s = _stage(team, parts, direct=direct)
+        _launch("reduce_scatter", team, d, s, d.numel(), op=_reduce(op))
+        _finish_avg(d, op, team)
+        if d is not out:
+            out.copy_(d)
     if record:
         _record([out, input], symmetric=sym)
 
@@ -589,12 +638,13 @@ def _check_root(root: int, n: int) -> None:
 def _run_broadcast_(tensor: _torch.Tensor, root: int, team: int, record: bool = True) -> None:
     _dtype(tensor, "broadcast")
     _check_root(root, _n(team))
-    parts = [(tensor, True)]
-    sym, direct = _plan(team, parts, ("broadcast", tensor, 1))
-    (s,) = _stage(team, parts, direct=direct)
-    _launch("broadcast", team, s, s, s.numel(), root=root)
-    if s is not tensor:
-        tensor.copy_(s)
+    sym = _direct("broadcast", team, tensor, tensor, tensor.numel(), root=root)
+    if sym is None:
+        parts = [(tensor, True)]
+        (s,) = _stage(team, parts, ("broadcast", tensor, 1))
+        _launch("broadcast", team, s, s, s.numel(), root=root)
+        if s is not tensor:
+            tensor.copy_(s)
     if record:
         _record([tensor], symmetric=sym)
 

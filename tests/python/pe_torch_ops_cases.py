@@ -530,6 +530,65 @@ def case_ops_dist_compile() -> None:
 
 
 @case
+def case_ops_direct() -> None:
+    """The ops' fast path, ``Context.collective_direct``: symmetric buffers run in that one
+    call, which says which were symmetric; an ordinary one runs there too where the kernel
+    reads it in place (CUDA: a team of one, one-shot kernels of a team of two), else the call
+    gives None and runs nothing (the ops then stage); unknown names and algorithms raise."""
+    import symheap.torch as st
+    import torch
+    from symheap import _core
+
+    me, n = symheap.my_pe(), symheap.n_pes()
+    ctx, cuda = _core.native(), st.device().type == "cuda"
+    stream = torch.cuda.current_stream().cuda_stream if cuda else None
+    x = _data("direct", n, (n * 8,), torch.float32)
+    src = st.empty(n * 8, dtype=torch.float32)
+    src.copy_(x[me])
+    dst = st.zeros(8, dtype=torch.float32)
+    want = x.sum(0)[me * 8 : me * 8 + 8]
+    got = ctx.collective_direct("reduce_scatter", None, dst.data_ptr(), src.data_ptr(), 8, "float32", stream, op="sum")
+    assert got == (True, True), got
+    _eq(dst, want, "reduce_scatter, both symmetric")
+    # An ordinary destination: in place only where the kernel touches it on this PE alone.
+    plain = torch.full((8,), -1.0, device=st.device())
+    got = ctx.collective_direct(
+        "reduce_scatter", None, plain.data_ptr(), src.data_ptr(), 8, "float32", stream, op="sum"
+    )
+    local = cuda and n <= 2
+    assert got == ((False, True) if local else None), got
+    _eq(plain, want if local else torch.full((8,), -1.0, device=st.device()), "ordinary destination")
+    # all_gather from an ordinary source of 8 MiB per member: staged on every backend (n > 1).
+    big = torch.ones(BIG, device=st.device())
+    out = st.empty(n * BIG, dtype=torch.float32) if n > 1 else None
+    if out is not None:
+        got = ctx.collective_direct("all_gather", None, out.data_ptr(), big.data_ptr(), BIG, "float32", stream)
+        assert got is None, got
+    ar = st.empty(4, dtype=torch.float32)
+    ar.fill_(float(me + 1))
+    got = ctx.collective_direct("all_reduce", None, ar.data_ptr(), ar.data_ptr(), 4, "float32", stream, op="max")
+    assert got == (True, True), got
+    _eq(ar, torch.full((4,), float(n), device=st.device()), "all_reduce max in place")
+    for bad, kw in (("gather", {}), ("all_reduce", {"algo": "three_shot"}), ("all_reduce", {"algo": 2})):
+        e = raises(
+            SymheapValueError,
+            ctx.collective_direct,
+            bad,
+            None,
+            ar.data_ptr(),
+            ar.data_ptr(),
+            4,
+            "float32",
+            stream,
+            **kw,
+        )
+        assert "unknown collective" in str(e) or "algo" in str(e) or "algorithm" in str(e), e
+    if cuda:
+        torch.cuda.synchronize()
+    symheap.barrier_all()
+
+
+@case
 def case_cuda_malloc_async_allocator() -> None:
     """torch's CUDA allocator backend is cudaMallocAsync (PYTORCH_CUDA_ALLOC_CONF took
     effect), so the cases run after this one test symheap's ops with it."""
@@ -633,6 +692,12 @@ def case_ops_cuda_in_place() -> None:
     so.all_reduce_(t)
     _eq(t, x.sum(0), "mixed kinds")
     assert so.workspace_usage()["workspaces"] == before, so.workspace_usage()
+    # A strided view of symmetric memory is staged and never handed to torch's allocator
+    # (under cudaMallocAsync, record_stream fails on memory it did not give).
+    v = st.zeros(8, 6, dtype=torch.float32)[:, ::2]
+    v.copy_(x[me, :24].reshape(8, 3))
+    so.all_reduce_(v)
+    _eq(v, x[:, :24].sum(0).reshape(8, 3), "all_reduce_ of a strided symmetric view")
     # The plain collectives take ordinary memory only where the kernel allows it.
     t = x[me].clone()
     symheap.all_reduce(t)

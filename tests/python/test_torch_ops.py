@@ -11,8 +11,9 @@ from conftest import run_cases
 
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_ops_collectives(torch_module, n: int) -> None:
-    """Every op on symmetric (zero-copy) and ordinary (staged) tensors, exact values; RMA."""
-    run_cases(n, "ops_coll", "ops_errors", timeout=300)
+    """Every op on symmetric (zero-copy) and ordinary (staged) tensors, exact values; RMA; the
+    ops' one-call fast path (``collective_direct``)."""
+    run_cases(n, "ops_coll", "ops_errors", "ops_direct", timeout=300)
 
 
 def test_ops_fake_kernels(torch_module) -> None:

@@ -34,8 +34,9 @@ def test_ordinary_cuda_tensors(cuda) -> None:
 
 def test_ordinary_tensors_in_place(cuda) -> None:
     """Ordinary CUDA tensors read and written in place by one-shot and exchange kernels (no
-    workspace), mixed kinds across PEs, two-shot staged, plain collectives' refusal."""
-    run_cases(2, "ops_cuda_in_place", env=GPU, timeout=300)
+    workspace), mixed kinds across PEs, two-shot staged, plain collectives' refusal; the
+    one-call fast path's answers."""
+    run_cases(2, "ops_cuda_in_place", "ops_direct", env=GPU, timeout=300)
 
 
 def test_free_right_after_async_op(cuda) -> None:

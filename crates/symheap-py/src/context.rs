@@ -8,12 +8,11 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
-use symheap::{BackendChoice, DType, StreamColl, Team};
+use symheap::{BackendChoice, DType, Team};
 
 use crate::buffer::{numel, parse_dtype, HeapView, SymmetricBuffer};
-use crate::convert::{
-    atomic_args, coll_params, from_bits, parse_algo, parse_cmp, parse_signal_op, stream_or,
-};
+use crate::coll;
+use crate::convert::{atomic_args, from_bits, parse_cmp, parse_signal_op, stream_or};
 use crate::errors::{is_symheap_error, to_py, value_error, IntoPyResult};
 use crate::store::{PyBootstrap, Source, Watcher};
 use crate::team::{py_exchange, ranks_arg, PyTeam};
@@ -288,19 +287,7 @@ impl PyContext {
         nbytes: u64,
         algo: &str,
     ) -> PyResult<bool> {
-        let c = match coll {
-            "all_reduce" => StreamColl::AllReduce(parse_algo(algo)?),
-            "reduce_scatter" => StreamColl::ReduceScatter,
-            "all_gather" => StreamColl::AllGather,
-            "broadcast" => StreamColl::Broadcast,
-            "alltoall" => StreamColl::Alltoall,
-            other => {
-                return Err(value_error(format!(
-                    "unknown collective {other:?} (all_reduce, reduce_scatter, all_gather, \
-                     broadcast, alltoall)"
-                )))
-            }
-        };
+        let c = coll::stream_coll(coll, algo)?;
         let t = self.team_or_world(team);
         Ok(self.c().coll_takes_local_buffers(c, &t, nbytes))
     }
@@ -325,28 +312,9 @@ impl PyContext {
         count: u64,
         dtype: &str,
     ) -> PyResult<bool> {
-        use symheap::alias::{ByteRange, CollBuffers, CollKind, Placement};
-        let kind = CollKind::from_name(coll).ok_or_else(|| {
-            value_error(format!(
-                "unknown collective {coll:?} (all_reduce, reduce_scatter, all_gather, \
-                 broadcast, alltoall)"
-            ))
-        })?;
         let t = self.team_or_world(team);
-        let Some(me) = t.my_pe() else {
-            return Ok(false);
-        };
-        let b = CollBuffers {
-            kind,
-            dest: ByteRange::new(dest, dest_len.into()),
-            src: ByteRange::new(src, src_len.into()),
-            count,
-            elem: parse_dtype(dtype)?.size() as u64,
-            n: t.n_pes() as u64,
-            me: me as u64,
-        };
-        let placed = self.c().check_coll_buffers(kind.name(), &b).py()?;
-        Ok(placed == Placement::InPlace)
+        let (d, s) = ((dest, dest_len), (src, src_len));
+        coll::check_buffers(self.c(), coll, &t, d, s, count, dtype)
     }
 
     /// Raises `SymheapValueError` (naming `what` and the reason) unless `[addr, addr + nbytes)`
@@ -840,15 +808,37 @@ impl PyContext {
         stream: Option<u64>,
         params: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<()> {
-        let dt = parse_dtype(dtype)?;
-        let params = coll_params(params)?;
-        let (ctx, t) = (self.ctx.clone(), self.team_or_world(team));
-        let kind = kind.to_string();
-        py.detach(move || {
-            let s = stream.map(|s| stream_or(Some(s)));
-            ctx.collective(&kind, &t, dest, src, count, dt, s.as_ref(), &params)
-        })
-        .py()
+        let t = self.team_or_world(team);
+        coll::run(
+            py, &self.ctx, kind, t, dest, src, count, dtype, stream, params,
+        )
+    }
+
+    /// `collective` when both buffers can go to its kernel as they are: each symmetric memory
+    /// of this PE, or device memory of this PE's GPU where the kernel touches its buffers on
+    /// this PE only (see `coll_takes_local_buffers`; the call checks such a range, and fails
+    /// naming it when it is not). Returns `(dest_symmetric, src_symmetric)` once enqueued
+    /// (complete without `stream`), or None with nothing run when a buffer must first be
+    /// staged into symmetric memory. For callers that stage ordinary buffers (the torch ops):
+    /// one call where asking about each buffer, then launching, took three.
+    #[pyo3(signature = (kind, team, dest, src, count, dtype, stream = None, **params))]
+    #[allow(clippy::too_many_arguments)]
+    fn collective_direct(
+        &self,
+        py: Python<'_>,
+        kind: &str,
+        team: Option<&PyTeam>,
+        dest: u64,
+        src: u64,
+        count: usize,
+        dtype: &str,
+        stream: Option<u64>,
+        params: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Option<(bool, bool)>> {
+        let t = self.team_or_world(team);
+        coll::run_direct(
+            py, &self.ctx, kind, t, dest, src, count, dtype, stream, params,
+        )
     }
 
     /// Collective over the world: every PE contributes `data`, every PE gets all contributions

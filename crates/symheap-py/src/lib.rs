@@ -9,6 +9,7 @@
 //! scenarios and benchmarks are not linked into this module.
 
 mod buffer;
+mod coll;
 mod context;
 mod convert;
 mod dlpack;

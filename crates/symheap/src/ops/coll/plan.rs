@@ -2,12 +2,13 @@
 //! kernels), decided from the team, the size and the tuning variables alone: the same on every
 //! PE for the same call, and what says whether a kernel touches its buffers on this PE only.
 
-use crate::backend::cuda::coll_args::{ByteKernel, ReduceKernel};
+use crate::backend::cuda::coll_args::{ByteKernel, CollDType, ReduceKernel};
 use crate::backend::cuda::CudaBackend;
 use crate::backend::AnyBackend;
 use crate::context::device_state::{LL128_PART, MAX_BLOCKS, ONE_SHOT_SLOT};
 use crate::context::team::{Team, TeamInner};
 use crate::context::Context;
+use crate::element::DType;
 use crate::ops::coll::AllReduceAlgo;
 
 /// One-shot messages up to this many bytes take the LL kernel (`SYMHEAP_COLL_LL_MAX` overrides).
@@ -114,6 +115,50 @@ impl Context {
             return false;
         };
         stays_local(cu, coll, team, bytes)
+    }
+
+    /// Whether stream collective `coll` on `team` can take its buffers as they are, with
+    /// `count` elements of `dtype` per block at `dest` and `src` (this PE's addresses, each as
+    /// long as the kind says): `Some((dest_symmetric, src_symmetric))` when each buffer lies in
+    /// this PE's heap or the kernel touches it on this PE only
+    /// ([`Context::coll_takes_local_buffers`], a reduction of a dtype the kernels have), None
+    /// when one must be staged into symmetric memory first (or this PE is not a member). One
+    /// question for a binding's fast path, instead of one per buffer and one for the kernel;
+    /// the collective itself still checks every range (a buffer taken as local must be device
+    /// memory of this PE's GPU, or the call fails naming it).
+    pub fn coll_direct_buffers(
+        &self,
+        coll: StreamColl,
+        team: &Team,
+        dest: u64,
+        src: u64,
+        count: usize,
+        dtype: DType,
+    ) -> Option<(bool, bool)> {
+        team.my_pe()?;
+        let n = team.n_pes() as u64;
+        let bytes = (count as u64).checked_mul(dtype.size() as u64)?;
+        let (d, s) = match coll {
+            StreamColl::AllReduce(_) | StreamColl::Broadcast => (1, 1),
+            StreamColl::AllGather => (n, 1),
+            StreamColl::ReduceScatter => (1, n),
+            StreamColl::Alltoall => (n, n),
+        };
+        let sym = |addr: u64, len: u64| {
+            let last = addr.checked_add(len.max(1) - 1);
+            last.is_some_and(|last| self.is_symmetric(addr) && self.is_symmetric(last))
+        };
+        let ds = sym(dest, bytes.checked_mul(d)?);
+        let ss = sym(src, bytes.checked_mul(s)?);
+        if ds && ss {
+            return Some((true, true));
+        }
+        let reduces = matches!(coll, StreamColl::AllReduce(_) | StreamColl::ReduceScatter);
+        if reduces && CollDType::of(dtype).is_none() {
+            return None;
+        }
+        self.coll_takes_local_buffers(coll, team, bytes)
+            .then_some((ds, ss))
     }
 }
 
