@@ -272,6 +272,9 @@ run)
     # CUDA tensors, and inside CUDA graphs (bench/tdist_host_cost.py --cuda --graph).
     [ "${SKIP_TORCH:-0}" = 1 ] || step tdist-host-cost "${TDIST_COST_LIMIT:-120}" python3 bench/tdist_host_cost.py --cuda --graph
     [ "${SKIP_TORCH:-0}" = 1 ] || sed -n '/^# /,$p' "$OUTDIR/tdist-host-cost.log"
+    # The pieces of an asynchronous Work's host time (torch's CUDA future, its Work, wait) beside
+    # the whole async_op=True call on symheap and NCCL (bench/async_work_cost.py).
+    [ "${SKIP_TORCH:-0}" = 1 ] || step async-work-cost "${ASYNC_COST_LIMIT:-90}" python3 bench/async_work_cost.py
     # Each operation's own work at one PE against the best local reference in the same process
     # (the fused op vs compiled add + RMSNorm, the GEMM ops vs cuBLAS, host time per eager call
     # vs NCCL, allocation): bench/local_work.py, its tables printed last in its log.
