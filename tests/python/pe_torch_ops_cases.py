@@ -526,9 +526,6 @@ def case_ops_dist_compile() -> None:
     dist.destroy_process_group()
 
 
-# ---- GPU suite (CUDA backend; 2 PEs may share one GPU) -------------------------------------
-
-
 @case
 def case_ops_direct() -> None:
     """The ops' fast path, ``Context.collective_direct``: symmetric buffers run in that one
@@ -586,6 +583,9 @@ def case_ops_direct() -> None:
     if cuda:
         torch.cuda.synchronize()
     symheap.barrier_all()
+
+
+# ---- GPU suite (CUDA backend; 2 PEs may share one GPU) -------------------------------------
 
 
 @case
