@@ -410,8 +410,8 @@ def _direct(
     both can go to its kernel as they are (contiguous memory of this PE's device, each
     symmetric or read in place by the kernel at this size: see :func:`_in_place`), on torch's
     current stream: which of the two are symmetric, for :func:`_record`. None, with nothing
-    run, when a part needs staging: the caller then takes the general path (:func:`_plan`,
-    :func:`_stage`, :func:`_launch`). One native call asks and launches; asking per tensor
+    run, when a part needs staging: the caller then takes the general path
+    (:func:`_direct_parts`, :func:`_stage`, :func:`_launch`). One native call asks and launches; asking per tensor
     first cost more host time than the rest of a small call. The native call checks every
     range as :func:`_launch` says."""
     if not (d.is_contiguous() and s.is_contiguous()):
@@ -423,7 +423,11 @@ def _direct(
         if s.get_device() != dev or dev != ctx.device_ordinal:
             return None
         if kind in _REDUCING and dtype not in _shmem._DEVICE_REDUCE_DTYPES:
-            _shmem._host_sync()  # reduced on the host, symmetric memory only (see _launch)
+            # Reduced on the host, from symmetric memory only: anything else is staged, and
+            # _launch syncs then (syncing here as well would wait twice).
+            if not (_zero_copy(d) and _zero_copy(s)):
+                return None
+            _shmem._host_sync()
         stream = _core.current_stream_handle(dev)
     elif s.is_cuda or ctx.backend == "cuda":
         return None

@@ -71,8 +71,8 @@ impl CollKind {
         .find(|k| k.name() == name)
     }
 
-    /// Blocks of `count` elements in (destination, source).
-    fn blocks(self, n: u128) -> (u128, u128) {
+    /// Blocks of `count` elements in (destination, source) on a team of `n`.
+    pub(crate) fn blocks(self, n: u128) -> (u128, u128) {
         match self {
             CollKind::Broadcast | CollKind::AllReduce => (1, 1),
             CollKind::AllGather => (n, 1),

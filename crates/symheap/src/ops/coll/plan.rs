@@ -9,6 +9,7 @@ use crate::context::device_state::{LL128_PART, MAX_BLOCKS, ONE_SHOT_SLOT};
 use crate::context::team::{Team, TeamInner};
 use crate::context::Context;
 use crate::element::DType;
+use crate::ops::alias::CollKind;
 use crate::ops::coll::AllReduceAlgo;
 
 /// One-shot messages up to this many bytes take the LL kernel (`SYMHEAP_COLL_LL_MAX` overrides).
@@ -102,6 +103,19 @@ pub enum StreamColl {
     Alltoall,
 }
 
+impl StreamColl {
+    /// The kind's buffer shapes (for its lengths and the aliasing rules).
+    pub(crate) fn shape(self) -> CollKind {
+        match self {
+            StreamColl::AllReduce(_) => CollKind::AllReduce,
+            StreamColl::ReduceScatter => CollKind::ReduceScatter,
+            StreamColl::AllGather => CollKind::AllGather,
+            StreamColl::Broadcast => CollKind::Broadcast,
+            StreamColl::Alltoall => CollKind::AllToAll,
+        }
+    }
+}
+
 impl Context {
     /// Whether `coll` of `bytes` per member on `team` runs a kernel that reads its source and
     /// writes its destination on the calling PE only (one-shot all_reduce and reduce_scatter;
@@ -136,20 +150,15 @@ impl Context {
         dtype: DType,
     ) -> Option<(bool, bool)> {
         team.my_pe()?;
-        let n = team.n_pes() as u64;
         let bytes = (count as u64).checked_mul(dtype.size() as u64)?;
-        let (d, s) = match coll {
-            StreamColl::AllReduce(_) | StreamColl::Broadcast => (1, 1),
-            StreamColl::AllGather => (n, 1),
-            StreamColl::ReduceScatter => (1, n),
-            StreamColl::Alltoall => (n, n),
-        };
-        let sym = |addr: u64, len: u64| {
+        let (d, s) = coll.shape().blocks(team.n_pes() as u128);
+        let sym = |addr: u64, blocks: u128| {
+            let len = u64::try_from(blocks.checked_mul(bytes as u128)?).ok()?;
             let last = addr.checked_add(len.max(1) - 1);
-            last.is_some_and(|last| self.is_symmetric(addr) && self.is_symmetric(last))
+            Some(last.is_some_and(|last| self.is_symmetric(addr) && self.is_symmetric(last)))
         };
-        let ds = sym(dest, bytes.checked_mul(d)?);
-        let ss = sym(src, bytes.checked_mul(s)?);
+        let ds = sym(dest, d)?;
+        let ss = sym(src, s)?;
         if ds && ss {
             return Some((true, true));
         }
