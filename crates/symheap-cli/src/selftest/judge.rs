@@ -50,7 +50,34 @@ pub(super) fn case_problems(
     if passed != want {
         problems.push(format!("PEs that passed: {passed:?}, expected {want:?}"));
     }
+    if let Some(line) = released_late(stderr) {
+        problems.push(format!(
+            "a CUDA object was released after its context: {line}"
+        ));
+    }
     problems
+}
+
+/// What the self-test's GPU runs log (`SYMHEAP_LOG`): warnings, and the CUDA driver layer's
+/// release calls that failed.
+pub(super) const RELEASE_LOG: &str = "warn,symheap::backend::cuda::driver=debug";
+
+/// The first log line of a CUDA release call (an event, module, pinned block or stream
+/// destroyed at teardown) that the driver refused because the context had gone before the
+/// object: the teardown order the backend keeps (its context retain dropped last) was broken,
+/// which ends a process with SIGSEGV as often as with an error code.
+pub(super) fn released_late(stderr: &str) -> Option<&str> {
+    stderr.lines().find(|l| {
+        l.contains(" at release: ")
+            && [
+                "CONTEXT_IS_DESTROYED",
+                "INVALID_CONTEXT",
+                "DEINITIALIZED",
+                "INVALID_HANDLE",
+            ]
+            .iter()
+            .any(|e| l.contains(e))
+    })
 }
 
 /// The reason every PE of a run that exited 0 gave for skipping `s`, when each of the `n` PEs
@@ -76,6 +103,18 @@ pub(super) fn all_skipped(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_release_after_the_context_is_named() {
+        let late = "2026 DEBUG symheap::backend::cuda::driver: cuEventDestroy at release: CUDA_ERROR_CONTEXT_IS_DESTROYED";
+        assert_eq!(released_late(&format!("x\n{late}\ny")), Some(late));
+        let other = "DEBUG symheap::backend::cuda::driver: cuEventDestroy at release: CUDA_ERROR_ILLEGAL_ADDRESS";
+        assert_eq!(released_late(other), None);
+        assert_eq!(
+            released_late("symheap launch: PE 1 exited with status 0"),
+            None
+        );
+    }
     use std::os::unix::process::ExitStatusExt;
     use std::process::ExitStatus;
 

@@ -702,6 +702,11 @@ fn case_command(
     }
     if gpu {
         cmd.env("SYMHEAP_BACKEND", "cuda");
+        // The driver layer's release log (a CUDA object released after its context went, see
+        // judge::released_late), unless the user chose what to log.
+        if std::env::var_os("SYMHEAP_LOG").is_none() {
+            cmd.env("SYMHEAP_LOG", judge::RELEASE_LOG);
+        }
     }
     cmd
 }

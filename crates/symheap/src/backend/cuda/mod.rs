@@ -95,7 +95,6 @@ pub struct CudaBackend {
     rank: usize,
     capacity: u64,
     gran: u64,
-    dev: Device,
     driver_version: i32,
     base: u64,
     reserved: u64,
@@ -127,6 +126,10 @@ pub struct CudaBackend {
     /// The collective protocols every PE agreed on (LL128 only over verified links); set by
     /// [`agree_protocols`](Self::agree_protocols) right after the PEs agreed on the backend.
     protocols: std::sync::OnceLock<Protocols>,
+    /// Last: fields drop in order, so the modules, the events and the mapped block above go
+    /// while this retain of the context still stands (in a process where nothing else retains
+    /// it, releasing it destroys the context and everything made in it).
+    dev: Device,
 }
 
 fn ceil_to(x: u64, g: u64) -> u64 {
@@ -215,7 +218,7 @@ impl CudaBackend {
             .collect();
 
         let stream = driver::stream_create()?;
-        let flags = Arc::new(MappedHost::new(64)?);
+        let flags = Arc::new(MappedHost::new(64, dev.hold())?);
         let mut internal_ranges = Vec::new();
         for m in [&kernels._module, &coll._module] {
             m.set_global_u64(ABORT_VAR, flags.dev + ABORT as u64)?;
@@ -226,6 +229,7 @@ impl CudaBackend {
         let word = flags.clone();
         boot.health()
             .on_fail(Box::new(move || word.write_u32(ABORT, 1)));
+        let events = driver::EventPool::new(dev.hold());
         phases.mark("address space and stream");
         Ok(CudaBackend {
             rank: boot.rank(),
@@ -251,7 +255,7 @@ impl CudaBackend {
             stream,
             flags,
             ops: Mutex::new(()),
-            events: driver::EventPool::new(),
+            events,
             timeout,
             coll_defines,
             init_phases: phases,

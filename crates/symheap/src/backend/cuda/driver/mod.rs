@@ -5,7 +5,7 @@
 
 use std::ffi::{c_void, CStr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::sys::{self, CUresult};
 
@@ -16,6 +16,15 @@ mod objects;
 pub(crate) use objects::{
     ctx_synchronize, stream_after, stream_wait, DoneEvent, EventPool, MappedHost, PooledEvent,
 };
+
+/// What a release call (destroy, free, unload, at Drop or teardown) returned: nothing can be
+/// done about a failure there, but it is logged (`SYMHEAP_LOG=symheap=debug`): a release that
+/// fails names an object whose context went first, the order the Drop impls here keep out.
+pub(crate) fn released(r: CUresult, what: &str) {
+    if r != CUresult::CUDA_SUCCESS {
+        tracing::debug!("{what} at release: {r:?}");
+    }
+}
 
 /// A driver call failed: the call and the driver's own error name and text.
 pub(crate) fn check(r: CUresult, what: &str) -> Result<()> {
@@ -95,12 +104,33 @@ pub(crate) fn device_count() -> Result<usize> {
 /// A device with its retained primary context (shared with the CUDA runtime and PyTorch).
 pub(crate) struct Device {
     pub ordinal: usize,
-    pub dev: sys::CUdevice,
     ctx: Ctx,
     pub name: String,
     pub cc: (i32, i32),
     pub uuid: [u8; 16],
     pub sm_count: i32,
+    /// The retain of `ctx`, shared with the objects of this context that can outlive the
+    /// device value (pooled events, mapped host memory): the context is released only when
+    /// the last of them is gone, so none is destroyed, freed or written after it.
+    hold: Arc<ContextHold>,
+}
+
+/// One retain of a device's primary context, released when dropped. In a process where
+/// nothing else (the CUDA runtime, PyTorch) retains it, the release destroys the context and
+/// with it every event, module and pinned block made in it: whatever still holds one of those
+/// holds this too.
+pub(crate) struct ContextHold {
+    dev: sys::CUdevice,
+}
+
+impl Drop for ContextHold {
+    fn drop(&mut self) {
+        // SAFETY: balances the retain in `Device::open`, once (the hold is made there only).
+        released(
+            unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.dev) },
+            "cuDevicePrimaryCtxRelease",
+        );
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -122,10 +152,11 @@ impl Device {
         )?;
         let mut ctx = std::ptr::null_mut();
         check(
-            // SAFETY: writes one context handle for a valid device; released in Drop.
+            // SAFETY: writes one context handle for a valid device; released by `hold`.
             unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) },
             "cuDevicePrimaryCtxRetain",
         )?;
+        let hold = Arc::new(ContextHold { dev });
         // SAFETY: the context was just retained; making it current lets the queries below run.
         check(unsafe { sys::cuCtxSetCurrent(ctx) }, "cuCtxSetCurrent")?;
         let attr = |a: sys::CUdevice_attribute| -> Result<i32> {
@@ -156,17 +187,21 @@ impl Device {
             unsafe { sys::cuDeviceGetUuid_v2(&mut uuid, dev) },
             "cuDeviceGetUuid",
         )?;
-        // Built once, so its Drop (which releases the retained context) runs only when the
-        // backend goes away.
         Ok(Device {
             ordinal,
-            dev,
             ctx: Ctx(ctx),
             name,
             cc: (major, minor),
             uuid: uuid.bytes.map(|b| b as u8),
             sm_count,
+            hold,
         })
+    }
+
+    /// A share of the context's retain, for an object of this context that may outlive the
+    /// device value (see [`ContextHold`]).
+    pub(crate) fn hold(&self) -> Arc<ContextHold> {
+        Arc::clone(&self.hold)
     }
 
     /// The primary context's handle (what `stream_context` returns for this device's streams).
@@ -240,13 +275,6 @@ impl Device {
     }
 }
 
-impl Drop for Device {
-    fn drop(&mut self) {
-        // SAFETY: balances the retain in `open`.
-        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.dev) };
-    }
-}
-
 /// Reserves `size` bytes of device virtual address space.
 pub(crate) fn reserve(size: u64, align: u64) -> Result<u64> {
     let mut p = 0;
@@ -261,7 +289,10 @@ pub(crate) fn reserve(size: u64, align: u64) -> Result<u64> {
 /// Frees a reservation made by `reserve` (everything in it must be unmapped).
 pub(crate) fn release_reservation(addr: u64, size: u64) {
     // SAFETY: the caller passes a range returned by `reserve`, after unmapping its contents.
-    let _ = unsafe { sys::cuMemAddressFree(addr, size as usize) };
+    released(
+        unsafe { sys::cuMemAddressFree(addr, size as usize) },
+        "cuMemAddressFree",
+    );
 }
 
 /// Exports a physical allocation as a POSIX file descriptor.
@@ -319,13 +350,16 @@ pub(crate) fn map(addr: u64, size: u64, handle: u64) -> Result<()> {
 /// Unmaps a range mapped by `map`.
 pub(crate) fn unmap(addr: u64, size: u64) {
     // SAFETY: the caller passes a range it mapped and no longer uses.
-    let _ = unsafe { sys::cuMemUnmap(addr, size as usize) };
+    released(
+        unsafe { sys::cuMemUnmap(addr, size as usize) },
+        "cuMemUnmap",
+    );
 }
 
 /// Releases a physical allocation handle (memory goes once every mapping is gone).
 pub(crate) fn release(handle: u64) {
     // SAFETY: the caller owns the handle and releases it once.
-    let _ = unsafe { sys::cuMemRelease(handle) };
+    released(unsafe { sys::cuMemRelease(handle) }, "cuMemRelease");
 }
 
 /// Host-to-device copy on `stream`, complete when this returns. On a non-blocking stream it
@@ -440,7 +474,10 @@ pub(crate) fn stream_create() -> Result<Stream> {
 /// Destroys a stream made by `stream_create`.
 pub(crate) fn stream_destroy(s: Stream) {
     // SAFETY: the caller owns the stream and destroys it once.
-    let _ = unsafe { sys::cuStreamDestroy_v2(s.0 as sys::CUstream) };
+    released(
+        unsafe { sys::cuStreamDestroy_v2(s.0 as sys::CUstream) },
+        "cuStreamDestroy",
+    );
 }
 
 /// What the driver knows of a device address (`cuPointerGetAttributes`).
@@ -620,7 +657,7 @@ impl Module {
 impl Drop for Module {
     fn drop(&mut self) {
         // SAFETY: loaded in `load`, unloaded once.
-        let _ = unsafe { sys::cuModuleUnload(self.0) };
+        released(unsafe { sys::cuModuleUnload(self.0) }, "cuModuleUnload");
     }
 }
 

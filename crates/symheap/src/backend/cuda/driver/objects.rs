@@ -31,7 +31,7 @@ pub(crate) fn stream_after(waiter: u64, on: u64) -> Result<()> {
         )
     });
     // SAFETY: created above and destroyed once; the driver keeps what a pending wait needs.
-    let _ = unsafe { sys::cuEventDestroy_v2(e) };
+    super::released(unsafe { sys::cuEventDestroy_v2(e) }, "cuEventDestroy");
     recorded
 }
 
@@ -70,7 +70,7 @@ impl DoneEvent {
 impl Drop for DoneEvent {
     fn drop(&mut self) {
         // SAFETY: created in `record`, destroyed once.
-        let _ = unsafe { sys::cuEventDestroy_v2(self.0) };
+        super::released(unsafe { sys::cuEventDestroy_v2(self.0) }, "cuEventDestroy");
     }
 }
 
@@ -80,6 +80,10 @@ impl Drop for DoneEvent {
 /// per backend, so every event in it belongs to that backend's context.
 pub(crate) struct EventPool {
     spare: std::sync::Mutex<Vec<PoolEvent>>,
+    /// The context the events belong to, kept until the spare events above are destroyed
+    /// (fields drop in order); every pooled event holds the pool, so the context outlives
+    /// each event, also one a heap's release fence drops after the backend is gone.
+    _ctx: std::sync::Arc<super::ContextHold>,
 }
 
 /// An event handle owned by a pool.
@@ -90,7 +94,7 @@ unsafe impl Send for PoolEvent {}
 impl Drop for PoolEvent {
     fn drop(&mut self) {
         // SAFETY: created by the pool, destroyed once (whoever holds it last drops it).
-        let _ = unsafe { sys::cuEventDestroy_v2(self.0) };
+        super::released(unsafe { sys::cuEventDestroy_v2(self.0) }, "cuEventDestroy");
     }
 }
 
@@ -98,9 +102,11 @@ impl Drop for PoolEvent {
 const POOL_KEEP: usize = 256;
 
 impl EventPool {
-    pub(crate) fn new() -> std::sync::Arc<EventPool> {
+    /// An empty pool for the context `ctx` holds (the one current where events are recorded).
+    pub(crate) fn new(ctx: std::sync::Arc<super::ContextHold>) -> std::sync::Arc<EventPool> {
         std::sync::Arc::new(EventPool {
             spare: std::sync::Mutex::new(Vec::new()),
+            _ctx: ctx,
         })
     }
 
@@ -184,6 +190,10 @@ pub(crate) struct MappedHost {
     host: *mut c_void,
     pub dev: u64,
     pub len: usize,
+    /// The context the block was allocated in: the block lives until Drop frees it, which runs
+    /// before this field releases the context (a holder such as the health callback may keep
+    /// the block after the backend is gone, and a destroyed context frees its pinned memory).
+    _ctx: std::sync::Arc<super::ContextHold>,
 }
 // SAFETY: the memory is plain pinned host memory; accesses go through volatile/atomic reads.
 unsafe impl Send for MappedHost {}
@@ -191,8 +201,8 @@ unsafe impl Send for MappedHost {}
 unsafe impl Sync for MappedHost {}
 
 impl MappedHost {
-    /// Allocates `len` zeroed bytes.
-    pub(crate) fn new(len: usize) -> Result<MappedHost> {
+    /// Allocates `len` zeroed bytes in the current context, which `ctx` holds.
+    pub(crate) fn new(len: usize, ctx: std::sync::Arc<super::ContextHold>) -> Result<MappedHost> {
         let mut p = std::ptr::null_mut();
         check(
             // SAFETY: writes one host pointer to `len` pinned bytes, freed in Drop.
@@ -217,6 +227,7 @@ impl MappedHost {
             host: p,
             dev: d,
             len,
+            _ctx: ctx,
         })
     }
 
@@ -249,6 +260,6 @@ impl MappedHost {
 impl Drop for MappedHost {
     fn drop(&mut self) {
         // SAFETY: allocated in `new`, freed once; no kernel uses it after the backend is gone.
-        let _ = unsafe { sys::cuMemFreeHost(self.host) };
+        super::released(unsafe { sys::cuMemFreeHost(self.host) }, "cuMemFreeHost");
     }
 }
