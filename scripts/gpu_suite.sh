@@ -24,6 +24,7 @@
 # (MoE dispatch/combine against the NCCL path, DeepEP and torch's all_to_all_vdev_2d). Packages the GPU machine lacks travel as wheels in
 # .whl/ (git-ignored) and are installed into /tmp/site first.
 #   ONLY_PEERS=1 scripts/gpu_suite.sh run   just the peers and `symheap bench coll` merging them
+# TREE_PY=1 lays the tree's Python files over the carried wheel's.
 # AB_BEFORE=PATH (another build of the command) adds an alternated before/after of the
 # collectives at one PE (AB_ROUNDS, AB_OPS, AB_SIZES).
 # Shorter calls (the device budget is 30 minutes a session): SKIP_NODES (the simulated-node
@@ -197,6 +198,11 @@ run)
   [ -s .carry/ucx/lib/libucp.so.0 ] && export SYMHEAP_UCX_LIB_DIR="$PWD/.carry/ucx/lib"
   if ls .carry/wheels/symheap-*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --target /tmp/symheap-py .carry/wheels/symheap-*.whl
+    # TREE_PY=1: the tree's Python files over the wheel's (a change to Python alone needs no new
+    # wheel); the native module and the device header stay the wheel's.
+    if [ "${TREE_PY:-0}" = 1 ]; then
+      (cd python/symheap && find . \( -name '*.py' -o -name '*.pyi' -o -name '*.cpp' \) -exec cp --parents {} /tmp/symheap-py/symheap/ \;)
+    fi
     export PYTHONPATH="/tmp/symheap-py${PYTHONPATH:+:$PYTHONPATH}"
   fi
   # The peers' packages the GPU machine has not (nvshmem4py, cuda-core, FlashInfer...).
@@ -267,7 +273,12 @@ run)
     # Triton. GPU_ONLY=0 runs every test of those files here.
     GO="--gpu-only"
     [ "${GPU_ONLY:-1}" = 0 ] && GO=""
-    [ "${SKIP_TORCH:-0}" = 1 ] || step python-torch "${PYTEST_LIMIT:-600}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs $GO ${TORCH_TESTS:-test_torch.py test_fused.py test_torch_ops_gpu.py test_nodes_gpu.py test_gemm.py test_moe.py test_torch_programs.py}"
+    # symheap's C++ Work for the backend (symheap/distributed/cpp_work.py), compiled once for this
+    # torch into the default cache: the tests (test_cpp_work.py) and the benches below use it.
+    step cpp-work-build "${CPP_WORK_LIMIT:-240}" python3 -m symheap.distributed.cpp_work build -v
+    SYMHEAP_TEST_CPP_WORK_CACHE=$(python3 -c 'from symheap.distributed import cpp_work; print(cpp_work.cache_dir())')
+    export SYMHEAP_TEST_CPP_WORK_CACHE
+    [ "${SKIP_TORCH:-0}" = 1 ] || step python-torch "${PYTEST_LIMIT:-600}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs $GO ${TORCH_TESTS:-test_torch.py test_fused.py test_torch_ops_gpu.py test_nodes_gpu.py test_gemm.py test_moe.py test_torch_programs.py test_tdist.py test_cpp_work.py}"
     # The torch.distributed backend's host time per small eager call against NCCL's, one rank,
     # CUDA tensors, and inside CUDA graphs (bench/tdist_host_cost.py --cuda --graph).
     [ "${SKIP_TORCH:-0}" = 1 ] || step tdist-host-cost "${TDIST_COST_LIMIT:-120}" python3 bench/tdist_host_cost.py --cuda --graph

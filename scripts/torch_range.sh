@@ -6,8 +6,9 @@
 # made from the same file), installs WHEEL into it and runs a focused subset of the host-backend
 # tests there: every private torch function symheap uses (test_torch_private.py), symmetric CPU
 # tensors across 2 PEs, the torch.library ops and their fake kernels, the MoE Triton kernels
-# under Triton's interpreter (TRITON_INTERPRET=1) across 2 processes, and every
-# torch.distributed collective on the symheap backend at 3 ranks. The main suite runs
+# under Triton's interpreter (TRITON_INTERPRET=1) across 2 processes, every
+# torch.distributed collective on the symheap backend at 3 ranks, and the backend's C++ Work
+# compiled against that torch. The main suite runs
 # everything on the pinned stack (target/venv). Each venv is ~5 GB (torch from PyPI brings its
 # CUDA libraries), so they are made in turn, not together; SYMHEAP_LOW_DISK=1 (CI) removes each
 # after its tests.
@@ -22,6 +23,10 @@ TESTS=(
   # The torch.distributed backend (its ProcessGroup subclass meets torch's private protocol:
   # torch 2.15 renamed the single-tensor forms and asks for _get_backend), subgroups included.
   "test_tdist.py::test_every_collective[3]"
+  # symheap's C++ Work compiled against this torch's headers (c10d::Work, pybind11), then every
+  # collective through it and the Work as torch's Python sees it.
+  test_cpp_work.py::test_cpp_work_object
+  "test_cpp_work.py::test_every_collective_with_cpp_work[2]"
 )
 WHEEL="${1:?usage: torch_range.sh WHEEL}"
 [ -f "$WHEEL" ] || { echo "torch_range.sh: no wheel at $WHEEL" >&2; exit 2; }

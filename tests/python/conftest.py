@@ -45,6 +45,9 @@ def clean_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     # process on two cores, in every PE of every test that compiles. With its own setting it
     # trusts the CPU's flags for the base levels and checks only the extensions (6, ~15 s).
     env.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
+    # The backend's asynchronous Works: torch's future-backed one unless a test asks for
+    # symheap's C++ Work (the cpp_work_env fixture), whatever a cache outside the tests holds.
+    env.setdefault("SYMHEAP_TORCH_WORK", "off")
     env.update(extra or {})
     return env
 
@@ -132,3 +135,19 @@ def cuda_gpus(torch_module) -> int:
     if not torch_module.cuda.is_available():
         pytest.skip("no CUDA device")
     return torch_module.cuda.device_count()
+
+
+@pytest.fixture(scope="session")
+def cpp_work_env(tmp_path_factory) -> Dict[str, str]:
+    """symheap's C++ Work (symheap/distributed/cpp_work.py) compiled once per test session for
+    the torch the tests run with, into a cache of its own; the environment that makes a PE use
+    it (``SYMHEAP_TORCH_WORK=build``: a module that does not load raises, never falls back).
+    ``SYMHEAP_TEST_CPP_WORK_CACHE``: a cache directory to use instead (the GPU suite's, where it
+    built the module already)."""
+    pytest.importorskip("torch")
+    cache = os.environ.get("SYMHEAP_TEST_CPP_WORK_CACHE") or str(tmp_path_factory.mktemp("cpp-work"))
+    env = {"SYMHEAP_CACHE_DIR": cache, "SYMHEAP_TORCH_WORK": "build"}
+    cmd = [sys.executable, "-m", "symheap.distributed.cpp_work", "build"]
+    p = subprocess.run(cmd, cwd=ROOT, env=clean_env(env), capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return env

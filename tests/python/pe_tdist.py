@@ -341,6 +341,41 @@ def check_funcol(r: int, n: int) -> None:
     same(fc.wait_tensor(g), torch.cat(xs), "funcol all_gather")
 
 
+def check_streams(r: int, n: int) -> None:
+    """CUDA: an async collective enqueued on a side stream behind a long kernel, waited for on
+    the default stream (``wait()``, then the future, then a ``then`` callback): what the default
+    stream reads afterwards is the result, not the input (it would race without the Work's
+    stream order). The same for the Work torch's C++ keeps (functional collectives)."""
+    if torch.get_default_device().type != "cuda":
+        return
+    import torch.distributed._functional_collectives as fc
+
+    side = torch.cuda.Stream()
+    want = float(n * (n + 1) // 2)
+
+    def behind_spin(fn):
+        torch.cuda.synchronize()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(50_000_000)
+            return fn()
+
+    x = torch.full((1 << 16,), float(r + 1))
+    w = behind_spin(lambda: dist.all_reduce(x, async_op=True))
+    w.wait()
+    same(x.clone(), torch.full_like(x, want), "all_reduce waited for on another stream")
+    x = torch.full((1 << 16,), float(r + 1))
+    w = behind_spin(lambda: dist.all_reduce(x, async_op=True))
+    same(w.get_future().wait()[0].clone(), torch.full_like(x, want), "the future of a side-stream all_reduce")
+    x = torch.full((1 << 16,), float(r + 1))
+    w = behind_spin(lambda: dist.all_reduce(x, async_op=True))
+    got = w.get_future().then(lambda f: f.value()[0] * 2).wait()
+    same(got, torch.full_like(x, 2 * want), "a then() callback of a side-stream all_reduce")
+    x = torch.full((1 << 16,), float(r + 1))
+    y = behind_spin(lambda: fc.all_reduce(x, "sum", dist.group.WORLD))
+    same(fc.wait_tensor(y).clone(), torch.full_like(x, want), "a functional all_reduce waited for on another stream")
+    torch.cuda.synchronize()
+
+
 def check_direct_share(r: int, n: int) -> None:
     """symheap.* calls share the backend's context: PE == global rank."""
     assert symheap.is_initialized() and symheap.my_pe() == r and symheap.n_pes() == n
@@ -354,6 +389,9 @@ def check_direct_share(r: int, n: int) -> None:
 def run_all(r: int, n: int) -> None:
     kind = torch.get_default_device().type
     assert dist.get_backend() == f"{kind}:symheap", dist.get_backend()
+    from symheap.distributed import _work
+
+    print(f"[PE {r}] WORK {'cpp' if _work._cpp_done is not None else 'python'}", flush=True)
     for check in (
         check_all_reduce,
         check_gathers,
@@ -364,6 +402,7 @@ def run_all(r: int, n: int) -> None:
         check_p2p,
         check_refused,
         check_funcol,
+        check_streams,
         check_direct_share,
     ):
         check(r, n)

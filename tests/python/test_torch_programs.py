@@ -17,7 +17,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import pytest
 
@@ -42,26 +42,32 @@ class Jobs:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.done: Dict[Tuple[int, str, Tuple[str, ...]], Tuple[List[dict], str]] = {}
+        self.done: Dict[tuple, Tuple[List[dict], str]] = {}
 
-    def get(self, n: int, spec: str, checks: Tuple[str, ...] = ()) -> Tuple[List[dict], str]:
+    def get(
+        self, n: int, spec: str, checks: Tuple[str, ...] = (), env: Optional[Dict[str, str]] = None
+    ) -> Tuple[List[dict], str]:
         """What every rank saved (None where a rank saved nothing) from torch_programs.py run
         at ``n`` ranks over ``spec`` (``cpu:gloo``...) with ``checks`` (default: ``AT[n]``),
-        and the job's output for messages."""
+        and the job's output for messages; ``env``: more environment for the ranks (part of
+        the job's key)."""
         checks = checks or AT[n]
-        key = (n, spec, checks)
+        extra = tuple(sorted((env or {}).items()))
+        key = (n, spec, checks, extra)
         if key not in self.done:
-            self.done[key] = self._run(n, spec, checks)
+            self.done[key] = self._run(n, spec, checks, dict(extra), len(self.done))
         return self.done[key]
 
-    def _run(self, n: int, spec: str, checks: Tuple[str, ...]) -> Tuple[List[dict], str]:
+    def _run(
+        self, n: int, spec: str, checks: Tuple[str, ...], extra: Dict[str, str], index: int
+    ) -> Tuple[List[dict], str]:
         import torch
 
-        out = self.root / f"{spec.replace(':', '-')}-n{n}-{'-'.join(checks)}"
+        out = self.root / f"{index}-{spec.replace(':', '-')}-n{n}-{'-'.join(checks)}"
         out.mkdir()
         t0 = time.monotonic()
         argv = [sys.executable, str(PROGRAM), spec, str(out), *checks]
-        env = {"SYMHEAP_BACKEND": "cuda"} if spec.startswith("cuda") else {}
+        env = {**extra, **({"SYMHEAP_BACKEND": "cuda"} if spec.startswith("cuda") else {})}
         if checks == ("kill",):
             # Short: a survivor that is not told of the exit must fail the test soon.
             env["SYMHEAP_TIMEOUT"] = "10"

@@ -638,6 +638,7 @@ def _create(opts: Any) -> SymheapProcessGroup:
     if default:
         _p2p.setup()
         _staged.reserve()
+        _work.decide()
     slot = _groups.slot_for(store, rank, size, timeout, ranks) if tid != 0 else None
     others = _others(store, rank, size, timeout)
     return SymheapProcessGroup(rank, size, ranks, tid, others, timeout, default=default, slot=slot)

@@ -12,8 +12,10 @@ completed ``torch.futures.Future`` wrapped by torch's own ``_create_work_from_fu
 * a call with ``async_op=False`` returns one completed Work shared by all such calls (torch
   only waits on it, and there is nothing to wait for: see :func:`done`).
 
-Work objects made by torch's C++ code are used, not a Python subclass, because C++ callers
-(functional collectives' ``wait_tensor``, DDP) keep them after Python dropped its reference.
+Work objects made by C++ are used, not a Python subclass, because C++ callers (functional
+collectives' ``wait_tensor``, DDP) keep them after Python dropped its reference: symheap's own
+C++ Work when it is built for this torch (:mod:`.cpp_work`: the same behaviour for a few µs less
+host time per call), else torch's ``_create_work_from_future`` over a CUDA future.
 """
 
 from __future__ import annotations
@@ -30,6 +32,25 @@ _NO_DEVICES: List[_torch.device] = []
 
 
 _sync_work: Any = None
+# symheap's C++ Work maker (cpp_work's ``done``) or None; decided at the first group's creation
+# (or the first asynchronous call), as SYMHEAP_TORCH_WORK says.
+_cpp_done: Any = None
+_decided = False
+
+
+def decide() -> None:
+    """Chooses, once per process, where asynchronous Works come from (:func:`cpp_work.load`).
+    A ``SYMHEAP_TORCH_WORK=build`` that fails raises here."""
+    global _cpp_done, _decided
+    if _decided:
+        return
+    # Imported here, not at the top: ``python -m symheap.distributed.cpp_work`` imports this
+    # package first, and runpy warns about a module already imported.
+    from . import cpp_work
+
+    module = cpp_work.load()
+    _cpp_done = module.done if module is not None else None
+    _decided = True
 
 
 def done(outputs: Sequence[_torch.Tensor], opts: Any = None) -> Any:
@@ -46,6 +67,10 @@ def done(outputs: Sequence[_torch.Tensor], opts: Any = None) -> Any:
         if _sync_work is None:
             _sync_work = done([])
         return _sync_work
+    if not _decided:
+        decide()
+    if _cpp_done is not None:
+        return _cpp_done(outputs)
     devs = _NO_DEVICES
     for t in outputs:
         if t.is_cuda:

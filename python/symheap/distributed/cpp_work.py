@@ -1,0 +1,198 @@
+"""The backend's asynchronous Work in C++ (optional, built once per torch version).
+
+An asynchronous call of the ``symheap`` torch.distributed backend (``async_op=True``, and every
+call torch's C++ makes: functional collectives, DTensor, FSDP2, DDP) returns a Work. Built from
+Python, that Work is torch's CUDA future (an event created and destroyed per call, the value
+pickled to find its tensors): about 7 µs of host time per call more than NCCL's C++ Work.
+``symheap/distributed/_cpp_work.cpp`` is the same Work in C++: a pooled event recorded on the
+collective's stream, ``wait()`` blocking only another stream, the future made only when asked.
+It must be compiled against the torch it runs with, so the wheel cannot carry it:
+
+* ``python -m symheap.distributed.cpp_work build`` compiles it (a C++20 compiler, ``c++`` or
+  ``$CXX``, and Python's headers; 20-30 s) into symheap's cache directory
+  (``SYMHEAP_CACHE_DIR``, else ``$XDG_CACHE_HOME/symheap``, else ``~/.cache/symheap``), one
+  file per torch build, source and Python; ``... status`` says what the backend uses and why.
+* ``SYMHEAP_TORCH_WORK``: ``auto`` (default) uses the built module when there is one, else the
+  Python Work, and never compiles; ``build`` compiles it at first use when missing (every rank
+  waits for one compiler run; a failure raises); ``off`` always uses the Python Work.
+
+Both Works behave the same (``wait`` orders the current stream after the collective's, no host
+sync; ``is_completed`` True; ``get_future`` the outputs); only the host time differs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from types import ModuleType
+from typing import Any, Dict, List, Optional
+
+import torch as _torch
+
+from .._native import SymheapError, SymheapUnsupportedError, SymheapValueError
+
+MODULE = "symheap_torch_work"
+ENV = "SYMHEAP_TORCH_WORK"
+_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_cpp_work.cpp")
+
+# What load() decided, for status(): (module or None, reason).
+_loaded: Optional[ModuleType] = None
+_reason = "not loaded yet"
+
+
+def cache_dir() -> str:
+    """symheap's cache directory (the kernel cache's rule): ``SYMHEAP_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/symheap``, else ``~/.cache/symheap``, else the temp dir."""
+    d = os.environ.get("SYMHEAP_CACHE_DIR", "")
+    if d:
+        return d
+    x = os.environ.get("XDG_CACHE_HOME", "")
+    if x:
+        return os.path.join(x, "symheap")
+    h = os.environ.get("HOME", "")
+    return os.path.join(h, ".cache", "symheap") if h else os.path.join(tempfile.gettempdir(), "symheap-cache")
+
+
+def _mode() -> str:
+    mode = os.environ.get(ENV, "").strip().lower() or "auto"
+    if mode not in ("auto", "build", "off"):
+        raise SymheapValueError(f"{ENV}={mode!r}: expected auto, build or off")
+    return mode
+
+
+def _abi_flags() -> List[str]:
+    """The flags that make the module's C++ and pybind11 ABI torch's own (what
+    torch.utils.cpp_extension passes), so its Work is torch's registered Python type."""
+    flags = [f"-D_GLIBCXX_USE_CXX11_ABI={int(bool(_torch._C._GLIBCXX_USE_CXX11_ABI))}"]
+    for name in ("COMPILER_TYPE", "STDLIB", "BUILD_ABI"):
+        value = getattr(_torch._C, f"_PYBIND11_{name}", None)
+        if value is not None:
+            flags.append(f'-DPYBIND11_{name}="{value}"')
+    return flags
+
+
+def _command(out: str) -> List[str]:
+    cxx = os.environ.get("CXX", "") or "c++"
+    if shutil.which(cxx) is None:
+        raise SymheapUnsupportedError(f"cpp_work: no C++ compiler ({cxx!r} is not on PATH; set CXX)")
+    # torch's headers and libraries where its wheel puts them (what torch.utils.cpp_extension
+    # names, without importing it: it needs setuptools, which a Python 3.12 venv lacks).
+    root = os.path.dirname(os.path.abspath(_torch.__file__))
+    include = os.path.join(root, "include")
+    includes = [include, os.path.join(include, "torch", "csrc", "api", "include"), sysconfig.get_paths()["include"]]
+    libs = [os.path.join(root, "lib")]
+    # C++20: torch 2.15's headers need it; the older ones (2.8 on) compile under it too.
+    cmd = [cxx, "-O2", "-fPIC", "-shared", "-std=c++20", "-w", f"-DTORCH_EXTENSION_NAME={MODULE}"]
+    cmd += ["-DTORCH_API_INCLUDE_EXTENSION_H", *_abi_flags()]
+    cmd += [f"-I{d}" for d in includes] + [_SOURCE, "-o", out]
+    cmd += [f"-L{d}" for d in libs] + [f"-Wl,-rpath,{d}" for d in libs]
+    return cmd + ["-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
+
+
+def path() -> str:
+    """Where the module for this torch build, this source and this Python lives (it may not
+    exist yet)."""
+    h = hashlib.sha256()
+    # The C++ source and this file (which holds the compiler's flags).
+    for source in (_SOURCE, os.path.abspath(__file__)):
+        with open(source, "rb") as f:
+            h.update(f.read())
+    for part in (_torch.__version__, str(_torch.version.git_version), sys.version, " ".join(_abi_flags())):
+        h.update(b"\0" + part.encode())
+    return os.path.join(cache_dir(), "torch-work", h.hexdigest()[:20], MODULE + ".so")
+
+
+def build(verbose: bool = False) -> str:
+    """Compiles the module for this torch unless it is built already; returns its path. Several
+    processes at once run the compiler once (a file lock). Raises
+    :class:`symheap.SymheapUnsupportedError` without a compiler, :class:`symheap.SymheapError`
+    with the compiler's output when it fails."""
+    out = path()
+    if os.path.isfile(out):
+        return out
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.isfile(out):
+            return out
+        tmp = f"{out}.{os.getpid()}.tmp"
+        cmd = _command(tmp)
+        if verbose:
+            print(" ".join(cmd), file=sys.stderr)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            tail = (proc.stderr or proc.stdout)[-4000:]
+            raise SymheapError(f"cpp_work: compiling {_SOURCE} failed ({cmd[0]} exit {proc.returncode}):\n{tail}")
+        os.replace(tmp, out)
+    return out
+
+
+def _import(file: str) -> ModuleType:
+    import torch.distributed  # noqa: F401  (registers the Work type the module returns)
+
+    loader = importlib.machinery.ExtensionFileLoader(MODULE, file)
+    spec = importlib.util.spec_from_file_location(MODULE, file, loader=loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def load() -> Optional[ModuleType]:
+    """The module the backend's asynchronous Works come from, or None (then they are torch's
+    future-backed Work), as ``SYMHEAP_TORCH_WORK`` says (see the module doc). Decided once per
+    process."""
+    global _loaded, _reason
+    mode = _mode()
+    if mode == "off":
+        _loaded, _reason = None, f"{ENV}=off"
+        return None
+    file = path()
+    if not os.path.isfile(file):
+        if mode != "build":
+            build_it = "python -m symheap.distributed.cpp_work build"
+            _loaded, _reason = None, f"not built for torch {_torch.__version__} ({build_it})"
+            return None
+        file = build()
+    try:
+        _loaded, _reason = _import(file), f"built module {file}"
+    except ImportError as e:
+        if mode == "build":
+            raise SymheapError(f"cpp_work: loading {file} failed: {e}") from e
+        _loaded, _reason = None, f"the built module did not load ({e}); rebuild it"
+    return _loaded
+
+
+def status() -> Dict[str, Any]:
+    """What the backend's asynchronous Works are: ``{"cpp": bool, "reason": str, "path": str,
+    "built": bool, "mode": str}``."""
+    file = path()
+    return {"cpp": _loaded is not None, "reason": _reason, "path": file, "built": os.path.isfile(file), "mode": _mode()}
+
+
+def _main(argv: List[str]) -> int:
+    what = argv[0] if argv else "status"
+    if what == "build":
+        print(build(verbose="-v" in argv))
+        return 0
+    if what == "status":
+        load()
+        for k, v in status().items():
+            print(f"{k}: {v}")
+        return 0
+    print("usage: python -m symheap.distributed.cpp_work [build [-v] | status]", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
