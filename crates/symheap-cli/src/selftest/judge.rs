@@ -104,6 +104,9 @@ pub(super) fn all_skipped(
 mod tests {
     use super::*;
 
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::ExitStatus;
+
     #[test]
     fn a_release_after_the_context_is_named() {
         let late = "2026 DEBUG symheap::backend::cuda::driver: cuEventDestroy at release: CUDA_ERROR_CONTEXT_IS_DESTROYED";
@@ -115,8 +118,6 @@ mod tests {
             None
         );
     }
-    use std::os::unix::process::ExitStatusExt;
-    use std::process::ExitStatus;
 
     fn nccl() -> &'static Scenario {
         super::super::SCENARIOS

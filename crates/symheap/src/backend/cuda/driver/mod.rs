@@ -18,8 +18,9 @@ pub(crate) use objects::{
 };
 
 /// What a release call (destroy, free, unload, at Drop or teardown) returned: nothing can be
-/// done about a failure there, but it is logged (`SYMHEAP_LOG=symheap=debug`): a release that
-/// fails names an object whose context went first, the order the Drop impls here keep out.
+/// done about a failure there, but it is logged (`SYMHEAP_LOG=symheap=debug`), since it
+/// usually means the object's context went first, which the drop order here is meant to rule
+/// out (the self-test's GPU runs fail on such a line).
 pub(crate) fn released(r: CUresult, what: &str) {
     if r != CUresult::CUDA_SUCCESS {
         tracing::debug!("{what} at release: {r:?}");
