@@ -6,8 +6,8 @@ its Works are torch Works (is_completed, wait, get_future with the outputs thems
 ``then`` callback); on CUDA, a Work made on a side stream behind a long kernel orders the
 default stream after it through ``wait()`` and through its future (a stale copy otherwise), a
 wait on the same stream adds nothing, and the pool reuses its events.
-errors: an unknown SYMHEAP_TORCH_WORK, no compiler, a compiler that fails, each raising its
-symheap error before any Work is made.
+errors: an unknown SYMHEAP_TORCH_WORK, no compiler, no Python headers, a compiler that fails,
+each raising its symheap error before any Work is made.
 """
 
 from __future__ import annotations
@@ -117,6 +117,12 @@ def run_errors() -> None:
     os.environ["CXX"] = "/nonexistent/c++"
     expect(symheap.SymheapUnsupportedError, cpp_work.load, "no C++ compiler")
     os.environ["CXX"] = "false"
+    real_paths = cpp_work.sysconfig.get_paths
+    cpp_work.sysconfig.get_paths = lambda: {**real_paths(), "include": "/nonexistent/include"}
+    try:
+        expect(symheap.SymheapUnsupportedError, cpp_work.load, "Python's headers")
+    finally:
+        cpp_work.sysconfig.get_paths = real_paths
     expect(symheap.SymheapError, cpp_work.load, "failed")
     assert not os.path.exists(cpp_work.path()), "a failed build left a module"
     # auto never compiles: nothing built means the Python Work, and status says why.

@@ -87,7 +87,13 @@ def _command(out: str) -> List[str]:
     # names, without importing it: it needs setuptools, which a Python 3.12 venv lacks).
     root = os.path.dirname(os.path.abspath(_torch.__file__))
     include = os.path.join(root, "include")
-    includes = [include, os.path.join(include, "torch", "csrc", "api", "include"), sysconfig.get_paths()["include"]]
+    python_include = sysconfig.get_paths()["include"]
+    if not os.path.isfile(os.path.join(python_include, "Python.h")):
+        raise SymheapUnsupportedError(
+            f"cpp_work: Python's headers are not installed (no Python.h in {python_include}; "
+            "on Debian/Ubuntu the python3-dev package)"
+        )
+    includes = [include, os.path.join(include, "torch", "csrc", "api", "include"), python_include]
     libs = [os.path.join(root, "lib")]
     # C++20: torch 2.15's headers need it; the older ones (2.8 on) compile under it too.
     cmd = [cxx, "-O2", "-fPIC", "-shared", "-std=c++20", "-w", f"-DTORCH_EXTENSION_NAME={MODULE}"]
@@ -113,8 +119,8 @@ def path() -> str:
 def build(verbose: bool = False) -> str:
     """Compiles the module for this torch unless it is built already; returns its path. Several
     processes at once run the compiler once (a file lock). Raises
-    :class:`symheap.SymheapUnsupportedError` without a compiler, :class:`symheap.SymheapError`
-    with the compiler's output when it fails."""
+    :class:`symheap.SymheapUnsupportedError` without a compiler or without Python's headers,
+    :class:`symheap.SymheapError` with the compiler's output when it fails."""
     out = path()
     if os.path.isfile(out):
         return out
