@@ -110,7 +110,13 @@ def expect(exc_type, fn, words: str) -> None:
 
 
 def run_errors() -> None:
-    os.environ["SYMHEAP_CACHE_DIR"] = tempfile.mkdtemp(prefix="cpp-work-errors-")
+    with tempfile.TemporaryDirectory(prefix="cpp-work-errors-") as cache:
+        os.environ["SYMHEAP_CACHE_DIR"] = cache
+        check_errors()
+    print("PASS errors", flush=True)
+
+
+def check_errors() -> None:
     os.environ["SYMHEAP_TORCH_WORK"] = "sometimes"
     expect(symheap.SymheapValueError, cpp_work.load, "SYMHEAP_TORCH_WORK")
     os.environ["SYMHEAP_TORCH_WORK"] = "build"
@@ -130,7 +136,6 @@ def run_errors() -> None:
     assert cpp_work.load() is None and "not built" in cpp_work.status()["reason"]
     os.environ["SYMHEAP_TORCH_WORK"] = "off"
     assert cpp_work.load() is None and cpp_work.status()["reason"].endswith("=off")
-    print("PASS errors", flush=True)
 
 
 if __name__ == "__main__":
