@@ -189,7 +189,11 @@ def status() -> Dict[str, Any]:
 def _main(argv: List[str]) -> int:
     what = argv[0] if argv else "status"
     if what == "build":
-        print(build(verbose="-v" in argv))
+        try:
+            print(build(verbose="-v" in argv))
+        except SymheapError as e:
+            print(e, file=sys.stderr)
+            return 1
         return 0
     if what == "status":
         load()
