@@ -276,7 +276,7 @@ run)
     # symheap's C++ Work for the backend (symheap/distributed/cpp_work.py), compiled once for this
     # torch into the default cache: the tests (test_cpp_work.py) and the benches below use it.
     step cpp-work-build "${CPP_WORK_LIMIT:-240}" python3 -m symheap.distributed.cpp_work build -v
-    SYMHEAP_TEST_CPP_WORK_CACHE=$(python3 -c 'from symheap.distributed import cpp_work; print(cpp_work.cache_dir())')
+    SYMHEAP_TEST_CPP_WORK_CACHE=$(python3 -c 'from symheap import _core; print(_core.cache_dir())')
     export SYMHEAP_TEST_CPP_WORK_CACHE
     [ "${SKIP_TORCH:-0}" = 1 ] || step python-torch "${PYTEST_LIMIT:-600}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs $GO ${TORCH_TESTS:-test_torch.py test_fused.py test_torch_ops_gpu.py test_nodes_gpu.py test_gemm.py test_moe.py test_torch_programs.py test_tdist.py test_cpp_work.py}"
     # The torch.distributed backend's host time per small eager call against NCCL's, one rank,

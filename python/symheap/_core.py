@@ -10,6 +10,7 @@ import atexit
 import functools
 import os
 import sys
+import tempfile
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
@@ -38,6 +39,23 @@ _LAUNCHER_VARS = (
     ("PMI_RANK", "PMI_SIZE"),
     ("SLURM_PROCID", "SLURM_STEP_ID"),
 )
+
+
+def cache_dir() -> str:
+    """symheap's cache directory, the Rust runtime's rule for its kernel cache
+    (``backend/cuda/cache.rs``): ``SYMHEAP_CACHE_DIR``, else ``$XDG_CACHE_HOME/symheap``, else
+    ``~/.cache/symheap``, else ``symheap-cache`` in the temp dir. ``symheap.gemm``'s tuned
+    choices and the backend's C++ Work live under it."""
+    d = os.environ.get("SYMHEAP_CACHE_DIR", "")
+    if d:
+        return d
+    x = os.environ.get("XDG_CACHE_HOME", "")
+    if x:
+        return os.path.join(x, "symheap")
+    h = os.environ.get("HOME", "")
+    if h:
+        return os.path.join(h, ".cache", "symheap")
+    return os.path.join(tempfile.gettempdir(), "symheap-cache")
 
 
 F = TypeVar("F", bound=Callable[..., Any])

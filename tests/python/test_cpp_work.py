@@ -22,9 +22,9 @@ CASES = str(HERE / "cpp_work_cases.py")
 PE = str(HERE / "pe_tdist.py")
 
 
-def run_one(case: str, env: Dict[str, str]) -> subprocess.CompletedProcess:
+def run_one(case: str, env: Dict[str, str], *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, CASES, case], cwd=ROOT, env=clean_env(env), capture_output=True, text=True, timeout=300
+        [sys.executable, CASES, case, *args], cwd=ROOT, env=clean_env(env), capture_output=True, text=True, timeout=300
     )
 
 
@@ -36,7 +36,7 @@ def test_cpp_work_object(cpp_work_env: Dict[str, str]) -> None:
 def test_cpp_work_streams_cuda(cpp_work_env: Dict[str, str], cuda_gpus: int) -> None:
     """On a GPU: wait(), the future and a then() callback order the waiting stream after the
     Work's (a ~50 ms kernel before it would be raced otherwise); events are pooled."""
-    p = run_one("object", cpp_work_env)
+    p = run_one("object", cpp_work_env, "cuda")
     out = p.stdout + p.stderr
     assert p.returncode == 0 and "cuda checked" in p.stdout and "PASS object" in p.stdout, out
 

@@ -31,12 +31,12 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import tempfile
 from types import ModuleType
 from typing import Any, Dict, List, Optional
 
 import torch as _torch
 
+from .. import _core
 from .._native import SymheapError, SymheapUnsupportedError, SymheapValueError
 
 MODULE = "symheap_torch_work"
@@ -46,19 +46,6 @@ _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_cpp_work.cp
 # What load() decided, for status(): (module or None, reason).
 _loaded: Optional[ModuleType] = None
 _reason = "not loaded yet"
-
-
-def cache_dir() -> str:
-    """symheap's cache directory (the kernel cache's rule): ``SYMHEAP_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/symheap``, else ``~/.cache/symheap``, else the temp dir."""
-    d = os.environ.get("SYMHEAP_CACHE_DIR", "")
-    if d:
-        return d
-    x = os.environ.get("XDG_CACHE_HOME", "")
-    if x:
-        return os.path.join(x, "symheap")
-    h = os.environ.get("HOME", "")
-    return os.path.join(h, ".cache", "symheap") if h else os.path.join(tempfile.gettempdir(), "symheap-cache")
 
 
 def _mode() -> str:
@@ -113,7 +100,7 @@ def path() -> str:
             h.update(f.read())
     for part in (_torch.__version__, str(_torch.version.git_version), sys.version, " ".join(_abi_flags())):
         h.update(b"\0" + part.encode())
-    return os.path.join(cache_dir(), "torch-work", h.hexdigest()[:20], MODULE + ".so")
+    return os.path.join(_core.cache_dir(), "torch-work", h.hexdigest()[:20], MODULE + ".so")
 
 
 def build(verbose: bool = False) -> str:

@@ -50,7 +50,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch as _torch
 
-from .. import _shmem
+from .. import _core, _shmem
 from .._native import SymheapValueError
 
 # The kernels module (and Triton) is imported inside the functions that use it: symheap.gemm
@@ -70,17 +70,8 @@ def mode() -> str:
 
 
 def cache_dir() -> Path:
-    """Where choices are kept (the kernel cache's directory, as the Rust runtime finds it)."""
-    d = os.environ.get("SYMHEAP_CACHE_DIR")
-    if d:
-        base = Path(d)
-    elif os.environ.get("XDG_CACHE_HOME"):
-        base = Path(os.environ["XDG_CACHE_HOME"]) / "symheap"
-    elif os.environ.get("HOME"):
-        base = Path(os.environ["HOME"]) / ".cache" / "symheap"
-    else:
-        base = Path(tempfile.gettempdir()) / "symheap-cache"
-    return base / "gemm-tune"
+    """Where choices are kept (``gemm-tune`` in symheap's cache directory, :func:`symheap._core.cache_dir`)."""
+    return Path(_core.cache_dir()) / "gemm-tune"
 
 
 @functools.lru_cache(maxsize=1)
