@@ -57,7 +57,7 @@ step "the wheel in a fresh venv: symheap command, launch, numpy front" scripts/c
 step "install the wheel into the test venv" \
   python -m pip install -q --disable-pip-version-check --no-deps --force-reinstall "$WHEEL"
 # From tests/python, so `import symheap` is the installed wheel, not python/ in this checkout.
-pytest_all() { (cd tests/python && python -m pytest -q -p no:cacheprovider -rs .); }
+pytest_all() { (cd tests/python && python -m pytest -q -p no:cacheprovider -rs --durations=30 .); }
 step "pytest (multi-PE, host backend; torch on CPU)" pytest_all
 # Nothing after this point uses the debug build or the test venv (the range step has its own
 # venvs and takes the wheel file); on a small CI disk they make room for the range venvs.

@@ -39,7 +39,7 @@ for which in min new; do
   versions="$("$venv/bin/python" -c 'import torch, triton; print(f"torch {torch.__version__}, Triton {triton.__version__}")')"
   echo "torch_range.sh: $which: $versions" >&2
   # From tests/python, so `import symheap` is the installed wheel.
-  (cd tests/python && PATH="$venv/bin:$PATH" "$venv/bin/python" -m pytest -q -p no:cacheprovider -rs "${TESTS[@]}")
+  (cd tests/python && PATH="$venv/bin:$PATH" "$venv/bin/python" -m pytest -q -p no:cacheprovider -rs --durations=10 "${TESTS[@]}")
   if [ "${SYMHEAP_LOW_DISK:-0}" = 1 ]; then
     echo "torch_range.sh: SYMHEAP_LOW_DISK=1: removing $venv" >&2
     rm -rf "$venv"
