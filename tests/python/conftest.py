@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
@@ -137,17 +140,49 @@ def cuda_gpus(torch_module) -> int:
     return torch_module.cuda.device_count()
 
 
+@dataclass
+class CppWorkBuild:
+    """How the session's C++ Work was built: ``env`` makes a PE use it; ``auto`` is the output of
+    the 2-rank job whose group started the build in the background (None where the module was
+    built before the session); ``module`` its path."""
+
+    env: Dict[str, str]
+    auto: Optional[subprocess.CompletedProcess]
+    module: str
+
+
 @pytest.fixture(scope="session")
-def cpp_work_env(tmp_path_factory) -> Dict[str, str]:
+def cpp_work_build(tmp_path_factory) -> CppWorkBuild:
     """symheap's C++ Work (symheap/distributed/cpp_work.py) compiled once per test session for
-    the torch the tests run with, into a cache of its own; the environment that makes a PE use
-    it (``SYMHEAP_TORCH_WORK=build``: a module that does not load raises, never falls back).
-    ``SYMHEAP_TEST_CPP_WORK_CACHE``: a cache directory to use instead (the GPU suite's, where it
-    built the module already)."""
+    the torch the tests run with, into a cache of its own, the way a user's first run builds
+    it: a 2-rank group under ``SYMHEAP_TORCH_WORK=auto`` starts the build in the background
+    (cpp_work_cases.py auto), and this waits for it. ``SYMHEAP_TEST_CPP_WORK_CACHE``: a cache
+    directory to build in with the build command instead (the GPU suite's, where it built the
+    module already)."""
     pytest.importorskip("torch")
-    cache = os.environ.get("SYMHEAP_TEST_CPP_WORK_CACHE") or str(tmp_path_factory.mktemp("cpp-work"))
-    env = {"SYMHEAP_CACHE_DIR": cache, "SYMHEAP_TORCH_WORK": "build"}
-    cmd = [sys.executable, "-m", "symheap.distributed.cpp_work", "build"]
-    p = subprocess.run(cmd, cwd=ROOT, env=clean_env(env), capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stdout + p.stderr
-    return env
+    cache = os.environ.get("SYMHEAP_TEST_CPP_WORK_CACHE")
+    # SYMHEAP_TORCH_WORK=build for the tests that use it: a module that does not load raises.
+    env = {"SYMHEAP_CACHE_DIR": cache or str(tmp_path_factory.mktemp("cpp-work")), "SYMHEAP_TORCH_WORK": "build"}
+    if cache:
+        cmd = [sys.executable, "-m", "symheap.distributed.cpp_work", "build"]
+        p = subprocess.run(cmd, cwd=ROOT, env=clean_env(env), capture_output=True, text=True, timeout=900)
+        assert p.returncode == 0, p.stdout + p.stderr
+        return CppWorkBuild(env, None, p.stdout.strip())
+    cases = str(HERE / "cpp_work_cases.py")
+    auto = launch(2, [sys.executable, cases, "auto"], env={**env, "SYMHEAP_TORCH_WORK": "auto"})
+    out = auto.stdout + auto.stderr
+    assert auto.returncode == 0, out
+    module = re.search(r"\[PE 0\] PATH (\S+)", auto.stdout)
+    assert module, out
+    # The build process holds this lock until it ends (it outlives the job).
+    with open(module[1] + ".spawn") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    log = Path(module[1] + ".log")
+    assert os.path.isfile(module[1]), f"the background build left no module:\n{log.read_text()}"
+    return CppWorkBuild(env, auto, module[1])
+
+
+@pytest.fixture(scope="session")
+def cpp_work_env(cpp_work_build: CppWorkBuild) -> Dict[str, str]:
+    """The environment that makes a PE use the session's C++ Work (:func:`cpp_work_build`)."""
+    return cpp_work_build.env

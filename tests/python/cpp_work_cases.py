@@ -1,5 +1,6 @@
-"""One process, no group: symheap's C++ Work (symheap/distributed/cpp_work.py) as torch sees it,
-and the loader's error paths. ``python cpp_work_cases.py object [cuda]|errors``; prints ``PASS <case>``.
+"""symheap's C++ Work (symheap/distributed/cpp_work.py) as torch sees it, the loader's error
+paths, and its background build. ``python cpp_work_cases.py object [cuda]|errors`` (one process,
+no group) or ``auto`` (under symheap.launch); prints ``PASS <case>``.
 
 object: the module the environment names (SYMHEAP_TORCH_WORK=build, SYMHEAP_CACHE_DIR) loads and
 its Works are torch Works (is_completed, wait, get_future with the outputs themselves, a
@@ -7,19 +8,27 @@ its Works are torch Works (is_completed, wait, get_future with the outputs thems
 default stream after it through ``wait()`` and through its future (a stale copy otherwise), a
 wait on the same stream adds nothing, and the pool reuses its events.
 errors: an unknown SYMHEAP_TORCH_WORK, no compiler, no Python headers, a compiler that fails,
-each raising its symheap error before any Work is made.
+each raising its symheap error before any Work is made; under ``auto`` no compiler starts no
+build, nor does the status command, and a failing background build is recorded and not
+started again.
+auto: a group made with SYMHEAP_TORCH_WORK=auto and nothing built uses the Python Work (an
+asynchronous all_reduce through it) and names the background build in ``status()``; prints
+``[PE r] REASON ...`` and ``[PE r] PATH <module>`` for the test, which waits for the build.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import subprocess
 import sys
 import tempfile
+import time
 
 import symheap
 import torch
 import torch.distributed as dist
-from symheap.distributed import cpp_work
+from symheap.distributed import _work, cpp_work
 
 
 def check_cpu(mod) -> None:
@@ -131,12 +140,66 @@ def check_errors() -> None:
         cpp_work.sysconfig.get_paths = real_paths
     expect(symheap.SymheapError, cpp_work.load, "failed")
     assert not os.path.exists(cpp_work.path()), "a failed build left a module"
-    # auto never compiles: nothing built means the Python Work, and status says why.
-    os.environ["SYMHEAP_TORCH_WORK"] = "auto"
-    assert cpp_work.load() is None and "not built" in cpp_work.status()["reason"]
+    check_auto_errors()
     os.environ["SYMHEAP_TORCH_WORK"] = "off"
     assert cpp_work.load() is None and cpp_work.status()["reason"].endswith("=off")
 
 
+def check_auto_errors() -> None:
+    """auto with nothing built: no compiler starts nothing; a compiler that fails runs once in
+    the background, its failure is kept and auto does not start it again."""
+    os.environ["SYMHEAP_TORCH_WORK"] = "auto"
+    out = cpp_work.path()
+    # The status command asks; it starts no build (with the default compiler, which exists).
+    env = {k: v for k, v in os.environ.items() if k != "CXX"}
+    cmd = [sys.executable, "-m", "symheap.distributed.cpp_work", "status"]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "built: False" in p.stdout and "not built" in p.stdout, p.stdout + p.stderr
+    assert not os.path.exists(out + ".log"), "the status command started a build"
+    os.environ["CXX"] = "/nonexistent/c++"
+    assert cpp_work.load() is None and "cannot be built here" in cpp_work.status()["reason"], cpp_work.status()
+    assert not os.path.exists(out + ".log"), "a build started without a compiler"
+    os.environ["CXX"] = "false"
+    assert cpp_work.load() is None and "background" in cpp_work.status()["reason"], cpp_work.status()
+    deadline = time.monotonic() + 180
+    while not os.path.exists(out + ".failed"):
+        assert time.monotonic() < deadline, f"the background build left no failure: {read(out + '.log')}"
+        time.sleep(0.2)
+    wait_unlocked(out + ".spawn")
+    assert "failed" in read(out + ".failed"), read(out + ".failed")
+    assert cpp_work.load() is None and "background build failed" in cpp_work.status()["reason"], cpp_work.status()
+    wait_unlocked(out + ".spawn")
+    assert read(out + ".log").count("background build of") == 1, read(out + ".log")
+    assert not os.path.exists(out)
+
+
+def read(file: str) -> str:
+    with open(file) as f:
+        return f.read()
+
+
+def wait_unlocked(file: str) -> None:
+    """Returns once no build process holds ``file`` (cpp_work's one-build-per-machine lock)."""
+    with open(file) as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+
+
+def run_auto() -> None:
+    os.environ["SYMHEAP_TORCH_WORK"] = "auto"
+    dist.init_process_group("cpu:symheap")
+    r = dist.get_rank()
+    st = cpp_work.status()
+    assert st["cpp"] is False and "background" in st["reason"], st
+    t = torch.full((4,), float(r + 1))
+    w = dist.all_reduce(t, async_op=True)
+    assert _work._cpp_done is None and w.wait()
+    n = dist.get_world_size()
+    assert torch.equal(t, torch.full((4,), float(n * (n + 1) // 2))), t
+    dist.destroy_process_group()
+    print(f"[PE {r}] REASON {st['reason']}", flush=True)
+    print(f"[PE {r}] PATH {st['path']}", flush=True)
+    print(f"[PE {r}] PASS auto", flush=True)
+
+
 if __name__ == "__main__":
-    {"object": run_object, "errors": run_errors}[sys.argv[1]]()
+    {"object": run_object, "errors": run_errors, "auto": run_auto}[sys.argv[1]]()

@@ -3,10 +3,11 @@ for the torch the tests run with: the Work as torch sees it and its stream order
 (cpp_work_cases.py), every collective of the backend through it at 1 and 2 ranks (host and
 CUDA) (pe_tdist.py, which checks it is the C++ Work that ran), torch's programs that hold
 Works in C++ (DDP's futures, FSDP2, DTensor, compiled functional collectives) equal to gloo's,
-and the loader's error paths."""
+the loader's error paths, and the build a first run starts in the background."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Dict
 import pytest
 from test_torch_programs import AT, Jobs, passed, same_values
 
-from conftest import ROOT, clean_env, launch
+from conftest import ROOT, CppWorkBuild, clean_env, launch
 
 HERE = Path(__file__).resolve().parent
 CASES = str(HERE / "cpp_work_cases.py")
@@ -39,6 +40,22 @@ def test_cpp_work_streams_cuda(cpp_work_env: Dict[str, str], cuda_gpus: int) -> 
     p = run_one("object", cpp_work_env, "cuda")
     out = p.stdout + p.stderr
     assert p.returncode == 0 and "cuda checked" in p.stdout and "PASS object" in p.stdout, out
+
+
+def test_auto_builds_in_background(cpp_work_build: CppWorkBuild) -> None:
+    """A user's first run (``SYMHEAP_TORCH_WORK=auto``, nothing built): the 2-rank group starts
+    one build in the background and keeps torch's Work (cpp_work_cases.py auto); the module it
+    leaves is what a later process under auto loads."""
+    if cpp_work_build.auto is None:
+        pytest.skip("the module was built before the session (SYMHEAP_TEST_CPP_WORK_CACHE)")
+    out = cpp_work_build.auto.stdout
+    for r in range(2):
+        assert f"[PE {r}] PASS auto" in out, out
+    assert re.search(r"\[PE \d\] REASON .*building in the background", out), out
+    log = Path(cpp_work_build.module + ".log").read_text()
+    assert log.count("background build of") == 1, log
+    p = run_one("object", {**cpp_work_build.env, "SYMHEAP_TORCH_WORK": "auto"})
+    assert p.returncode == 0 and "PASS object" in p.stdout, p.stdout + p.stderr
 
 
 def test_cpp_work_errors(torch_module) -> None:

@@ -12,9 +12,13 @@ It must be compiled against the torch it runs with, so the wheel cannot carry it
   ``$CXX``, and Python's headers; 20-30 s) into symheap's cache directory
   (``SYMHEAP_CACHE_DIR``, else ``$XDG_CACHE_HOME/symheap``, else ``~/.cache/symheap``), one
   file per torch build, source and Python; ``... status`` says what the backend uses and why.
-* ``SYMHEAP_TORCH_WORK``: ``auto`` (default) uses the built module when there is one, else the
-  Python Work, and never compiles; ``build`` compiles it at first use when missing (every rank
-  waits for one compiler run; a failure raises); ``off`` always uses the Python Work.
+* ``SYMHEAP_TORCH_WORK``: ``auto`` (default) uses the built module when there is one; when
+  there is none, the first group of a process starts its build in the background (one compiler
+  run for all the ranks of a machine, nothing waits for it, its output in ``<module>.log``
+  beside it) and uses the Python Work until a later process finds the module built; a build
+  that failed is not tried again by ``auto`` (``<module>.failed`` says why; the ``build``
+  command tries again). ``build`` compiles it at first use when missing (every rank waits for
+  one compiler run; a failure raises); ``off`` always uses the Python Work and never compiles.
 
 Both Works behave the same (``wait`` orders the current stream after the collective's, no host
 sync; ``is_completed`` True; ``get_future`` the outputs); only the host time differs.
@@ -28,6 +32,7 @@ import importlib.machinery
 import importlib.util
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -41,6 +46,8 @@ from .._native import SymheapError, SymheapUnsupportedError, SymheapValueError
 
 MODULE = "symheap_torch_work"
 ENV = "SYMHEAP_TORCH_WORK"
+_MODULE_PATH = "symheap.distributed.cpp_work"  # not __name__, which is __main__ under -m
+_BUILD = f"python -m {_MODULE_PATH} build"
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_cpp_work.cpp")
 
 # What load() decided, for status(): (module or None, reason).
@@ -116,7 +123,8 @@ def build(verbose: bool = False) -> str:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if os.path.isfile(out):
             return out
-        tmp = f"{out}.{os.getpid()}.tmp"
+        # A host name too: processes of several machines may share the cache (a network home).
+        tmp = f"{out}.{socket.gethostname()}.{os.getpid()}.tmp"
         cmd = _command(tmp)
         if verbose:
             print(" ".join(cmd), file=sys.stderr)
@@ -127,7 +135,62 @@ def build(verbose: bool = False) -> str:
             tail = (proc.stderr or proc.stdout)[-4000:]
             raise SymheapError(f"cpp_work: compiling {_SOURCE} failed ({cmd[0]} exit {proc.returncode}):\n{tail}")
         os.replace(tmp, out)
+    # A failure an earlier background build left (the compiler since installed, say) is over.
+    if os.path.exists(out + ".failed"):
+        os.unlink(out + ".failed")
     return out
+
+
+def _background_env() -> Dict[str, str]:
+    """The build process's environment: the caller's, less what would make it one of the job's
+    processes (symheap's launch and bootstrap variables; the build needs none of them)."""
+    keep = ("SYMHEAP_CACHE_DIR", "SYMHEAP_LOG")
+    return {k: v for k, v in os.environ.items() if not k.startswith("SYMHEAP_") or k in keep}
+
+
+def start_background_build() -> str:
+    """Starts ``build`` in a process of its own that outlives this one, unless the module is
+    built, a build is running (any process of this machine), an earlier background build failed
+    or it cannot compile here; returns what it did, in words (``status()``'s reason). Nothing
+    waits for the build: this process keeps the Python Work, a later one loads the module."""
+    out = path()
+    if os.path.isfile(out + ".failed"):
+        return f"its background build failed ({out}.failed; `{_BUILD}` tries again and says why)"
+    try:
+        _command(out)
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        fd = os.open(out + ".spawn", os.O_CREAT | os.O_WRONLY, 0o644)
+    except (SymheapError, OSError) as e:
+        return f"not built, and it cannot be built here ({e})"
+    try:
+        # One build at a time: the lock passes to the build process and is held until it ends.
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return f"being built in the background by another process ({out}.log)"
+    try:
+        with open(out + ".log", "a") as log:
+            log.write(f"# {socket.gethostname()} pid {os.getpid()}: background build of {out}\n")
+            log.flush()
+            # Through sh, which leaves the build running and exits at once: the build is
+            # nobody's child here (no zombie when it ends, no wait at this process's exit).
+            argv = ["sh", "-c", '"$@" &', "sh", sys.executable, "-m", _MODULE_PATH, "build", "--background"]
+            subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                pass_fds=(fd,),
+                start_new_session=True,
+                env=_background_env(),
+                check=True,
+                timeout=30,
+            )
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"not built, and its background build did not start ({e})"
+    finally:
+        os.close(fd)
+    return f"not built yet: building in the background ({out}.log), used from the next process on"
 
 
 def _import(file: str) -> ModuleType:
@@ -141,10 +204,10 @@ def _import(file: str) -> ModuleType:
     return module
 
 
-def load() -> Optional[ModuleType]:
+def load(background: bool = True) -> Optional[ModuleType]:
     """The module the backend's asynchronous Works come from, or None (then they are torch's
-    future-backed Work), as ``SYMHEAP_TORCH_WORK`` says (see the module doc). Decided once per
-    process."""
+    future-backed Work), as ``SYMHEAP_TORCH_WORK`` says (see the module doc); ``background``
+    False: ``auto`` starts no build (a query). The backend decides once per process."""
     global _loaded, _reason
     mode = _mode()
     if mode == "off":
@@ -153,8 +216,8 @@ def load() -> Optional[ModuleType]:
     file = path()
     if not os.path.isfile(file):
         if mode != "build":
-            build_it = "python -m symheap.distributed.cpp_work build"
-            _loaded, _reason = None, f"not built for torch {_torch.__version__} ({build_it})"
+            what = start_background_build() if background else f"not built (`{_BUILD}`)"
+            _loaded, _reason = None, f"torch {_torch.__version__}: {what}"
             return None
         file = build()
     try:
@@ -180,10 +243,14 @@ def _main(argv: List[str]) -> int:
             print(build(verbose="-v" in argv))
         except SymheapError as e:
             print(e, file=sys.stderr)
+            if "--background" in argv:
+                # auto does not try again after this (the build command does).
+                with open(path() + ".failed", "w") as f:
+                    f.write(f"{e}\n")
             return 1
         return 0
     if what == "status":
-        load()
+        load(background=False)
         for k, v in status().items():
             print(f"{k}: {v}")
         return 0
