@@ -7,6 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=lib/kernel_builds.sh
 source scripts/lib/kernel_builds.sh
+# `--workspace --test nvrtc_compile`, not `-p symheap`: with the whole workspace selected, cargo
+# unifies the dependencies' features as `cargo test --workspace` did, so its build is reused
+# (`-p symheap` alone compiled syn, tracing, half, thiserror and symheap again: ~65 s of CI).
 for build in "${KERNEL_BUILDS[@]}"; do
   archs="${build%%:*}" version="${build#*:}"
   lib="$(scripts/nvrtc_lib.sh "$version")"
@@ -16,7 +19,7 @@ for build in "${KERNEL_BUILDS[@]}"; do
   case ",$archs," in *,100,* | *,120,*) skip=(--skip coll_kernels_do_not_spill) ;; esac
   echo "check_kernel_builds.sh: NVRTC $version for sm_${archs//,/, sm_} ($lib)" >&2
   env -u SYMHEAP_NVRTC SYMHEAP_NVRTC_LIB="$lib" SYMHEAP_TEST_ARCHS="$archs" SYMHEAP_TEST_NVRTC="${version%.*}" \
-    cargo test --locked -q -p symheap --test nvrtc_compile -- "${skip[@]}"
+    cargo test --workspace --locked -q --test nvrtc_compile -- "${skip[@]}"
 done
 
 # NVRTC 12 and 13 side by side, found as a pip user has them (both wheels' folders on the Python
@@ -31,7 +34,7 @@ side_by_side() { # SYMHEAP_TEST_NVRTC, extra variables...
   local want="$1"; shift
   echo "check_kernel_builds.sh: NVRTC 12 and 13 found side by side ($want${1:+, $*})" >&2
   env -u SYMHEAP_NVRTC_LIB -u SYMHEAP_NVRTC PYTHONPATH="$site" SYMHEAP_TEST_ARCHS=70,90 \
-    SYMHEAP_TEST_NVRTC="$want" "$@" cargo test --locked -q -p symheap --test nvrtc_compile -- \
+    SYMHEAP_TEST_NVRTC="$want" "$@" cargo test --workspace --locked -q --test nvrtc_compile -- \
     nvrtc_is_loadable backend_kernels_compile_to_cubin ring_put_example_compiles
 }
 side_by_side 70:12.1,90:13.0
