@@ -30,7 +30,8 @@
 # Shorter calls (the device budget is 30 minutes a session): SKIP_NODES (the simulated-node
 # scenarios and benchmarks), SKIP_COLD (one cold run only),
 # SKIP_SELFTEST, PES (default 1,2,4), SKIP_PES8, PES8_ONLY (scenarios at 8 PEs), SKIP_DIVERGE,
-# SKIP_FAULTS, KILL_TRIALS, SKIP_LOCAL_WORK, SKIP_TORCH, TORCH_TESTS (the pytest files of python-torch), GPU_ONLY
+# SKIP_FAULTS, KILL_TRIALS, SKIP_LOCAL_WORK, SKIP_HOST_COST (the tdist and async Work host-cost
+# benches), SKIP_TORCH, TORCH_TESTS (the pytest files of python-torch), GPU_ONLY
 # (default 1: of those files only the tests that need a GPU), SKIP_PROVIDERS,
 # SKIP_EXAMPLES, SKIP_BENCH, OPS_BENCH_ONLY (of the benchmarks only the fused, GEMM-overlap and
 # MoE ones: no peer programs, no `symheap bench`; OPS_BENCHES picks among "tp gemm moe"); each
@@ -202,6 +203,9 @@ run)
     # wheel); the native module and the device header stay the wheel's.
     if [ "${TREE_PY:-0}" = 1 ]; then
       (cd python/symheap && find . \( -name '*.py' -o -name '*.pyi' -o -name '*.cpp' \) -exec cp --parents {} /tmp/symheap-py/symheap/ \;)
+      # pip's bytecode records a source's mtime in seconds and its size: a copied file of the
+      # same size in the install's second would be run from the wheel's stale .pyc.
+      find /tmp/symheap-py/symheap -name __pycache__ -prune -exec rm -rf {} +
     fi
     export PYTHONPATH="/tmp/symheap-py${PYTHONPATH:+:$PYTHONPATH}"
   fi
@@ -281,11 +285,11 @@ run)
     [ "${SKIP_TORCH:-0}" = 1 ] || step python-torch "${PYTEST_LIMIT:-600}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs $GO ${TORCH_TESTS:-test_torch.py test_fused.py test_torch_ops_gpu.py test_nodes_gpu.py test_gemm.py test_moe.py test_torch_programs.py test_tdist.py test_cpp_work.py}"
     # The torch.distributed backend's host time per small eager call against NCCL's, one rank,
     # CUDA tensors, and inside CUDA graphs (bench/tdist_host_cost.py --cuda --graph).
-    [ "${SKIP_TORCH:-0}" = 1 ] || step tdist-host-cost "${TDIST_COST_LIMIT:-120}" python3 bench/tdist_host_cost.py --cuda --graph
-    [ "${SKIP_TORCH:-0}" = 1 ] || sed -n '/^# /,$p' "$OUTDIR/tdist-host-cost.log"
+    [ "${SKIP_TORCH:-0}${SKIP_HOST_COST:-0}" = 00 ] && step tdist-host-cost "${TDIST_COST_LIMIT:-120}" python3 bench/tdist_host_cost.py --cuda --graph
+    [ "${SKIP_TORCH:-0}${SKIP_HOST_COST:-0}" = 00 ] && sed -n '/^# /,$p' "$OUTDIR/tdist-host-cost.log"
     # The pieces of an asynchronous Work's host time (torch's CUDA future, its Work, wait) beside
     # the whole async_op=True call on symheap and NCCL (bench/async_work_cost.py).
-    [ "${SKIP_TORCH:-0}" = 1 ] || step async-work-cost "${ASYNC_COST_LIMIT:-90}" python3 bench/async_work_cost.py
+    [ "${SKIP_TORCH:-0}${SKIP_HOST_COST:-0}" = 00 ] && step async-work-cost "${ASYNC_COST_LIMIT:-90}" python3 bench/async_work_cost.py
     # Each operation's own work at one PE against the best local reference in the same process
     # (the fused op vs compiled add + RMSNorm, the GEMM ops vs cuBLAS, host time per eager call
     # vs NCCL, allocation): bench/local_work.py, its tables printed last in its log.
