@@ -9,8 +9,8 @@ default stream after it through ``wait()`` and through its future (a stale copy 
 wait on the same stream adds nothing, and the pool reuses its events.
 errors: an unknown SYMHEAP_TORCH_WORK, no compiler, no Python headers, a compiler that fails,
 each raising its symheap error before any Work is made; under ``auto`` no compiler starts no
-build, nor does the status command, and a failing background build is recorded and not
-started again.
+build, nor does the status command, and a failing background build is recorded (the status
+command names it) and not started again.
 auto: a group made with SYMHEAP_TORCH_WORK=auto and nothing built uses the Python Work (an
 asynchronous all_reduce through it) and names the background build in ``status()``; prints
 ``[PE r] REASON ...`` and ``[PE r] PATH <module>`` for the test, which waits for the build.
@@ -168,6 +168,8 @@ def check_auto_errors() -> None:
     wait_unlocked(out + ".spawn")
     assert "failed" in read(out + ".failed"), read(out + ".failed")
     assert cpp_work.load() is None and "background build failed" in cpp_work.status()["reason"], cpp_work.status()
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "background build failed" in p.stdout, p.stdout + p.stderr
     wait_unlocked(out + ".spawn")
     assert read(out + ".log").count("background build of") == 1, read(out + ".log")
     assert not os.path.exists(out)

@@ -150,9 +150,14 @@ def _background_env() -> Dict[str, str]:
 
 def start_background_build() -> str:
     """Starts ``build`` in a process of its own that outlives this one, unless the module is
-    built, a build is running (any process of this machine), an earlier background build failed
-    or it cannot compile here; returns what it did, in words (``status()``'s reason). Nothing
-    waits for the build: this process keeps the Python Work, a later one loads the module."""
+    built, a build is running (any process using this cache), an earlier background build
+    failed or it cannot compile here; returns what it did, in words (``status()``'s reason).
+    Nothing waits for the build: this process keeps the Python Work, a later one loads it."""
+    return _background(start=True)
+
+
+def _background(start: bool) -> str:
+    """:func:`start_background_build`; ``start`` False: only says what it would find."""
     out = path()
     if os.path.isfile(out + ".failed"):
         return f"its background build failed ({out}.failed; `{_BUILD}` tries again and says why)"
@@ -168,6 +173,9 @@ def start_background_build() -> str:
     except OSError:
         os.close(fd)
         return f"being built in the background by another process ({out}.log)"
+    if not start:
+        os.close(fd)
+        return f"not built (`{_BUILD}`; under auto a process's first group starts it)"
     try:
         with open(out + ".log", "a") as log:
             log.write(f"# {socket.gethostname()} pid {os.getpid()}: background build of {out}\n")
@@ -216,8 +224,7 @@ def load(background: bool = True) -> Optional[ModuleType]:
     file = path()
     if not os.path.isfile(file):
         if mode != "build":
-            what = start_background_build() if background else f"not built (`{_BUILD}`)"
-            _loaded, _reason = None, f"torch {_torch.__version__}: {what}"
+            _loaded, _reason = None, f"torch {_torch.__version__}: {_background(start=background)}"
             return None
         file = build()
     try:
