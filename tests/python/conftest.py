@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Sequence
@@ -174,12 +175,24 @@ def cpp_work_build(tmp_path_factory) -> CppWorkBuild:
     assert auto.returncode == 0, out
     module = re.search(r"\[PE 0\] PATH (\S+)", auto.stdout)
     assert module, out
+    log = Path(module[1] + ".log")
     # The build process holds this lock until it ends (it outlives the job).
     with open(module[1] + ".spawn") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-    log = Path(module[1] + ".log")
+        deadline = time.monotonic() + 900
+        while not try_lock(lock):
+            assert time.monotonic() < deadline, f"the background build still runs after 900 s:\n{log.read_text()}"
+            time.sleep(0.5)
     assert os.path.isfile(module[1]), f"the background build left no module:\n{log.read_text()}"
     return CppWorkBuild(env, auto, module[1])
+
+
+def try_lock(f) -> bool:
+    """Whether an exclusive flock on ``f`` was taken (without waiting)."""
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 @pytest.fixture(scope="session")

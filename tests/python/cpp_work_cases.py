@@ -181,9 +181,15 @@ def read(file: str) -> str:
 
 
 def wait_unlocked(file: str) -> None:
-    """Returns once no build process holds ``file`` (cpp_work's one-build-per-machine lock)."""
+    """Returns once no build process holds ``file`` (cpp_work's one-build-at-a-time lock)."""
+    deadline = time.monotonic() + 180
     with open(file) as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        while True:
+            try:
+                return fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                assert time.monotonic() < deadline, f"{file}: a build still holds it after 180 s"
+                time.sleep(0.2)
 
 
 def run_auto() -> None:
