@@ -14,7 +14,10 @@ Sections (one PE, CUDA backend; no launcher needed):
   gemm    all_gather_matmul and matmul_reduce_scatter against cuBLAS on the same operands with
           the same numerics (fp32 reductions: torch.mm with reduced-precision reductions off),
           M 256 to 16384, K and N 1024 to 16384; also the Triton engine's own GEMM (its
-          heuristic configuration at npes = 1, the local work it does at n >= 2), for reference.
+          heuristic configuration at npes = 1, the local work it does at n >= 2), for reference;
+          medians of 5 alternated rounds, with cuBLAS timed twice a round ("cuBLAS again": the
+          spread of the method on an unchanged kernel) and whether the ops launch the kernels
+          cuBLAS does (torch's profiler).
   host    host time per small eager call (16 float32, median over trials of 300-call loops)
           of all_reduce, all_gather, reduce_scatter, broadcast and all_to_all by each entry:
           symheap.* (symmetric tensors), symheap.ops.*, symheap.distributed.* and
@@ -48,6 +51,7 @@ HIDDEN = (2880, 5120, 7168, 8192)
 TOKENS = (1, 32, 128, 512, 2048, 8192)
 GEMM_M = (256, 2048, 16384)
 GEMM_KN = ((1024, 1024), (4096, 4096), (1024, 16384), (16384, 1024), (16384, 16384))
+GEMM_ROUNDS = 5
 
 
 def graph_us(fn: Callable[[], Any], iters: int = 50, trials: int = 7) -> float:
@@ -234,13 +238,21 @@ def _gemm_one(dev: torch.device, m: int, k: int, n: int, sms: int, arch: Any) ->
         with gk._ExactMath():
             torch.mm(a, b, out=c)
 
-    # Alternated rounds: a clock that drifts during the run falls on every column alike.
-    times: Dict[str, List[float]] = {"ref": [], "ag": [], "rs": []}
-    for _ in range(3):
+    # Alternated rounds, the reference timed twice in each (first and last): a clock that drifts
+    # during the run falls on every column alike, and "cuBLAS again" (the same kernel measured
+    # in the same rounds) shows how far this method's ratios move with nothing changed.
+    times: Dict[str, List[float]] = {"ref": [], "ag": [], "rs": [], "again": []}
+    for _ in range(GEMM_ROUNDS):
         times["ref"].append(gpu_us(cublas))
         times["ag"].append(gpu_us(lambda: gm.all_gather_matmul(a, b, out=c)))
         times["rs"].append(gpu_us(lambda: gm.matmul_reduce_scatter(a, b, out=c)))
-    ref, ag, rs = (statistics.median(times[k]) for k in ("ref", "ag", "rs"))
+        times["again"].append(gpu_us(cublas))
+    ref, ag, rs, again = (statistics.median(times[k]) for k in ("ref", "ag", "rs", "again"))
+    same = (
+        _kernels(cublas)
+        == _kernels(lambda: gm.all_gather_matmul(a, b, out=c))
+        == _kernels(lambda: gm.matmul_reduce_scatter(a, b, out=c))
+    )
     want = c.clone()
     cublas()
     assert torch.equal(c, want), f"matmul_reduce_scatter differs from cuBLAS at {m}x{k}x{n}"
@@ -251,8 +263,21 @@ def _gemm_one(dev: torch.device, m: int, k: int, n: int, sms: int, arch: Any) ->
         tri = float("nan")
     return {
         "section": "gemm", "m": m, "k": k, "n": n, "cublas_us": ref, "ag_us": ag, "rs_us": rs, "triton_us": tri,
-        "ag_ratio": ref / ag, "rs_ratio": ref / rs, "triton_ratio": ref / tri,
+        "ag_ratio": ref / ag, "rs_ratio": ref / rs, "triton_ratio": ref / tri, "again_ratio": ref / again,
+        "same_kernels": same,
     }  # fmt: skip
+
+
+def _kernels(fn: Callable[[], Any]) -> List[str]:
+    """The names of the GPU kernels one call of ``fn`` launches, in order (torch's profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
 def bench_gemm(rows: List[Dict[str, Any]], dev: torch.device, quick: bool) -> None:
@@ -268,14 +293,16 @@ def bench_gemm(rows: List[Dict[str, Any]], dev: torch.device, quick: bool) -> No
 def report_gemm(rows: List[Dict[str, Any]]) -> List[str]:
     out = [
         "## GEMM-overlap ops at 1 PE vs cuBLAS (fp32 reductions), bf16, B a transposed Linear weight (CUDA-graph µs)",
-        "| M | K | N | cuBLAS µs | all_gather_matmul ratio | matmul_reduce_scatter ratio | Triton GEMM ratio |",
-        "|---|---|---|---|---|---|---|",
+        "| M | K | N | cuBLAS µs | all_gather_matmul ratio | matmul_reduce_scatter ratio | Triton GEMM ratio "
+        "| cuBLAS again | the ops launch cuBLAS's kernels |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r["section"] == "gemm":
             out.append(
                 f"| {r['m']} | {r['k']} | {r['n']} | {r['cublas_us']:.1f} | {r['ag_ratio']:.2f} | "
-                f"{r['rs_ratio']:.2f} | {r['triton_ratio']:.2f} |"
+                f"{r['rs_ratio']:.2f} | {r['triton_ratio']:.2f} | {r['again_ratio']:.2f} | "
+                f"{'yes' if r['same_kernels'] else 'no'} |"
             )
     return out
 
