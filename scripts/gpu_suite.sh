@@ -31,7 +31,8 @@
 # scenarios and benchmarks), SKIP_COLD (one cold run only),
 # SKIP_SELFTEST, PES (default 1,2,4), SKIP_PES8, PES8_ONLY (scenarios at 8 PEs), SKIP_DIVERGE,
 # SKIP_FAULTS, KILL_TRIALS, SKIP_CPP_WORK_BUILD (when no test of the C++ Work runs),
-# SKIP_LOCAL_WORK, SKIP_HOST_COST (the tdist and async Work host-cost benches), SKIP_TORCH, TORCH_TESTS (the pytest files of python-torch), GPU_ONLY
+# SKIP_LOCAL_WORK, SKIP_HOST_COST (the tdist and async Work host-cost benches), SKIP_TORCH,
+# TORCH_TESTS (the pytest files of python-torch; PYTEST_ADDOPTS reaches that pytest), GPU_ONLY
 # (default 1: of those files only the tests that need a GPU), SKIP_PROVIDERS,
 # SKIP_EXAMPLES, SKIP_BENCH, OPS_BENCH_ONLY (of the benchmarks only the fused, GEMM-overlap and
 # MoE ones: no peer programs, no `symheap bench`; OPS_BENCHES picks among "tp gemm moe"); each
@@ -279,10 +280,13 @@ run)
     [ "${GPU_ONLY:-1}" = 0 ] && GO=""
     # symheap's C++ Work for the backend (symheap/distributed/cpp_work.py), compiled once for this
     # torch into the default cache: the tests (test_cpp_work.py) and the benches below use it.
-    [ "${SKIP_CPP_WORK_BUILD:-0}" = 1 ] ||
+    # SKIP_CPP_WORK_BUILD: the tests are not told of a cache, so a test of the C++ Work that
+    # runs anyway builds it the way a first run does (in the background, then waits for it).
+    if [ "${SKIP_CPP_WORK_BUILD:-0}" != 1 ]; then
       step cpp-work-build "${CPP_WORK_LIMIT:-240}" python3 -m symheap.distributed.cpp_work build -v
-    SYMHEAP_TEST_CPP_WORK_CACHE=$(python3 -c 'from symheap import _core; print(_core.cache_dir())')
-    export SYMHEAP_TEST_CPP_WORK_CACHE
+      SYMHEAP_TEST_CPP_WORK_CACHE=$(python3 -c 'from symheap import _core; print(_core.cache_dir())')
+      export SYMHEAP_TEST_CPP_WORK_CACHE
+    fi
     [ "${SKIP_TORCH:-0}" = 1 ] || step python-torch "${PYTEST_LIMIT:-600}" bash -c "cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs $GO ${TORCH_TESTS:-test_torch.py test_fused.py test_torch_ops_gpu.py test_nodes_gpu.py test_gemm.py test_moe.py test_torch_programs.py test_tdist.py test_cpp_work.py}"
     # The torch.distributed backend's host time per small eager call against NCCL's, one rank,
     # CUDA tensors, and inside CUDA graphs (bench/tdist_host_cost.py --cuda --graph).
